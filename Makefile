@@ -1,0 +1,30 @@
+# The common tasks. `make demo` and `make test` are the README's two commands.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test lint unit clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/sluicegate demo
+
+lint: setup
+	$(BIN)/ruff check sluicegate tests bench examples
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest tests/unit -q
+
+test: lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .sluicegate .pytest_cache .mypy_cache .ruff_cache .hypothesis

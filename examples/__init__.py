@@ -1,0 +1,1 @@
+"""Example sluicegate declarations and programs."""

@@ -1,0 +1,3 @@
+from sluicegate.ops.cli import main
+
+main()

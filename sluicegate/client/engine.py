@@ -1,0 +1,144 @@
+"""The engine SDK: consume admitted starts, report each run's lifecycle, receive commands.
+
+An engine consumes `sg.admitted` and `sg.commands` in one consumer group. Both topics are
+keyed by execution id with the same partition count, and the range assignor gives an
+engine instance the same partitions of both, so the commands for a run reach the
+instance that holds it. Offsets are committed after a run has been reported `started`
+(at-least-once towards the engine: an engine that dies before that sees the start again,
+and the execution id lets it recognise a run it already began).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from sluicegate.config import Settings
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
+from sluicegate.topology.topics import Topics
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One record for the engine: an admitted start or a command."""
+
+    admitted: AdmittedStart | None = None
+    command: EngineCommand | None = None
+    _position: TopicPartition | None = None
+
+
+class Engine:
+    def __init__(self, bootstrap: str | None = None, *, group: str,
+                 settings: Settings | None = None) -> None:
+        settings = settings or Settings()
+        if bootstrap is not None:
+            settings = settings.with_(bootstrap=bootstrap)
+        self.settings = settings
+        self.topics = Topics(settings)
+        self._consumer = Consumer(settings.client_config(**{
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "range",
+            "fetch.wait.max.ms": 20,
+            "session.timeout.ms": 10000,
+        }))
+        self._consumer.subscribe([self.topics.admitted, self.topics.commands])
+        self._producer = Producer(settings.client_config(**{
+            "partitioner": "murmur2_random",
+            "enable.idempotence": True,
+            "linger.ms": 2,
+        }))
+        self._errors: list[KafkaError] = []
+
+    def poll(self, timeout: float = 1.0) -> Delivery | None:
+        msg = self._consumer.poll(timeout)
+        if msg is None or msg.error() is not None or msg.value() is None:
+            return None
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None
+        position = TopicPartition(topic, partition, offset + 1)
+        if msg.topic() == self.topics.admitted:
+            return Delivery(admitted=codec.decode(AdmittedStart, msg.value()), _position=position)
+        self._consumer.store_offsets(offsets=[position])
+        return Delivery(command=codec.decode(EngineCommand, msg.value()))
+
+    def __iter__(self) -> Iterator[Delivery]:
+        while True:
+            delivery = self.poll()
+            if delivery is not None:
+                yield delivery
+
+    # -- lifecycle reports -----------------------------------------------------------
+
+    def started(self, delivery: Delivery, run_id: str | None = None) -> None:
+        assert delivery.admitted is not None
+        self._report(delivery.admitted.execution_id, delivery.admitted.workflow,
+                     RunEventKind.started, run_id=run_id)
+        if delivery._position is not None:
+            self._consumer.store_offsets(offsets=[delivery._position])
+
+    def heartbeat(self, execution_id: str, workflow: str) -> None:
+        self._report(execution_id, workflow, RunEventKind.heartbeat)
+
+    def suspended(self, execution_id: str, workflow: str, reason: str | None = None) -> None:
+        self._report(execution_id, workflow, RunEventKind.suspended, reason=reason)
+
+    def resumed(self, execution_id: str, workflow: str) -> None:
+        self._report(execution_id, workflow, RunEventKind.resumed)
+
+    def completed(self, execution_id: str, workflow: str) -> None:
+        self._report(execution_id, workflow, RunEventKind.completed)
+
+    def failed(self, execution_id: str, workflow: str, *, retries_spent: int,
+               error_tag: str | None = None, error_message: str | None = None) -> None:
+        self._report(execution_id, workflow, RunEventKind.failed, retries_spent=retries_spent,
+                     error_tag=error_tag, error_message=error_message)
+
+    def cancelled(self, execution_id: str, workflow: str, reason: str | None = None) -> None:
+        self._report(execution_id, workflow, RunEventKind.cancelled, reason=reason)
+
+    def _report(self, execution_id: str, workflow: str, kind: RunEventKind, *,
+                run_id: str | None = None, retries_spent: int | None = None,
+                error_tag: str | None = None, error_message: str | None = None,
+                reason: str | None = None) -> None:
+        event = RunEvent(
+            execution_id=execution_id, workflow=workflow, kind=kind,
+            at_ms=int(time.time() * 1000), run_id=run_id, retries_spent=retries_spent,
+            error_tag=error_tag, error_message=error_message, reason=reason,
+        )
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                self._errors.append(err)
+
+        while True:
+            try:
+                self._producer.produce(self.topics.run_events, codec.encode(event),
+                                       execution_id.encode(), on_delivery=delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        self._producer.flush(timeout)
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise RuntimeError(f"run events undelivered: {errors}")
+
+    def close(self) -> None:
+        self.flush()
+        self._consumer.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

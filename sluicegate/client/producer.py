@@ -1,0 +1,272 @@
+"""The producer SDK: `Client.start(...)` turns a call into a start request on `sg.starts`.
+
+The payload is validated here, before anything is produced, against the same declaration
+the workers load. A caller that wants the decision waits on its own partition of
+`sg.replies` (chosen at random per client), never on the whole ledger.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from pydantic import BaseModel, ValidationError
+
+from sluicegate.client.errors import (
+    BlockingCallerRefused,
+    DecisionTimeout,
+    PayloadError,
+    RateLimited,
+    SingletonHeld,
+    UnknownWorkflow,
+)
+from sluicegate.config import Settings
+from sluicegate.declare import App, Origin, load_app
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import Outcome, Reply, StartRequest
+from sluicegate.streams.stages.identity import identity_key, store_key
+from sluicegate.topology.topics import Topics
+
+
+@dataclass(slots=True)
+class Handle:
+    """What a start returned. `status` is a SPEC.md section 2 status once decided, and
+    `submitted` while the request is on its way."""
+
+    request_id: str
+    workflow: str
+    status: str = "submitted"
+    execution_id: str | None = None
+    reason: str | None = None
+    retry_after_ms: int | None = None
+    deferral: str | None = None
+    due_at_ms: int | None = None
+    position: int | None = None
+    _future: Future[Reply] | None = None
+
+    @property
+    def decided(self) -> bool:
+        return self.status != "submitted"
+
+    def wait(self, timeout: float = 30.0) -> Handle:
+        """Block until the decision is known (the handle is updated in place)."""
+        if self.decided:
+            return self
+        if self._future is None:
+            raise DecisionTimeout(f"start {self.request_id} was sent without a reply channel")
+        try:
+            reply = self._future.result(timeout)
+        except TimeoutError as exc:
+            raise DecisionTimeout(
+                f"no decision for start {self.request_id} of {self.workflow} within {timeout}s"
+            ) from exc
+        self._apply(reply)
+        return self
+
+    def _apply(self, reply: Reply) -> None:
+        self.status = reply.outcome.value
+        self.execution_id = reply.execution_id
+        self.reason = reply.reason
+        self.retry_after_ms = reply.retry_after_ms
+        self.deferral = reply.deferral
+        self.due_at_ms = reply.due_at_ms
+        self.position = reply.position
+
+
+def _to_ms(at: datetime | int | float | None) -> int | None:
+    if at is None:
+        return None
+    if isinstance(at, datetime):
+        return int(at.timestamp() * 1000)
+    return int(at)
+
+
+class _Replies:
+    """Reads one partition of sg.replies and completes the futures waiting on it."""
+
+    def __init__(self, settings: Settings, topic: str, partition: int) -> None:
+        self.partition = partition
+        self._waiting: dict[str, Future[Reply]] = {}
+        self._lock = threading.Lock()
+        self._consumer = Consumer(settings.client_config(**{
+            "group.id": f"{settings.namespace}client-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+        }))
+        tp = TopicPartition(topic, partition)
+        # Pin the start position now, before any request is produced: a reply can then
+        # never land before the reader is looking.
+        _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
+        self._consumer.assign([TopicPartition(topic, partition, high if high >= 0 else OFFSET_END)])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sluicegate-replies", daemon=True)
+        self._thread.start()
+
+    def expect(self, request_id: str) -> Future[Reply]:
+        future: Future[Reply] = Future()
+        with self._lock:
+            self._waiting[request_id] = future
+        return future
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(500, timeout=0.1):
+                if msg.error() is not None or msg.value() is None:
+                    continue
+                try:
+                    reply = codec.decode(Reply, msg.value())
+                except codec.DecodeError:
+                    continue
+                with self._lock:
+                    future = self._waiting.pop(reply.request_id, None)
+                if future is not None:
+                    future.set_result(reply)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+
+
+class Client:
+    """Start workflow runs through sluicegate.
+
+    `Client(app="examples.declarations")` or `Client(bootstrap, app=App([...]))`.
+    """
+
+    def __init__(self, bootstrap: str | None = None, *, app: App | str,
+                 settings: Settings | None = None, replies: bool = True) -> None:
+        settings = settings or Settings()
+        if bootstrap is not None:
+            settings = settings.with_(bootstrap=bootstrap)
+        self.settings = settings
+        self.app = load_app(app, settings) if isinstance(app, str) else app
+        self.topics = Topics(settings)
+        self._producer = Producer(settings.client_config(**{
+            "partitioner": "murmur2_random",
+            "enable.idempotence": True,
+            "linger.ms": 2,
+        }))
+        self._errors: list[KafkaError] = []
+        self._replies = (
+            _Replies(settings, self.topics.replies, random.randrange(settings.partitions))
+            if replies else None
+        )
+
+    def start(
+        self,
+        workflow: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        id: str | None = None,
+        at: datetime | int | None = None,
+        origin: str | Origin = "event",
+        wait_decision: bool = False,
+        timeout: float = 30.0,
+    ) -> Handle:
+        """Ask for a run. With `wait_decision`, return once sluicegate has decided."""
+        handle = self.submit(workflow, payload, id=id, at=at, origin=origin,
+                             wait_decision=wait_decision)
+        if wait_decision:
+            self._producer.flush(timeout)
+            handle.wait(timeout)
+            _raise_synchronous_answer(handle)
+        return handle
+
+    def submit(
+        self,
+        workflow: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        id: str | None = None,
+        at: datetime | int | None = None,
+        origin: str | Origin = "event",
+        wait_decision: bool = False,
+    ) -> Handle:
+        """Validate and produce a start request without waiting for anything."""
+        start, kafka_key = self._request(workflow, payload, id, at, origin, wait_decision)
+        future = None
+        if self._replies is not None:
+            future = self._replies.expect(start.request_id)
+        self._produce(kafka_key, codec.encode(start))
+        return Handle(start.request_id, workflow, _future=future)
+
+    def _request(self, workflow: str, payload: BaseModel | Mapping[str, Any], id: str | None,
+                 at: datetime | int | None, origin: str | Origin,
+                 wait_decision: bool) -> tuple[StartRequest, bytes]:
+        wf = self.app.get(workflow)
+        if wf is None:
+            raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
+        origin = Origin(origin)
+        at_ms = _to_ms(at)
+        if at_ms is not None and wait_decision:
+            raise BlockingCallerRefused(
+                f"workflow {workflow}: a delayed start (at) cannot be waited on: it exists only "
+                "as a future row until its time comes")
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        model = wf.batch.item if wf.batch is not None else wf.payload
+        try:
+            model.model_validate(data)
+        except ValidationError as exc:
+            raise PayloadError(f"workflow {workflow}: payload does not validate: {exc}") from exc
+        start = StartRequest(
+            request_id=uuid.uuid4().hex,
+            workflow=workflow,
+            payload=codec.dump_payload(data),
+            origin=origin,
+            requested_at_ms=int(time.time() * 1000),
+            idempotency_id=id,
+            at_ms=at_ms,
+            reply_partition=self._replies.partition if self._replies is not None else None,
+        )
+        key = identity_key(wf, start, data)
+        kafka_key = store_key(workflow, key) if key is not None else start.request_id.encode()
+        return start, kafka_key
+
+    def _produce(self, key: bytes, value: bytes) -> None:
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                self._errors.append(err)
+
+        while True:
+            try:
+                self._producer.produce(self.topics.starts, value, key, on_delivery=delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every start produced so far is on the broker."""
+        remaining = self._producer.flush(timeout)
+        if remaining or self._errors:
+            errors, self._errors = self._errors, []
+            raise RuntimeError(f"{remaining} starts undelivered; errors: {errors}")
+
+    def close(self) -> None:
+        self.flush()
+        if self._replies is not None:
+            self._replies.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _raise_synchronous_answer(handle: Handle) -> None:
+    """rateLimit and singleton skip answer a waiting caller with an error (SPEC.md 2)."""
+    if handle.status == Outcome.dropped.value and handle.retry_after_ms is not None:
+        raise RateLimited(handle)
+    if handle.status == Outcome.skipped.value:
+        raise SingletonHeld(handle)

@@ -1,0 +1,291 @@
+"""The load-time rules. Each returns messages; nothing raises until App has them all.
+
+`check_workflow` judges one workflow on its own (messages without the `workflow f:` prefix,
+which the Workflow adds); `check_app` judges the set (pools, onFailure targets, duplicate
+names, encryption), with full messages.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from sluicegate.declare.durations import format_duration
+from sluicegate.declare.failure import FailureReport
+
+if TYPE_CHECKING:
+    from sluicegate.declare.options import Option
+    from sluicegate.declare.workflow import Workflow
+
+MAX_LIMIT = 100_000
+SECOND = 1_000
+HOUR = 3_600_000
+WEEK = 7 * 24 * HOUR
+AGE_PRIORITY = 600
+MAX_CONCURRENCY_LIMITS = 2
+# Names end up in Kafka keys and topic-derived names, where ':' separates parts.
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+_NAME_RULE = "letters, digits, '_', '.' and '-', at most 200, not starting with '.' or '-'"
+
+
+def check_workflow(wf: Workflow) -> list[str]:
+    problems: list[str] = []
+    if not NAME.fullmatch(wf.name):
+        problems.append(f"name {wf.name!r} is not a valid workflow name ({_NAME_RULE})")
+    problems += _combinations(wf)
+    problems += _ranges(wf)
+    problems += _concurrency(wf.concurrency)
+    problems += _priority(wf)
+    problems += _batch_shape(wf)
+    for entry in wf.cancel_on:
+        if not entry.valid:
+            continue
+        if entry.match is None:
+            problems.append(
+                f"cancel_on {entry.event!r} match is required: an omitted match would cancel "
+                "every live run; write match='true' if that is what you mean"
+            )
+        if not entry.event:
+            problems.append("cancel_on event must name the event")
+    return problems
+
+
+def _combinations(wf: Workflow) -> list[str]:
+    problems = []
+    if wf.throttle and wf.rate_limit:
+        problems.append(
+            "throttle and rate_limit cannot both be declared: throttle queues the excess, "
+            "rate_limit drops it; pick one"
+        )
+    if wf.batch and wf.debounce:
+        problems.append(
+            "batch and debounce cannot both be declared: a batch timeout is a deadline, a "
+            "debounce period a quiet time that resets; pick one"
+        )
+    if wf.timeouts and wf.timeouts.start is not None and not wf.defers:
+        problems.append(
+            "timeouts start needs a deferring control (debounce, batch, throttle or "
+            "concurrency): without one a start never waits, so it could never fire"
+        )
+    if wf.singleton and wf.singleton.mode is None:
+        problems.append(
+            "singleton mode is required: 'skip' stands the newcomer down, 'cancel' cancels "
+            "the incumbent, and a default would silently throw away one or the other"
+        )
+    return problems
+
+
+def _ranges(wf: Workflow) -> list[str]:
+    out: list[str] = []
+    for option in (wf.rate_limit, wf.throttle):
+        if option is not None:
+            out += _between(option, "limit", 1, MAX_LIMIT)
+            out += _duration(option, "period", SECOND, WEEK)
+    if wf.throttle is not None:
+        out += _between(wf.throttle, "burst", 0, MAX_LIMIT)
+        out += _queue_cap(wf.throttle)
+    if wf.debounce is not None:
+        out += _duration(wf.debounce, "period", SECOND, WEEK)
+        out += _duration(wf.debounce, "timeout", SECOND, WEEK)
+        out += _queue_cap(wf.debounce)
+    if wf.batch is not None:
+        out += _between(wf.batch, "max_size", 1, 100)
+        out += _duration(wf.batch, "timeout", SECOND, HOUR)
+        out += _at_least(wf.batch, "max_bytes", 1, "must be more than 0 bytes")
+        out += _queue_cap(wf.batch)
+    for limit in wf.concurrency:
+        out += _between(limit, "limit", 1, MAX_LIMIT)
+        out += _duration(limit, "lease", SECOND, WEEK)
+        out += _queue_cap(limit)
+    if wf.idempotency is not None:
+        out += _duration(wf.idempotency, "ttl", SECOND, None)
+    if wf.timeouts is not None:
+        out += _duration(wf.timeouts, "start", SECOND, None)
+        out += _duration(wf.timeouts, "finish", SECOND, None)
+    for entry in wf.cancel_on:
+        out += _duration(entry, "within", SECOND, None)
+    return out
+
+
+def _between(option: Option, field: str, low: int, high: int) -> list[str]:
+    value = getattr(option, field)
+    # An option that failed type validation has already said so; its raw values are not judged.
+    if not option.valid or (isinstance(value, int) and low <= value <= high):
+        return []
+    return [f"{option.option_name} {field} must be between {low:,} and {high:,} (got {value!r})"]
+
+
+def _at_least(option: Option, field: str, low: int, message: str) -> list[str]:
+    value = getattr(option, field)
+    return [] if not option.valid or (isinstance(value, int) and value >= low) else [
+        f"{option.option_name} {field} {message} (got {value!r})"
+    ]
+
+
+def _queue_cap(option: Option) -> list[str]:
+    if not option.valid or getattr(option, "max_queued", None) is None:
+        return []
+    return _at_least(option, "max_queued", 1, "must be at least 1 when set")
+
+
+def _duration(option: Option, field: str, low: int, high: int | None) -> list[str]:
+    ms = option.ms(field)
+    if ms is None:  # unset, or it did not parse (already reported)
+        return []
+    if high is None:
+        if ms >= low:
+            return []
+        return [f"{option.option_name} {field} must be at least {format_duration(low)} "
+                f"(got {format_duration(ms)})"]
+    if low <= ms <= high:
+        return []
+    return [f"{option.option_name} {field} must be between {format_duration(low)} and "
+            f"{format_duration(high)} (got {format_duration(ms)})"]
+
+
+def _concurrency(limits: Sequence[Any]) -> list[str]:
+    out = []
+    if len(limits) > MAX_CONCURRENCY_LIMITS:
+        out.append(f"concurrency declares {len(limits)} limits; at most "
+                   f"{MAX_CONCURRENCY_LIMITS} are allowed")
+    seen: set[tuple[str, str | None, str]] = set()
+    for limit in limits:
+        if not limit.valid:
+            continue
+        if limit.scope != "fn" and limit.key is None:
+            out.append(f"concurrency scope {limit.scope!r} requires a key: the key expression "
+                       "is what workflows sharing the limit have in common")
+        if limit.scope != "fn" and limit.pool is not None:
+            out.append(f"concurrency pool {limit.pool!r} and scope {limit.scope!r} are two ways "
+                       "to share a budget; declare one")
+        if limit.pool is not None and not NAME.fullmatch(limit.pool):
+            out.append(f"concurrency pool {limit.pool!r} is not a valid pool name ({_NAME_RULE})")
+        expr = limit._exprs.get("key") if limit._exprs else None
+        identity = (limit.scope, limit.pool, expr.canonical if expr else str(limit.key))
+        if identity in seen:
+            out.append(f"concurrency declares two limits with the same scope and key "
+                       f"(scope {limit.scope!r}, key {limit.key!r})")
+        seen.add(identity)
+    return out
+
+
+def _priority(wf: Workflow) -> list[str]:
+    priority = wf.priority
+    if priority is None or priority.mode != "age" or not priority._exprs:
+        return []
+    expr = priority._exprs.get("expr")
+    if expr is None:
+        return []
+    out = []
+    for value in expr.constant_results:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            out.append(f"priority expr gives {value!r}, which is not a number of seconds")
+        elif not -AGE_PRIORITY <= value <= AGE_PRIORITY:
+            out.append(f"priority in age mode must be between -{AGE_PRIORITY} and "
+                       f"{AGE_PRIORITY} seconds (got {value!r})")
+    return out
+
+
+def _batch_shape(wf: Workflow) -> list[str]:
+    batch = wf.batch
+    if batch is None or not batch.valid:
+        return []
+    item = batch.item.__name__
+    wanted = f"its payload must have a field items: list[{item}], the batch the run receives"
+    field = wf.payload.model_fields.get("items")
+    if field is None:
+        return [f"batch item: {wanted}; {wf.payload.__name__} has no field items"]
+    element = _list_element(field.annotation)
+    if element is None or not (isinstance(element, type) and issubclass(batch.item, element)):
+        return [f"batch item: {wanted}; {wf.payload.__name__}.items is {field.annotation}"]
+    return []
+
+
+def _list_element(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (list, tuple, Sequence, typing.Sequence) and args:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return None
+        return args[0]
+    return None
+
+
+# --- across workflows -----------------------------------------------------------------------
+
+
+def check_app(workflows: Iterable[Workflow], *, encryption_configured: bool) -> list[str]:
+    listed = list(workflows)
+    by_name: dict[str, Workflow] = {}
+    problems: list[str] = []
+    for wf in listed:
+        if wf.name in by_name:
+            problems.append(f"workflow {wf.name}: is declared twice; workflow names must be "
+                            "unique")
+        by_name.setdefault(wf.name, wf)
+    for wf in listed:
+        if wf.encrypt_payloads and not encryption_configured:
+            problems.append(
+                f"workflow {wf.name}: encrypt_payloads is declared but no encryption key is "
+                "configured (set Settings.encryption_keys / SLUICEGATE_ENCRYPTION_KEYS); "
+                "sluicegate will not keep plaintext copies of a payload declared encrypted"
+            )
+        problems += _on_failure(wf, by_name)
+    problems += _pools(listed)
+    return problems
+
+
+def _on_failure(wf: Workflow, by_name: dict[str, Workflow]) -> list[str]:
+    if wf.on_failure is None:
+        return []
+    handler = by_name.get(wf.on_failure)
+    if handler is None:
+        return [f"workflow {wf.name}: on_failure names {wf.on_failure!r}, which is not a "
+                "declared workflow"]
+    problems = []
+    if not _is_failure_report(handler.payload):
+        problems.append(
+            f"workflow {wf.name}: on_failure names {wf.on_failure!r}, whose payload "
+            f"{handler.payload.__name__} is not FailureReport (declare payload=FailureReport "
+            "or a subclass)"
+        )
+    if handler.on_failure is not None:
+        problems.append(
+            f"workflow {handler.name}: is the on_failure handler of {wf.name} and declares "
+            f"on_failure {handler.on_failure!r} itself; there is no onFailure for an onFailure "
+            "(a failing handler is logged, not re-notified)"
+        )
+    return problems
+
+
+def _is_failure_report(model: type[BaseModel]) -> bool:
+    return isinstance(model, type) and issubclass(model, FailureReport)
+
+
+def _pools(workflows: Sequence[Workflow]) -> list[str]:
+    first: dict[str, tuple[str, int]] = {}
+    problems = []
+    for wf in workflows:
+        for limit in wf.concurrency:
+            if not limit._exprs:
+                continue
+            budget = limit.shared_budget
+            if budget is None:
+                continue
+            if budget not in first:
+                first[budget] = (wf.name, limit.limit)
+                continue
+            other, other_limit = first[budget]
+            if other_limit != limit.limit:
+                what = (f"pool {limit.pool!r}" if limit.pool is not None
+                        else f"shared by key {limit.key!r} (scope {limit.scope!r})")
+                problems.append(
+                    f"workflow {wf.name}: concurrency {what} declares limit {limit.limit}, but "
+                    f"workflow {other} declares {other_limit}; every member of a shared budget "
+                    "must declare the same limit"
+                )
+    return problems

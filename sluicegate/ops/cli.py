@@ -1,0 +1,109 @@
+"""The one command-line entry point: `sluicegate <group> <verb>`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sluicegate.config import Settings
+from sluicegate.ops.localkafka.cli import app as kafka_app
+
+app = typer.Typer(
+    name="sluicegate",
+    help="Kafka-native admission control for workflow runs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(kafka_app, name="kafka", help="A local single-node Kafka broker for development.")
+topics_app = typer.Typer(help="The topics sluicegate uses.", no_args_is_help=True)
+topology_app = typer.Typer(help="The route each workflow's starts take.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+app.add_typer(topology_app, name="topology")
+
+Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
+                                               envvar="SLUICEGATE_BOOTSTRAP")]
+Namespace = Annotated[str | None, typer.Option(help="Topic name prefix (default sg.).",
+                                               envvar="SLUICEGATE_NAMESPACE")]
+AppSpec = Annotated[str, typer.Option("--app", help="Module with the declarations (`module` "
+                                      "or `module:attr`).")]
+
+
+def _settings(bootstrap: str | None, namespace: str | None, **more: object) -> Settings:
+    changes: dict[str, object] = {k: v for k, v in more.items() if v is not None}
+    if bootstrap:
+        changes["bootstrap"] = bootstrap
+    if namespace:
+        changes["namespace"] = namespace
+    return Settings().with_(**changes)
+
+
+@topics_app.command("create")
+def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = None) -> None:
+    """Create every topic (idempotent) and say what was created."""
+    from sluicegate.topology.admin import create_topics
+
+    report = create_topics(_settings(bootstrap, namespace))
+    for spec in report.created:
+        kind = " (compacted)" if spec.compacted else ""
+        typer.echo(f"created  {spec.name}  partitions={spec.partitions}{kind}")
+    for spec in report.existing:
+        typer.echo(f"exists   {spec.name}")
+    for spec, actual in report.mismatched:
+        typer.echo(f"MISMATCH {spec.name}: has {actual} partitions, wants {spec.partitions}",
+                   err=True)
+    typer.echo(f"{len(report.created)} created, {len(report.existing)} already there")
+    if report.mismatched:
+        raise typer.Exit(1)
+
+
+@topology_app.command("show")
+def topology_show(app_spec: AppSpec, namespace: Namespace = None) -> None:
+    """Print each workflow's route: its stages in order and the key of each."""
+    from sluicegate.declare import load_app
+    from sluicegate.topology.route import routes
+
+    settings = _settings(None, namespace)
+    for route in routes(load_app(app_spec, settings), settings.deployment_cap):
+        typer.echo(route.describe())
+
+
+@app.command("worker")
+def worker(
+    app_spec: AppSpec,
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+    state_dir: Annotated[Path | None, typer.Option(help="This worker's state directory.")] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
+    from sluicegate.ops.worker import run_worker
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir))
+
+
+@app.command("demo")
+def demo(
+    port: Annotated[int, typer.Option(help="The local broker's port.")] = 9092,
+    app_module: Annotated[str, typer.Option("--app", help="Demo module (app, FUNCTIONS, "
+                                            "traffic).")] = "examples.demo",
+    rate: Annotated[float, typer.Option(help="Demo starts per second.")] = 3.0,
+) -> None:
+    """Run the whole loop locally: broker, topics, worker, engine, traffic, decisions."""
+    from sluicegate.ops.demo import run_demo
+
+    run_demo(port, app_module, rate)
+
+
+def main() -> None:
+    # Declarations are named by module (`--app examples.demo`), found from where the
+    # command runs, as uvicorn and celery do.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app()

@@ -1,0 +1,118 @@
+"""`sluicegate demo`: the whole loop on one machine, with every decision printed.
+
+A local broker, the topics, a worker (its own process, as in production), the reference
+engine, and demo traffic; the ledger is tailed and each decision printed as it happens.
+Ctrl-C stops the traffic, the engine and the worker; the broker keeps running.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from rich.console import Console
+
+from sluicegate.client import Client, Engine
+from sluicegate.config import Settings
+from sluicegate.ops.localkafka.broker import ensure_broker
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import LedgerRecord, Outcome
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.route import routes
+from sluicegate.topology.topics import Topics
+
+_STYLE = {
+    Outcome.admitted: "green", Outcome.existing: "cyan", Outcome.queued: "yellow",
+    Outcome.dropped: "red", Outcome.skipped: "magenta", Outcome.rejected: "bold red",
+    Outcome.collapsed: "blue", Outcome.expired: "red", Outcome.cancelled: "red",
+    Outcome.failed: "bold red", Outcome.lease_expired: "red",
+}
+
+
+def _ledger_tail(settings: Settings) -> Consumer:
+    topics = Topics(settings)
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"{settings.namespace}demo-tail", "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+    }))
+    assignment = []
+    for p in range(settings.partitions):
+        tp = TopicPartition(topics.ledger, p)
+        _, high = consumer.get_watermark_offsets(tp, timeout=10.0)
+        assignment.append(TopicPartition(topics.ledger, p, max(high, 0)))
+    consumer.assign(assignment)
+    return consumer
+
+
+def _print(console: Console, row: LedgerRecord) -> None:
+    when = time.strftime("%H:%M:%S", time.localtime(row.decided_at_ms / 1000))
+    style = _STYLE.get(row.outcome, "white")
+    execution = f" -> run {row.execution_id[:8]}" if row.execution_id else ""
+    key = f" key={row.key}" if row.key else ""
+    reason = f"  ({row.reason})" if row.reason else ""
+    console.print(f"{when} [{style}]{row.outcome.value:<9}[/] {row.workflow:<14}"
+                  f"{key}{execution}{reason}", highlight=False)
+
+
+def run_demo(port: int, app_module: str, per_second: float) -> None:
+    console = Console()
+    console.print(f"[bold]starting a local Kafka broker on 127.0.0.1:{port}[/] "
+                  "(the first start fetches its jars with Maven)")
+    broker = ensure_broker(port=port, controller_port=port + 1)
+    settings = Settings().with_(bootstrap=broker.bootstrap,
+                                state_dir=Path.cwd() / ".sluicegate" / "demo-worker")
+    report = create_topics(settings)
+    console.print(f"topics: {len(report.created)} created, {len(report.existing)} already there")
+    module = importlib.import_module(app_module)
+    for route in routes(module.app):
+        console.print(f"  route {route.describe()}")
+
+    env = dict(os.environ, SLUICEGATE_BOOTSTRAP=settings.bootstrap,
+               SLUICEGATE_STATE_DIR=str(settings.state_dir))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "sluicegate", "worker", "--app", app_module,
+         "--log-level", "WARNING"], env=env)
+    stop = threading.Event()
+    from examples.engine import FunctionEngine
+
+    engine = FunctionEngine(Engine(group=f"{settings.namespace}demo-engine", settings=settings),
+                            module.FUNCTIONS)
+    client = Client(app=module.app, settings=settings, replies=False)
+    threads = [
+        threading.Thread(target=engine.run, args=(stop.is_set,), daemon=True),
+        threading.Thread(target=module.traffic, args=(client, stop, per_second), daemon=True),
+    ]
+    tail = _ledger_tail(settings)
+    for thread in threads:
+        thread.start()
+    console.print("[bold]worker, engine and traffic running; each decision prints below. "
+                  "Ctrl-C stops.[/]")
+    try:
+        while worker.poll() is None:
+            for msg in tail.consume(100, timeout=0.2):
+                if msg.error() is None and msg.value() is not None:
+                    _print(console, codec.decode(LedgerRecord, msg.value()))
+        console.print(f"[bold red]the worker exited with code {worker.returncode}[/]")
+    except KeyboardInterrupt:
+        console.print("\nstopping: traffic, engine, worker")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        client.close()
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        tail.close()
+        console.print(f"engine: {engine.completed} completed, {engine.failed} failed. "
+                      f"The broker keeps running; `sluicegate kafka down --port {port}` stops it.")

@@ -1,0 +1,29 @@
+"""A local single-node Kafka broker for development and tests: `sluicegate kafka up|down`."""
+
+from sluicegate.ops.localkafka.broker import (
+    DEFAULT_KAFKA_VERSION,
+    BrokerError,
+    BrokerStatus,
+    LocalBroker,
+    SaslPlain,
+    broker_answers,
+    broker_status,
+    default_data_dir,
+    ensure_broker,
+    free_ports,
+    stop_broker,
+)
+
+__all__ = [
+    "DEFAULT_KAFKA_VERSION",
+    "BrokerError",
+    "BrokerStatus",
+    "LocalBroker",
+    "SaslPlain",
+    "broker_answers",
+    "broker_status",
+    "default_data_dir",
+    "ensure_broker",
+    "free_ports",
+    "stop_broker",
+]

@@ -1,0 +1,553 @@
+"""A single-node KRaft Kafka broker (combined broker + controller) run from Maven Central jars.
+
+No Docker and no tarball: the jars are fetched once per Kafka version with Maven into the user
+cache dir, the data dir is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs
+detached in its own session so it outlives the command that started it. Everything a broker
+owns (server.properties, cluster id, pid file, log, the log.dirs) lives in its data dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import platformdirs
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+DEFAULT_KAFKA_VERSION = "4.1.1"
+DEFAULT_PORT = 9092
+DEFAULT_CONTROLLER_PORT = 9093
+HOST = "127.0.0.1"
+MIN_JAVA = 17  # kafka_2.13 4.x is compiled for Java 17 (minNonClientJavaVersion)
+
+_PACKAGE = "sluicegate.ops.localkafka"
+_LOG_TAIL_LINES = 30
+
+# Heap small enough for a 2-core CI box next to the tests; G1 flags as in kafka-run-class.sh.
+JVM_OPTS = (
+    "-Xms256m",
+    "-Xmx768m",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+)
+TOOL_JVM_OPTS = ("-Xmx256m", "-XX:+UseSerialGC", "-Dsluicegate.log.level=WARN")
+
+# librdkafka logs every refused connection at ERROR level; while we poll a broker that is still
+# starting those lines are expected noise, so the probing client logs nowhere.
+_SILENT = logging.getLogger("sluicegate.localkafka.probe")
+_SILENT.addHandler(logging.NullHandler())
+_SILENT.propagate = False
+
+
+class BrokerError(RuntimeError):
+    """Anything that stops the local broker from starting, answering or stopping."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaslPlain:
+    """An extra SASL_PLAINTEXT listener with one PLAIN user, for testing client auth."""
+
+    username: str
+    password: str
+    port: int
+
+    @classmethod
+    def parse(cls, user_pass: str, port: int) -> SaslPlain:
+        username, sep, password = user_pass.partition(":")
+        if not sep or not username or not password:
+            raise BrokerError(f"--sasl-plain wants USER:PASS, got {user_pass!r}")
+        if '"' in user_pass or "\\" in user_pass:
+            raise BrokerError("--sasl-plain: quotes and backslashes are not supported")
+        return cls(username, password, port)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBroker:
+    port: int
+    controller_port: int
+    data_dir: Path
+    pid: int
+    kafka_version: str
+    already_running: bool = False
+    sasl_port: int | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        return None if self.sasl_port is None else f"{HOST}:{self.sasl_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return log_path(self.data_dir)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    bootstrap: str
+    answers: bool
+    pid: int | None  # set when a broker we started from this data dir is alive
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+
+
+def default_data_dir(port: int = DEFAULT_PORT) -> Path:
+    # Keyed by port so brokers on different ports never share (and corrupt) one log.dirs.
+    return Path(platformdirs.user_data_dir("sluicegate")) / f"kafka-{port}"
+
+
+def jar_cache_dir(kafka_version: str) -> Path:
+    return Path(platformdirs.user_cache_dir("sluicegate")) / f"kafka-{kafka_version}"
+
+
+def log_path(data_dir: Path) -> Path:
+    return data_dir / "broker.log"
+
+
+def _pid_path(data_dir: Path) -> Path:
+    return data_dir / "broker.pid"
+
+
+def _props_path(data_dir: Path) -> Path:
+    return data_dir / "server.properties"
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes
+
+
+def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
+    """True if a Kafka broker at `bootstrap` returns cluster metadata within `timeout` s."""
+    host, _, port = bootstrap.rpartition(":")
+    # A plain TCP connect first: cheap, and it spares creating a client when nothing listens.
+    try:
+        with socket.create_connection((host, int(port)), timeout=min(timeout, 1.0)):
+            pass
+    except OSError:
+        return False
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
+        },
+        logger=_SILENT,
+    )
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return bool(metadata.brokers)
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """True if something holds `port` on `host` (a listener, or a socket bound without reuse)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR so a stopped broker's TIME_WAIT connections don't count as "in use";
+        # a live listener still makes bind fail.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_ports(count: int = 1) -> list[int]:
+    """`count` distinct ports the OS considers free right now (for throwaway test brokers)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind((HOST, 0))  # all held open at once, so the OS hands out distinct ports
+        return [s.getsockname()[1] for s in socks]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return ""  # Linux, and the process is gone
+    except OSError:
+        return ""
+    # No /proc (macOS): ask ps.
+    result = subprocess.run(
+        ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False
+    )
+    return result.stdout.strip()
+
+
+# Brokers started by this process. Holding their Popen objects keeps subprocess from warning
+# that a (deliberately detached) child is "still running" when the object is collected.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _reap(pid: int) -> None:
+    # If the broker is our own child (tests start and stop it in one process) and has exited,
+    # collect it; otherwise it lingers as a zombie that still "exists" for kill(pid, 0).
+    child = _children.get(pid)
+    if child is not None:
+        if child.poll() is not None:
+            del _children[pid]
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _our_pid(data_dir: Path) -> int | None:
+    """The pid of the broker started from `data_dir`, if that process is alive."""
+    try:
+        pid = int(_pid_path(data_dir).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    _reap(pid)
+    # A pid file can outlive its process and the pid can be reused: trust it only if that
+    # process is a kafka.Kafka running this data dir's server.properties.
+    cmd = _cmdline(pid)
+    if "kafka.Kafka" in cmd and str(_props_path(data_dir)) in cmd:
+        return pid
+    return None
+
+
+def broker_status(port: int = DEFAULT_PORT, data_dir: Path | None = None) -> BrokerStatus:
+    data_dir = (data_dir or default_data_dir(port)).resolve()
+    bootstrap = f"{HOST}:{port}"
+    return BrokerStatus(bootstrap, broker_answers(bootstrap), _our_pid(data_dir))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prerequisites
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError(f"`java` not found on PATH: the Kafka broker needs Java {MIN_JAVA}+")
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    # `java -version` prints to stderr: 'openjdk version "17.0.15"' or 'java version "1.8.0_x"'.
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', result.stderr + result.stdout)
+    if match is None:
+        raise BrokerError(f"could not read the Java version from `{java} -version`")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        raise BrokerError(f"{java} is Java {major}; Kafka 4.x brokers need Java {MIN_JAVA}+")
+    return java
+
+
+def fetch_jars(kafka_version: str = DEFAULT_KAFKA_VERSION) -> Path:
+    """The directory of the broker's jars; runs Maven only the first time per Kafka version."""
+    cache = jar_cache_dir(kafka_version)
+    lib = cache / "lib"
+    if (cache / ".complete").exists():
+        return lib
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise BrokerError(
+            f"`mvn` not found on PATH: Maven is needed once to fetch the Kafka {kafka_version} "
+            f"jars into {cache}"
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    pom = resources.files(_PACKAGE).joinpath("pom.xml").read_text()
+    pom = re.sub(r"(<kafka.version>)[^<]*(</kafka.version>)", rf"\g<1>{kafka_version}\2", pom)
+    (cache / "pom.xml").write_text(pom)
+    # Copy into a private dir and rename at the end, so an interrupted or concurrent fetch never
+    # leaves a half-filled lib/ that looks complete.
+    staging = cache / f"lib.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = [
+        mvn, "-q", "-B", "-f", str(cache / "pom.xml"), "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BrokerError(
+            f"Maven could not fetch Kafka {kafka_version} (exit {result.returncode}):\n"
+            + _tail(result.stdout + result.stderr)
+        )
+    if not any(staging.glob(f"kafka_2.13-{kafka_version}.jar")):
+        raise BrokerError(f"Maven ran but kafka_2.13-{kafka_version}.jar is not in {staging}")
+    shutil.rmtree(lib, ignore_errors=True)
+    staging.rename(lib)
+    (cache / ".complete").write_text(kafka_version + "\n")
+    return lib
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+def server_properties(
+    port: int, controller_port: int, data_dir: Path, sasl: SaslPlain | None = None
+) -> str:
+    listeners = [f"PLAINTEXT://{HOST}:{port}", f"CONTROLLER://{HOST}:{controller_port}"]
+    advertised = [f"PLAINTEXT://{HOST}:{port}"]
+    protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+    extra: list[str] = []
+    if sasl is not None:
+        # Further listeners (TLS, SCRAM) slot in the same way: one name, one protocol, and
+        # listener.name.<name>.* settings; clients between brokers stay on PLAINTEXT.
+        listeners.append(f"SASL_PLAINTEXT://{HOST}:{sasl.port}")
+        advertised.append(f"SASL_PLAINTEXT://{HOST}:{sasl.port}")
+        protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+        jaas = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{sasl.username}" password="{sasl.password}" '
+            f'user_{sasl.username}="{sasl.password}";'
+        )
+        extra += [
+            "sasl.enabled.mechanisms=PLAIN",
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
+            f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
+        ]
+    lines = [
+        "# Written by `sluicegate kafka up` on every start; edits here are overwritten.",
+        "process.roles=broker,controller",
+        "node.id=1",
+        # Static voters, so the data dir is formatted without --standalone.
+        f"controller.quorum.voters=1@{HOST}:{controller_port}",
+        f"listeners={','.join(listeners)}",
+        f"advertised.listeners={','.join(advertised)}",
+        f"listener.security.protocol.map={','.join(protocols)}",
+        "inter.broker.listener.name=PLAINTEXT",
+        "controller.listener.names=CONTROLLER",
+        f"log.dirs={data_dir / 'logs'}",
+        # One broker: every internal topic at replication 1 / min.isr 1, or group joins and
+        # initTransactions hang waiting for replicas that cannot exist.
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "min.insync.replicas=1",
+        "default.replication.factor=1",
+        "num.partitions=1",
+        # sluicegate declares its own topics; a typo'd topic name should fail, not appear.
+        "auto.create.topics.enable=false",
+        # The default 3 s delay would be added to every test's first consumer-group join.
+        "group.initial.rebalance.delay.ms=0",
+        # Small footprint: 2 cores, a 768 MiB heap.
+        "num.network.threads=2",
+        "num.io.threads=2",
+        "num.recovery.threads.per.data.dir=1",
+        "log.cleaner.dedupe.buffer.size=2097152",
+        "log.cleaner.threads=1",
+        # Dev-box disk use: 16 MiB segments (the minimum is 1 MiB), delete after 24 h or
+        # 256 MiB per partition, whichever first.
+        "log.segment.bytes=16777216",
+        "log.retention.hours=24",
+        "log.retention.bytes=268435456",
+        "log.retention.check.interval.ms=60000",
+        "log.delete.delay.ms=1000",
+        *extra,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _cluster_id(data_dir: Path) -> str:
+    # Kept in the data dir so a re-format (--ignore-formatted) always sees the same id.
+    path = data_dir / "cluster-id"
+    if path.exists():
+        return path.read_text().strip()
+    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    path.write_text(cid + "\n")
+    return cid
+
+
+def _java_cmd(java: str, lib: Path, data_dir: Path, opts: Sequence[str]) -> list[str]:
+    return [
+        java,
+        *opts,
+        f"-Dlog4j2.configurationFile={data_dir / 'log4j2.properties'}",
+        f"-Dkafka.logs.dir={data_dir / 'logs'}",
+        "-cp",
+        f"{lib}{os.sep}*",  # the JVM expands the wildcard; no shell involved
+    ]
+
+
+def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _log_tail(data_dir: Path) -> str:
+    try:
+        return _tail(log_path(data_dir).read_text(errors="replace"))
+    except OSError:
+        return "(no log)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Start / stop
+
+
+def _wait_until_answers(
+    bootstrap: str, deadline: float, proc: subprocess.Popen[bytes] | None, data_dir: Path
+) -> None:
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise BrokerError(
+                f"the Kafka broker for {bootstrap} exited with code {proc.returncode} while "
+                f"starting; last lines of {log_path(data_dir)}:\n{_log_tail(data_dir)}"
+            )
+        if broker_answers(bootstrap, timeout=1.0):
+            return
+        if time.monotonic() >= deadline:
+            raise BrokerError(
+                f"the Kafka broker for {bootstrap} did not answer in time; last lines of "
+                f"{log_path(data_dir)}:\n{_log_tail(data_dir)}"
+            )
+        time.sleep(0.2)
+
+
+def ensure_broker(
+    port: int = DEFAULT_PORT,
+    controller_port: int = DEFAULT_CONTROLLER_PORT,
+    data_dir: Path | None = None,
+    kafka_version: str = DEFAULT_KAFKA_VERSION,
+    timeout: float = 90.0,
+    sasl: SaslPlain | None = None,
+) -> LocalBroker:
+    """Start a broker on 127.0.0.1:`port` unless ours already runs there; return once it answers.
+
+    If one we started from `data_dir` is already alive it is left as it is (even if it was
+    started with other options) and returned with `already_running=True`.
+    """
+    data_dir = (data_dir or default_data_dir(port)).resolve()
+    bootstrap = f"{HOST}:{port}"
+    deadline = time.monotonic() + timeout
+    ports = [port, controller_port] + ([sasl.port] if sasl else [])
+    if len(set(ports)) != len(ports):
+        raise BrokerError(f"the broker's ports must differ, got {ports}")
+
+    pid = _our_pid(data_dir)
+    if pid is not None:
+        # Possibly still starting (a concurrent `up`): wait for it rather than start another.
+        _wait_until_answers(bootstrap, deadline, None, data_dir)
+        return LocalBroker(
+            port, controller_port, data_dir, pid, kafka_version, True, sasl.port if sasl else None
+        )
+
+    for p in ports:
+        if port_in_use(p):
+            raise BrokerError(
+                f"port {p} on {HOST} is already in use by another process "
+                f"(not a broker started from {data_dir}); pick another with --port / "
+                "--controller-port, or stop whatever holds it"
+            )
+
+    java = _java()
+    lib = fetch_jars(kafka_version)
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "log4j2.properties").write_text(
+        resources.files(_PACKAGE).joinpath("log4j2.properties").read_text()
+    )
+    props = _props_path(data_dir)
+    props.write_text(server_properties(port, controller_port, data_dir, sasl))
+
+    fmt = [
+        *_java_cmd(java, lib, data_dir, TOOL_JVM_OPTS),
+        "kafka.tools.StorageTool", "format",
+        "-t", _cluster_id(data_dir), "-c", str(props), "--ignore-formatted",
+    ]  # fmt: skip
+    result = subprocess.run(fmt, capture_output=True, text=True, check=False, timeout=120)
+    if result.returncode != 0:
+        raise BrokerError(
+            f"formatting {data_dir / 'logs'} failed (exit {result.returncode}):\n"
+            + _tail(result.stdout + result.stderr)
+        )
+
+    log = log_path(data_dir)
+    if log.exists():
+        log.replace(log.with_suffix(".log.1"))  # keep the previous run's log for post-mortems
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [*_java_cmd(java, lib, data_dir, JVM_OPTS), "kafka.Kafka", str(props)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=data_dir,
+            # Its own session: Ctrl-C in the terminal that ran `up` must not reach the broker.
+            start_new_session=True,
+        )
+    _children[proc.pid] = proc
+    _pid_path(data_dir).write_text(f"{proc.pid}\n")
+    try:
+        _wait_until_answers(bootstrap, deadline, proc, data_dir)
+    except BrokerError:
+        _terminate(proc.pid, 10.0)
+        _pid_path(data_dir).unlink(missing_ok=True)
+        raise
+    return LocalBroker(
+        port, controller_port, data_dir, proc.pid, kafka_version, False, sasl.port if sasl else None
+    )
+
+
+def _alive(pid: int) -> bool:
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still passes kill(pid, 0); it has no cmdline left.
+    return bool(_cmdline(pid))
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)  # a controlled shutdown: flushes logs, no recovery next time
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            kill_deadline = time.monotonic() + 5.0
+            while _alive(pid) and time.monotonic() < kill_deadline:
+                time.sleep(0.05)
+            return
+        time.sleep(0.1)
+
+
+def stop_broker(
+    port: int = DEFAULT_PORT, data_dir: Path | None = None, timeout: float = 30.0
+) -> bool:
+    """Stop the broker we started from `data_dir`; False if none was running (idempotent).
+
+    SIGTERM first, SIGKILL if it has not exited after `timeout` seconds.
+    """
+    data_dir = (data_dir or default_data_dir(port)).resolve()
+    pid = _our_pid(data_dir)
+    if pid is None:
+        _pid_path(data_dir).unlink(missing_ok=True)
+        return False
+    _terminate(pid, timeout)
+    if _alive(pid):
+        raise BrokerError(f"the Kafka broker (pid {pid}) did not exit even after SIGKILL")
+    _pid_path(data_dir).unlink(missing_ok=True)
+    return True

@@ -1,0 +1,35 @@
+"""`sluicegate worker`: run every stage for an app's declarations until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from sluicegate.config import Settings
+from sluicegate.declare import load_app
+from sluicegate.streams.app import build_stages
+from sluicegate.streams.clock import clock_from_env
+from sluicegate.streams.runtime import Worker
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None) -> Worker:
+    """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group."""
+    stop = stop or threading.Event()
+    app = load_app(app_spec, settings)
+    worker = Worker(build_stages(app, settings), settings, clock=clock_from_env())
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current cycle", signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    log.info("worker %s: %d workflows, state in %s", worker.worker_id, len(app.workflows),
+             settings.state_dir)
+    worker.run(stop.is_set)
+    return worker

@@ -1,0 +1,396 @@
+"""Avro codec for every sluicegate record: the bytes on every topic and in every store.
+
+A value is framed in Avro single-object encoding: ``C3 01``, the 8-byte
+little-endian CRC-64-AVRO fingerprint of the writer schema's parsing canonical
+form, then the Avro binary body. The framing is pluggable (`Framing`) so that
+Confluent Schema Registry framing can replace it. Keys are plain UTF-8 strings;
+payloads are compact JSON. See docs/wire-format.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
+from importlib.resources import files
+from io import BytesIO
+from typing import Any, Protocol, TypeVar, get_args
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint as _fastavro_fingerprint
+from fastavro.schema import to_parsing_canonical_form
+
+from sluicegate.schemas import records
+from sluicegate.schemas.records import Record
+
+NAMESPACE = "io.sluicegate"
+SINGLE_OBJECT_MARKER = b"\xc3\x01"
+
+R = TypeVar("R", bound=Record)
+
+
+class DecodeError(ValueError):
+    """Bytes that are not the record, key or payload the reader expected."""
+
+
+class EncodeError(ValueError):
+    """A record whose field values do not fit its schema."""
+
+
+def schema_fingerprint(canonical_form: str) -> bytes:
+    """CRC-64-AVRO (Rabin) of a parsing canonical form, as the 8 little-endian bytes
+    that single-object encoding carries."""
+    return bytes.fromhex(_fastavro_fingerprint(canonical_form, "CRC-64-AVRO"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class RecordSchema:
+    """One record type's schema, in every form the codec needs."""
+
+    cls: type[Record]
+    full_name: str
+    schema: dict[str, Any]  # self-contained: named types it uses are inlined
+    canonical_form: str
+    fingerprint: bytes
+    parsed: Any  # fastavro's parsed form, timestamps read as plain ints
+    to_avro: Callable[[Any], dict[str, Any]]
+    from_avro: Callable[[dict[str, Any]], Any]
+
+
+# -- loading the .avsc files -------------------------------------------------------
+
+
+def _load_avsc() -> dict[str, dict[str, Any]]:
+    by_name: dict[str, dict[str, Any]] = {}
+    for entry in sorted(files(__package__).joinpath("avro").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".avsc"):
+            schema = json.loads(entry.read_text(encoding="utf-8"))
+            full_name = f"{schema['namespace']}.{schema['name']}"
+            if entry.name != f"{full_name}.avsc":
+                raise RuntimeError(f"{entry.name} defines {full_name}; name it {full_name}.avsc")
+            by_name[full_name] = schema
+    return by_name
+
+
+def _inline(node: Any, defs: Mapping[str, dict[str, Any]], seen: set[str]) -> Any:
+    """Replace references to our named types by their definition at first use, so
+    the result is one self-contained writer schema (as canonical form requires)."""
+    if isinstance(node, str):
+        if node not in defs:
+            return node
+        if node in seen:
+            return node
+        seen.add(node)
+        return _inline(defs[node], defs, seen)
+    if isinstance(node, list):
+        return [_inline(branch, defs, seen) for branch in node]
+    if isinstance(node, dict):
+        out = dict(node)
+        if node.get("type") == "record":
+            seen.add(f"{node['namespace']}.{node['name']}")
+            out["fields"] = [{**f, "type": _inline(f["type"], defs, seen)} for f in node["fields"]]
+        elif node.get("type") == "array":
+            out["items"] = _inline(node["items"], defs, seen)
+        elif node.get("type") == "map":
+            out["values"] = _inline(node["values"], defs, seen)
+        elif isinstance(node.get("type"), str | list | dict):
+            out["type"] = _inline(node["type"], defs, seen)
+        return out
+    return node
+
+
+def _without_timestamp_logical_type(node: Any) -> Any:
+    """The published schemas mark instants as timestamp-millis for other languages;
+    Python keeps them as ms ints. Canonical form ignores logicalType, so the
+    fingerprint and the bytes are the same either way."""
+    if isinstance(node, list):
+        return [_without_timestamp_logical_type(n) for n in node]
+    if isinstance(node, dict):
+        return {
+            k: _without_timestamp_logical_type(v)
+            for k, v in node.items()
+            if not (k == "logicalType" and v == "timestamp-millis")
+        }
+    return node
+
+
+def parse_writer_schema(schema: Any) -> Any:
+    """Parse a writer schema (a self-contained .avsc as JSON data) for the codec.
+
+    A `Framing` that fetches writer schemas (from a registry, say) parses them with
+    this: fastavro applies the *writer's* logical types when it resolves, and
+    sluicegate keeps timestamps as ms ints."""
+    return parse_schema(_without_timestamp_logical_type(schema), named_schemas={})
+
+
+def _python_type(full_name: str) -> type:
+    simple = full_name.removeprefix(f"{NAMESPACE}.")
+    cls = getattr(records, simple, None)
+    if not isinstance(cls, type):
+        raise RuntimeError(f"schema {full_name} has no class {simple} in {records.__name__}")
+    return cls
+
+
+def _check_pairing(full_name: str, schema: dict[str, Any], cls: type) -> None:
+    """Fail at import if a schema and its Python class drift apart."""
+    if schema["type"] == "enum":
+        symbols = [m.value for m in cls] if issubclass(cls, Enum) else None
+        if symbols != schema["symbols"]:
+            raise RuntimeError(f"{full_name}: symbols {schema['symbols']} != {cls.__name__}")
+        return
+    py_fields = dataclasses.fields(cls)
+    avro_names = [f["name"] for f in schema["fields"]]
+    if [f.name for f in py_fields] != avro_names:
+        raise RuntimeError(f"{full_name} fields {avro_names} != {cls.__name__} dataclass fields")
+    for py, avro in zip(py_fields, schema["fields"], strict=True):
+        py_default = py.default if py.default is not dataclasses.MISSING else "<none>"
+        if avro.get("default", "<none>") != py_default:
+            raise RuntimeError(
+                f"{full_name}.{py.name}: Avro default {avro.get('default', '<none>')!r}"
+                f" != dataclass default {py_default!r}"
+            )
+
+
+# -- record <-> dict -----------------------------------------------------------------
+#
+# Written per class from the schema at import: asdict() deep-copies and costs
+# several times more. Enum members are str subclasses, which fastavro writes
+# as-is, so encoding only has to turn nested Slot records into dicts.
+
+
+def _converters(
+    cls: type, schema: dict[str, Any], defs: Mapping[str, dict[str, Any]]
+) -> tuple[Callable[[Any], dict[str, Any]], Callable[[dict[str, Any]], Any]]:
+    names = tuple(f["name"] for f in schema["fields"])
+    enum_fields: list[tuple[str, dict[str, Enum]]] = []
+    record_list_fields: list[tuple[str, type, tuple[str, ...]]] = []
+    for f in schema["fields"]:
+        ftype = f["type"]
+        if isinstance(ftype, list) and any(isinstance(b, str) and b in defs for b in ftype):
+            raise RuntimeError(f"{cls.__name__}.{f['name']}: optional named types need a converter")
+        if isinstance(ftype, str) and defs.get(ftype, {}).get("type") == "enum":
+            enum_cls = _python_type(ftype)
+            enum_fields.append((f["name"], {m.value: m for m in enum_cls}))  # type: ignore[attr-defined]
+        elif isinstance(ftype, dict) and ftype["type"] == "array" and str(ftype["items"]) in defs:
+            item = defs[ftype["items"]]
+            item_names = tuple(i["name"] for i in item["fields"])
+            record_list_fields.append((f["name"], _python_type(ftype["items"]), item_names))
+
+    def to_avro(record: Any) -> dict[str, Any]:
+        out = {name: getattr(record, name) for name in names}
+        for name, _, item_names in record_list_fields:
+            out[name] = [{n: getattr(i, n) for n in item_names} for i in out[name]]
+        return out
+
+    def from_avro(data: dict[str, Any]) -> Any:
+        for name, members in enum_fields:
+            data[name] = members[data[name]]
+        for name, item_cls, _ in record_list_fields:
+            data[name] = [item_cls(**i) for i in data[name]]
+        return cls(**data)
+
+    return to_avro, from_avro
+
+
+def _build_registry() -> tuple[dict[type, RecordSchema], dict[str, type]]:
+    defs = _load_avsc()
+    named: dict[str, type] = {}
+    types: dict[type, RecordSchema] = {}
+    for full_name, schema in defs.items():
+        cls = _python_type(full_name)
+        _check_pairing(full_name, schema, cls)
+        named[full_name] = cls
+        if schema["type"] != "record":
+            continue
+        standalone = _inline(full_name, defs, set())
+        canonical = to_parsing_canonical_form(standalone)
+        to_avro, from_avro = _converters(cls, schema, defs)
+        types[cls] = RecordSchema(
+            cls=cls,
+            full_name=full_name,
+            schema=standalone,
+            canonical_form=canonical,
+            fingerprint=schema_fingerprint(canonical),
+            parsed=parse_writer_schema(standalone),
+            to_avro=to_avro,
+            from_avro=from_avro,
+        )
+    missing = set(get_args(Record)) - set(types)
+    if missing:
+        raise RuntimeError(f"no .avsc for {sorted(c.__name__ for c in missing)}")
+    return types, named
+
+
+_TYPES, _NAMED = _build_registry()
+
+RECORD_TYPES: Mapping[type, RecordSchema] = _TYPES
+"""Record class -> its schema (full name, parsed schema, fingerprint)."""
+
+NAMED_TYPES: Mapping[str, type] = _NAMED
+"""Avro full name -> Python class, for every .avsc (records and enums)."""
+
+
+def fingerprint(cls: type[Record]) -> bytes:
+    """The 8-byte fingerprint a record of this type carries in its frame."""
+    return _TYPES[cls].fingerprint
+
+
+# -- framing ---------------------------------------------------------------------
+
+
+class Framing(Protocol):
+    """How a record's Avro body is wrapped so a reader can find its writer schema.
+
+    A Confluent Schema Registry framing (``00`` + 4-byte big-endian schema id)
+    implements this by registering every `RECORD_TYPES` schema when constructed
+    (record-name subject strategy) so `header` is a lookup, and by fetching and
+    caching the writer schema of an id it has not seen in `writer_schema`.
+    """
+
+    def header(self, rs: RecordSchema) -> bytes:
+        """The bytes written before the body of every record of this type."""
+        ...
+
+    def writer_schema(self, expected: RecordSchema, data: bytes) -> tuple[Any, int]:
+        """The parsed writer schema of ``data`` and the offset its body starts at.
+
+        Return ``expected.parsed`` itself when the writer schema is the reader's
+        own (the codec then skips schema resolution); parse any other writer
+        schema with `parse_writer_schema`. Raise `DecodeError` when the header is
+        not one for ``expected``'s type.
+        """
+        ...
+
+
+class SingleObjectFraming:
+    """Avro single-object encoding; knows the current schema of every record type."""
+
+    header_size = len(SINGLE_OBJECT_MARKER) + 8
+
+    def __init__(self, types: Iterable[RecordSchema]) -> None:
+        known = tuple(types)
+        self._by_fingerprint = {rs.fingerprint: rs for rs in known}
+        self._headers = {rs.cls: SINGLE_OBJECT_MARKER + rs.fingerprint for rs in known}
+
+    def header(self, rs: RecordSchema) -> bytes:
+        return SINGLE_OBJECT_MARKER + rs.fingerprint
+
+    def writer_schema(self, expected: RecordSchema, data: bytes) -> tuple[Any, int]:
+        if data.startswith(self._headers[expected.cls]):
+            return expected.parsed, self.header_size
+        wanted = f"{expected.full_name} (fingerprint {expected.fingerprint.hex()})"
+        if len(data) < self.header_size:
+            raise DecodeError(
+                f"expected {wanted} in single-object encoding, found {len(data)} bytes,"
+                f" shorter than the {self.header_size}-byte header"
+            )
+        if not data.startswith(SINGLE_OBJECT_MARKER):
+            raise DecodeError(
+                f"expected {wanted} starting with marker c3 01, found {data[:2].hex(' ')}"
+            )
+        found = data[2 : self.header_size]
+        other = self._by_fingerprint.get(found)
+        if other is not None:
+            raise DecodeError(f"expected {wanted}, found {other.full_name} ({found.hex()})")
+        raise DecodeError(
+            f"expected {wanted}, found unknown fingerprint {found.hex()}:"
+            " written with a schema this reader does not know"
+        )
+
+
+class Codec:
+    """Encodes and decodes records with one framing. Build once; share freely."""
+
+    def __init__(self, framing: Framing | None = None) -> None:
+        self._framing = framing if framing is not None else SingleObjectFraming(_TYPES.values())
+        self._headers = {cls: self._framing.header(rs) for cls, rs in _TYPES.items()}
+
+    def encode(self, record: Record) -> bytes:
+        rs = _TYPES.get(type(record))
+        if rs is None:
+            raise TypeError(f"{type(record).__name__} is not a sluicegate record type")
+        buf = BytesIO()
+        buf.write(self._headers[rs.cls])
+        try:
+            schemaless_writer(buf, rs.parsed, rs.to_avro(record))
+        except Exception as e:  # fastavro's errors are not a stable contract
+            raise EncodeError(f"cannot encode {rs.full_name}: {type(e).__name__}: {e}") from e
+        return buf.getvalue()
+
+    def decode(self, cls: type[R], data: bytes | None) -> R:
+        """``data`` may be a Kafka value as it comes (None for a tombstone): anything
+        that is not a well-formed ``cls`` raises `DecodeError`, never another error."""
+        rs = _TYPES.get(cls)
+        if rs is None:
+            raise TypeError(f"{getattr(cls, '__name__', cls)!r} is not a sluicegate record type")
+        if not isinstance(data, bytes):
+            if data is None:
+                raise DecodeError(f"expected {rs.full_name}, found no value (a tombstone)")
+            if not isinstance(data, bytearray | memoryview):
+                raise DecodeError(f"expected {rs.full_name} bytes, found {type(data).__name__}")
+            data = bytes(data)
+        writer, offset = self._framing.writer_schema(rs, data)
+        buf = BytesIO(data)
+        buf.seek(offset)
+        try:
+            if writer is rs.parsed:
+                fields = schemaless_reader(buf, writer, None)
+            else:
+                fields = schemaless_reader(buf, writer, rs.parsed)
+            record: R = rs.from_avro(fields)  # type: ignore[arg-type]
+        except Exception as e:  # any failure inside fastavro means the body is not ours
+            raise DecodeError(
+                f"expected an Avro body of {rs.full_name}, found bytes that do not decode"
+                f" ({type(e).__name__}: {e})"
+            ) from e
+        if buf.tell() != len(data):
+            raise DecodeError(
+                f"expected {rs.full_name} to end after {buf.tell()} bytes,"
+                f" found {len(data) - buf.tell()} more after it"
+            )
+        return record
+
+
+_default = Codec()
+encode = _default.encode
+decode = _default.decode
+
+
+# -- keys and payloads ----------------------------------------------------------------
+
+
+def encode_key(key: str) -> bytes:
+    """Topic keys are plain UTF-8 (execution id, request id, control key), so that
+    any client's partitioner puts them where ours does."""
+    return key.encode("utf-8")
+
+
+def decode_key(data: bytes | None) -> str:
+    if data is None:
+        raise DecodeError("expected a UTF-8 record key, found no key")
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"expected a UTF-8 record key, found {bytes(data)[:32]!r}: {e}") from e
+
+
+def dump_payload(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, keys in the caller's order (not sorted): the payload is
+    the caller's document, passed to the engine as written, and nothing in
+    sluicegate compares payload bytes. NaN and infinities are refused (not JSON)."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise EncodeError(f"payload is not JSON-serialisable: {e}") from e
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_payload(data: bytes) -> Any:
+    try:
+        return json.loads(bytes(data).decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, TypeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DecodeError(f"expected a UTF-8 JSON payload, found {bytes(data)[:64]!r}: {e}") from e

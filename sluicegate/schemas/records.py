@@ -1,0 +1,244 @@
+"""The records sluicegate writes to and reads from Kafka.
+
+One dataclass (or enum) per Avro named type in ``avro/``, with the same name and
+the same fields in the same order; the codec checks the pairing at import.
+Timestamps are milliseconds since the epoch; payloads are JSON bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Origin(StrEnum):
+    """How a start was asked for; decides which controls apply (SPEC 2)."""
+
+    event = "event"
+    direct = "direct"
+    cron = "cron"
+    invoke = "invoke"
+
+
+class AdmittedKind(StrEnum):
+    start = "start"
+    resume = "resume"
+
+
+class Outcome(StrEnum):
+    """A decision on a start request, as written to the ledger (SPEC 2)."""
+
+    admitted = "admitted"
+    existing = "existing"
+    queued = "queued"
+    dropped = "dropped"
+    skipped = "skipped"
+    rejected = "rejected"
+    collapsed = "collapsed"
+    expired = "expired"
+    cancelled = "cancelled"
+    failed = "failed"
+    lease_expired = "lease_expired"
+
+
+class RunEventKind(StrEnum):
+    started = "started"
+    heartbeat = "heartbeat"
+    suspended = "suspended"
+    resumed = "resumed"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class CommandKind(StrEnum):
+    cancel = "cancel"
+    redrive = "redrive"
+
+
+class RunStatus(StrEnum):
+    admitted = "admitted"
+    running = "running"
+    suspended = "suspended"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A hold a run keeps on one stage's key until the engine reports it ended."""
+
+    stage: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """sg.starts: a caller asks for a run."""
+
+    request_id: str
+    workflow: str
+    payload: bytes
+    origin: Origin
+    requested_at_ms: int
+    idempotency_id: str | None = None
+    at_ms: int | None = None
+    reply_partition: int | None = None
+    wait: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedStart:
+    """sg.admitted (key: execution_id): a run the engine is to start or resume."""
+
+    execution_id: str
+    workflow: str
+    payload: bytes
+    declaration_version: str
+    origin: Origin
+    kind: AdmittedKind
+    slots: list[Slot]
+    request_ids: list[str]
+    requested_at_ms: int
+    admitted_at_ms: int
+    retry_of: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """sg.ledger (key: request_id): one decision on one start request."""
+
+    request_id: str
+    workflow: str
+    outcome: Outcome
+    requested_at_ms: int
+    decided_at_ms: int
+    waited_ms: int = 0
+    folded: int = 0
+    key: str | None = None
+    stage: str | None = None
+    reason: str | None = None
+    execution_id: str | None = None
+    retry_after_ms: int | None = None
+    deferral: str | None = None
+    due_at_ms: int | None = None
+    position: int | None = None
+    declaration_version: str | None = None
+    payload: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """sg.run-events (key: execution_id): the engine reports a run's lifecycle."""
+
+    execution_id: str
+    workflow: str
+    kind: RunEventKind
+    at_ms: int
+    run_id: str | None = None
+    retries_spent: int | None = None
+    error_tag: str | None = None
+    error_message: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCommand:
+    """sg.commands (key: execution_id): sluicegate asks the engine to act on a run."""
+
+    command_id: str
+    execution_id: str
+    workflow: str
+    kind: CommandKind
+    issued_at_ms: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRow:
+    """sg.control (compacted, key: ``pause:<workflow>``): a workflow's pause state."""
+
+    workflow: str
+    paused: bool
+    at_ms: int
+    reason: str | None = None
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """sg.deadletter: an input record that could not be handled, and why."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    reason: str
+    stage: str
+    at_ms: int
+    key: bytes | None = None
+    value: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """sg.runs (compacted, key: execution_id): the runs table."""
+
+    execution_id: str
+    workflow: str
+    status: RunStatus
+    payload: bytes
+    declaration_version: str
+    admitted_at_ms: int
+    updated_at_ms: int
+    slots: list[Slot]
+    keys: dict[str, str]  # control name -> key value
+    ended_at_ms: int | None = None
+    last_reason: str | None = None
+    retries_spent: int | None = None
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureReportRecord:
+    """The payload an onFailure workflow is started with (SPEC 3, onFailure)."""
+
+    workflow: str
+    reason: str
+    failed_at: int
+    payload: bytes | None = None
+    error_tag: str | None = None
+    error_message: str | None = None
+    run_id: str | None = None
+    execution_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """sg.replies (key: request_id): the decision answered to a waiting caller."""
+
+    request_id: str
+    outcome: Outcome
+    decided_at_ms: int
+    execution_id: str | None = None
+    reason: str | None = None
+    retry_after_ms: int | None = None
+    deferral: str | None = None
+    due_at_ms: int | None = None
+    position: int | None = None
+
+
+Record = (
+    StartRequest
+    | AdmittedStart
+    | LedgerRecord
+    | RunEvent
+    | EngineCommand
+    | ControlRow
+    | DeadLetter
+    | RunRow
+    | FailureReportRecord
+    | Reply
+    | Slot
+)
+"""Every type the codec frames on its own (Slot too: stores keep slot lists)."""

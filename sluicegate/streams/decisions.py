@@ -1,0 +1,73 @@
+"""Writing a decision: the ledger row, the answer to a waiting caller, the admitted start.
+
+Every stage that decides goes through here, so a decision is always a ledger record in
+the same transaction as its effect, and a caller that asked to wait always hears back.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedStart,
+    DeadLetter,
+    LedgerRecord,
+    Outcome,
+    Reply,
+    StartRequest,
+)
+from sluicegate.streams.stage import InputRecord, StageContext
+
+_EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
+
+
+def execution_id_for(workflow: str, request_id: str) -> str:
+    """Deterministic, so a replayed decision names the same execution."""
+    return str(uuid.uuid5(_EXECUTION_NS, f"{workflow}\x1f{request_id}"))
+
+
+def request_id_for(record: InputRecord) -> str:
+    """The id of a request too broken to carry one: where it was read."""
+    return f"{record.topic}:{record.partition}:{record.offset}"
+
+
+def record_decision(ctx: StageContext, row: LedgerRecord, reply_partition: int | None) -> None:
+    ctx.send(ctx.topics.ledger, row.request_id.encode(), codec.encode(row))
+    if reply_partition is not None:
+        answer = Reply(
+            request_id=row.request_id, outcome=row.outcome, decided_at_ms=row.decided_at_ms,
+            execution_id=row.execution_id, reason=row.reason,
+            retry_after_ms=row.retry_after_ms, deferral=row.deferral,
+            due_at_ms=row.due_at_ms, position=row.position,
+        )
+        ctx.send(ctx.topics.replies, row.request_id.encode(), codec.encode(answer),
+                 reply_partition)
+
+
+def admit(ctx: StageContext, admitted: AdmittedStart) -> None:
+    ctx.send(ctx.topics.admitted, admitted.execution_id.encode(), codec.encode(admitted))
+
+
+def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:
+    letter = DeadLetter(
+        source_topic=record.topic, source_partition=record.partition,
+        source_offset=record.offset, reason=reason, stage=ctx.stage, at_ms=ctx.now_ms,
+        key=record.key, value=record.value,
+    )
+    ctx.send(ctx.topics.deadletter, record.key, codec.encode(letter))
+
+
+def reject(ctx: StageContext, record: InputRecord, reason: str,
+           start: StartRequest | None = None, workflow: str | None = None) -> None:
+    """A bad request: dead letter with the reason, and a `rejected` ledger row."""
+    dead_letter(ctx, record, reason)
+    now = ctx.now_ms
+    row = LedgerRecord(
+        request_id=start.request_id if start else request_id_for(record),
+        workflow=workflow or (start.workflow if start else ""),
+        outcome=Outcome.rejected, requested_at_ms=start.requested_at_ms if start else now,
+        decided_at_ms=now, stage=ctx.stage, reason=reason,
+    )
+    record_decision(ctx, row, start.reply_partition if start else None)
+

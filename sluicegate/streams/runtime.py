@@ -1,0 +1,332 @@
+"""The worker: one consumer, one transactional producer, and the exactly-once loop.
+
+Per commit cycle: consume a batch, hand each record to its stage, fire due timers, then
+commit — produce the stores' changelog writes, flush, send the consumed offsets with the
+group metadata, commit the transaction, and only then write the stores (with the
+changelog offsets the broker assigned). Any failure aborts the transaction, drops the
+cycle's store writes and rewinds the consumer to the committed offsets. This is the
+Kafka Streams exactly-once v2 design: a kill -9 at any instant loses and duplicates
+nothing, because outputs, state and input progress commit or vanish together.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from sluicegate.config import Settings
+from sluicegate.streams.clock import Clock, SystemClock
+from sluicegate.streams.decisions import dead_letter
+from sluicegate.streams.recovery import restore_task
+from sluicegate.streams.stage import InputRecord, Stage
+from sluicegate.streams.task import Task
+from sluicegate.topology.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def _worker_identity(state_dir: Path) -> tuple[str, Any]:
+    """A stable id per state directory, and a lock so one process uses it at a time.
+
+    The transactional id derives from it, so a worker restarted after a kill -9 fences
+    its predecessor's open transaction at once instead of waiting for it to time out.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(state_dir / "worker.lock", "w")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise WorkerError(f"state directory {state_dir} is in use by another worker") from exc
+    id_file = state_dir / "worker.id"
+    if not id_file.exists():
+        id_file.write_text(uuid.uuid4().hex[:12])
+    return id_file.read_text().strip(), lock
+
+
+class Worker:
+    def __init__(
+        self,
+        stages: list[Stage],
+        settings: Settings,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self.topics = Topics(settings)
+        self.stages = stages
+        self.clock = clock or SystemClock()
+        self.worker_id, self._lock = _worker_identity(settings.state_dir)
+        self.stage_for_topic: dict[str, Stage] = {
+            topic: stage for stage in stages for topic in stage.inputs(self.topics)
+        }
+        self.tasks: dict[int, Task] = {}
+        # (topic, partition) -> next offset to commit, for records processed this cycle
+        self._progress: dict[tuple[str, int], int] = {}
+        self._changelog_offsets: dict[tuple[str, int], int] = {}
+        self._in_txn = False
+        self._cycle_started = 0.0
+        self._cycle_records = 0
+        self.processed = 0
+        self.commits = 0
+
+        self.producer = Producer(settings.client_config(**{
+            "transactional.id": f"{settings.namespace}worker-{self.worker_id}",
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "transaction.timeout.ms": 15000,
+            "compression.type": "lz4",
+        }))
+        self.consumer = Consumer(settings.client_config(**{
+            "group.id": self.topics.group,
+            "client.id": f"worker-{self.worker_id}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            # Range gives a worker the same partition numbers of every input topic.
+            "partition.assignment.strategy": "range",
+            # A killed worker's partitions move after this long (the broker's minimum).
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            "fetch.wait.max.ms": 20,
+        }))
+        self.restorer = Consumer(settings.client_config(**{
+            "group.id": f"{self.topics.group}-restore",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }))
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.producer.init_transactions(30.0)
+        self.consumer.subscribe(
+            sorted(self.stage_for_topic),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        self.start()
+        try:
+            while not should_stop():
+                self.run_once()
+            if self._in_txn:
+                self._commit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            if self._in_txn:
+                self._abort()
+            self.consumer.close()
+        finally:
+            for task in self.tasks.values():
+                task.close()
+            self.tasks.clear()
+            self.restorer.close()
+            self.producer.flush(5.0)
+
+    # -- the loop --------------------------------------------------------------------
+
+    def run_once(self, timeout_s: float = 0.05) -> None:
+        messages = self.consumer.consume(self.settings.commit_max_records, timeout=timeout_s)
+        try:
+            for msg in messages:
+                error = msg.error()
+                if error is not None:
+                    if error.fatal():
+                        raise KafkaException(error)
+                    log.warning("consumer: %s", error)
+                    continue
+                self._process(msg)
+            self._fire_timers()
+            if self._in_txn and self._cycle_due():
+                self._commit()
+        except KafkaException as exc:
+            self._recover(exc)
+
+    def _begin(self) -> None:
+        if not self._in_txn:
+            self.producer.begin_transaction()
+            self._in_txn = True
+            self._cycle_started = time.monotonic()
+            self._cycle_records = 0
+
+    def _cycle_due(self) -> bool:
+        elapsed_ms = (time.monotonic() - self._cycle_started) * 1000
+        return (elapsed_ms >= self.settings.commit_interval_ms
+                or self._cycle_records >= self.settings.commit_max_records)
+
+    def _process(self, msg: Any) -> None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        task = self.tasks.get(partition)
+        if task is None:  # a record of a partition revoked within this batch
+            return
+        self._begin()
+        stage = self.stage_for_topic[topic]
+        state = task.states[stage.name]
+        ts = msg.timestamp()[1]
+        record = InputRecord(topic, partition, offset, msg.key(), msg.value(), ts)
+        try:
+            stage.process(state.ctx, record)
+        except KafkaException:
+            raise
+        except Exception as exc:
+            log.exception("stage %s failed on %s[%d]@%d", stage.name, topic, partition, offset)
+            dead_letter(state.ctx, record, f"{stage.name} failed: {type(exc).__name__}: {exc}")
+        self._progress[(topic, partition)] = offset + 1
+        self._cycle_records += 1
+        self.processed += 1
+
+    def _fire_timers(self) -> None:
+        now = self.clock.now_ms()
+        for task in self.tasks.values():
+            for state in task.stateful():
+                timers = state.timers
+                assert timers is not None
+                next_due = timers.next_due
+                if next_due is None or next_due > now:
+                    continue
+                self._begin()
+                for due_ms, key, value in timers.due(now):
+                    timers.cancel(due_ms, key)
+                    state.stage.fire(state.ctx, due_ms, key, value)
+                    self._cycle_records += 1
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None) -> None:
+        while True:
+            try:
+                if partition is None:
+                    self.producer.produce(topic, value, key)
+                else:
+                    self.producer.produce(topic, value, key, partition)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    # -- commit, abort, recover ------------------------------------------------------
+
+    def _commit(self) -> None:
+        self._changelog_offsets.clear()
+        for task in self.tasks.values():
+            for state in task.stateful():
+                assert state.tx is not None
+                topic = self.topics.changelog(state.stage.name)
+                for key, value in state.tx.changes.items():
+                    self._produce_changelog(topic, task.partition, key, value)
+        undelivered = self.producer.flush(30.0)
+        if undelivered:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                            f"{undelivered} records undelivered at commit"))
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._progress.items()]
+        if offsets:
+            self.producer.send_offsets_to_transaction(
+                offsets, self.consumer.consumer_group_metadata(), 30.0)
+        self.producer.commit_transaction(30.0)
+        self._in_txn = False
+        self._progress.clear()
+        self.commits += 1
+        # The transaction is durable; the stores now catch up, each with the offset of
+        # its last changelog record, in one WriteBatch.
+        for task in self.tasks.values():
+            for state in task.stateful():
+                assert state.tx is not None
+                if state.tx.changes:
+                    changelog = (self.topics.changelog(state.stage.name), task.partition)
+                    state.tx.commit(self._changelog_offsets[changelog])
+
+    def _produce_changelog(self, topic: str, partition: int, key: bytes,
+                           value: bytes | None) -> None:
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is None:
+                tp = (msg.topic(), msg.partition())
+                if msg.offset() > self._changelog_offsets.get(tp, -1):
+                    self._changelog_offsets[tp] = msg.offset()
+
+        while True:
+            try:
+                self.producer.produce(topic, value, key, partition, on_delivery=delivered)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _abort(self) -> None:
+        try:
+            self.producer.abort_transaction(30.0)
+        finally:
+            self._in_txn = False
+            for task in self.tasks.values():
+                task.discard()
+            self._rewind()
+
+    def _rewind(self) -> None:
+        """Seek every partition touched this cycle back to its committed offset."""
+        touched = [TopicPartition(t, p) for (t, p) in self._progress]
+        self._progress.clear()
+        if not touched:
+            return
+        for tp in self.consumer.committed(touched, timeout=30.0):
+            offset = tp.offset if tp.offset >= 0 else 0
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def _recover(self, exc: KafkaException) -> None:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.fatal():
+            raise WorkerError(f"fatal Kafka error, the worker must restart: {error}") from exc
+        log.warning("aborting the cycle after: %s", error)
+        if self._in_txn:
+            self._abort()
+
+    # -- rebalance -------------------------------------------------------------------
+
+    def _partitions(self, tps: list[TopicPartition]) -> set[int]:
+        return {tp.partition for tp in tps}
+
+    def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        for partition in sorted(self._partitions(tps) - set(self.tasks)):
+            task = Task(partition, self.stages, self.topics, self.settings.state_dir,
+                        self._send, self.clock.now_ms)
+            replayed = restore_task(task, self.restorer, self.topics)
+            log.info("partition %d assigned, %d changelog records replayed", partition, replayed)
+            self.tasks[partition] = task
+
+    def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        # Commit what is done so the next owner starts exactly where this one stopped.
+        if self._in_txn:
+            try:
+                self._commit()
+            except KafkaException as exc:
+                log.warning("commit on revoke failed, aborting: %s", exc)
+                self._abort()
+        for partition in self._partitions(tps):
+            task = self.tasks.pop(partition, None)
+            if task is not None:
+                task.close()
+
+    def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        if self._in_txn:
+            try:
+                self._abort()
+            except KafkaException as exc:
+                log.warning("abort after losing partitions failed: %s", exc)
+        for partition in self._partitions(tps):
+            task = self.tasks.pop(partition, None)
+            if task is not None:
+                task.close()
+

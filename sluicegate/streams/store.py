@@ -1,0 +1,230 @@
+"""Per-partition RocksDB state, and the buffered writes of one commit cycle.
+
+A store is trusted only up to the changelog offset written with its data, so
+the data and that offset always move together in one WriteBatch. See
+docs/decisions/state-store-layout.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from collections.abc import Iterator, Mapping
+from operator import itemgetter
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from rocksdict import Options, Rdict, WriteBatch
+
+# The offset lives in its own column family so that user keys can be any bytes.
+META_CF = "meta"
+_OFFSET_KEY = b"changelog_offset"
+_OFFSET = struct.Struct(">q")
+_NO_OFFSET = -1
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    # With the WAL on (the default) a batch spanning both column families is
+    # recovered all-or-nothing anyway; atomic flush keeps that true even if
+    # someone later turns the WAL off for speed.
+    opts.set_atomic_flush(True)
+    return opts
+
+
+class PartitionStore:
+    """One RocksDB (raw bytes) per (stage, partition) at `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        # Bumped by every write and wipe, so anything caching a view of the
+        # store (the timer index) can tell the store changed underneath it.
+        self.revision = 0
+        self._open()
+
+    def _open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._db: Rdict | _Closed = Rdict(
+            str(self.path), _options(), column_families={META_CF: Options(raw_mode=True)}
+        )
+        self._meta = self._db.get_column_family_handle(META_CF)
+        meta = self._db.get_column_family(META_CF)
+        raw = meta.get(_OFFSET_KEY)
+        # A column-family Rdict keeps the database open: drop it right away.
+        meta.close()
+        self._offset = _NO_OFFSET if raw is None else _OFFSET.unpack(raw)[0]
+
+    @property
+    def changelog_offset(self) -> int:
+        """Offset of the last changelog record reflected in the store; -1 if none."""
+        return self._offset
+
+    def get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Rows whose key starts with `prefix`, ascending, from `start` (inclusive).
+
+        The RocksDB iterator is created by this call, so the rows are those of
+        the store as of the call even if it is written while iterating.
+        """
+        from_key = prefix if start is None or start < prefix else start
+        return _with_prefix(self._db.items(from_key=from_key), prefix)
+
+    def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int) -> None:
+        """Apply puts and deletes (None) and record `changelog_offset`, atomically."""
+        if changelog_offset < self._offset:
+            raise ValueError(
+                f"store {self.path} already reflects changelog offset {self._offset}; "
+                f"refusing to move it back to {changelog_offset}"
+            )
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(_OFFSET_KEY, _OFFSET.pack(changelog_offset), self._meta)
+        self._db.write(batch)
+        self._offset = changelog_offset
+        self.revision += 1
+
+    def wipe(self) -> None:
+        """Drop all rows and the offset (e.g. the changelog topic was recreated).
+
+        Iterators from items() keep RocksDB open: drop them before wiping.
+        """
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._open()
+        self.revision += 1
+
+    def close(self) -> None:
+        if isinstance(self._db, Rdict):
+            self._db.close()
+            # The handle keeps RocksDB open too.
+            del self._meta
+            self._db = _Closed(self.path)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Closed:
+    """Takes the place of the Rdict once closed, so reads need no open-check of their own."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"store {self._path} is closed")
+
+
+def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    for key, value in rows:
+        if not key.startswith(prefix):
+            return
+        yield key, value
+
+
+_ABSENT = object()
+
+
+class StoreTransaction:
+    """The writes of one commit cycle over one PartitionStore.
+
+    Reads see the buffer first. The runtime produces `changes` to the changelog
+    inside the Kafka transaction, then `commit`s them with the highest offset
+    produced once that transaction has committed, or `discard`s them on abort.
+    """
+
+    def __init__(self, store: PartitionStore) -> None:
+        self.store = store
+        self._buffer: dict[bytes, bytes | None] = {}
+        self._discards = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._buffer.get(key, _ABSENT)
+        if value is _ABSENT:
+            return self.store.get(key)
+        return value  # type: ignore[return-value]
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._buffer[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._buffer[key] = None
+
+    def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Buffer and store merged, ascending by key; the buffer wins, deletes are hidden.
+
+        Both sides are captured by this call, so writing through the
+        transaction while iterating (e.g. cancelling fired timers) is safe.
+        """
+        lo = prefix if start is None or start < prefix else start
+        buffered = sorted(
+            ((k, v) for k, v in self._buffer.items() if k >= lo and k.startswith(prefix)),
+            key=itemgetter(0),
+        )
+        stored = self.store.items(prefix, start)
+        if not buffered:
+            return stored
+        return _merge(buffered, stored)
+
+    @property
+    def changes(self) -> dict[bytes, bytes | None]:
+        """Last write per key, in first-write order (None = delete). Do not mutate."""
+        return self._buffer
+
+    @property
+    def revision(self) -> tuple[int, int]:
+        """Changes whenever the view may have changed other than through put/delete."""
+        return (self.store.revision, self._discards)
+
+    def commit(self, changelog_offset: int) -> None:
+        if self._buffer:
+            self.store.write(self._buffer, changelog_offset)
+        # A new dict rather than clear(): a caller still holding `changes`
+        # (e.g. to log what was committed) keeps an intact copy.
+        self._buffer = {}
+
+    def discard(self) -> None:
+        self._buffer = {}
+        self._discards += 1
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+
+def _merge(
+    buffered: list[tuple[bytes, bytes | None]], stored: Iterator[tuple[bytes, bytes]]
+) -> Iterator[tuple[bytes, bytes]]:
+    i, n = 0, len(buffered)
+    for key, value in stored:
+        while i < n and buffered[i][0] < key:
+            bkey, bvalue = buffered[i]
+            i += 1
+            if bvalue is not None:
+                yield bkey, bvalue
+        if i < n and buffered[i][0] == key:
+            bvalue = buffered[i][1]
+            i += 1
+            if bvalue is not None:
+                yield key, bvalue
+        else:
+            yield key, value
+    for bkey, bvalue in buffered[i:]:
+        if bvalue is not None:
+            yield bkey, bvalue

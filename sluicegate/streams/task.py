@@ -1,0 +1,62 @@
+"""A task: one partition number, with every stage's store for that partition.
+
+Every input topic has the same partition count, and the consumer uses the range
+assignor, so a worker owns partition p of every input topic at once; the task for p
+holds the state of each key that hashes to p, in every stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluicegate.streams.stage import Send, Stage, StageContext
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.topics import Topics
+
+
+@dataclass(slots=True)
+class StageState:
+    stage: Stage
+    store: PartitionStore | None
+    tx: StoreTransaction | None
+    timers: Timers | None
+    ctx: StageContext
+
+
+class Task:
+    def __init__(
+        self,
+        partition: int,
+        stages: list[Stage],
+        topics: Topics,
+        state_dir: Path,
+        send: Send,
+        clock: Callable[[], int],
+    ) -> None:
+        self.partition = partition
+        self.states: dict[str, StageState] = {}
+        for stage in stages:
+            store = tx = timers = None
+            if stage.stateful:
+                store = PartitionStore(state_dir / stage.name / str(partition))
+                tx = StoreTransaction(store)
+                timers = Timers(tx)
+            ctx = StageContext(stage.name, partition, topics, tx, timers, send, clock)
+            self.states[stage.name] = StageState(stage, store, tx, timers, ctx)
+
+    def stateful(self) -> Iterator[StageState]:
+        return (s for s in self.states.values() if s.store is not None)
+
+    def discard(self) -> None:
+        """Drop this cycle's writes: the transaction aborted (the timers notice by themselves)."""
+        for state in self.stateful():
+            assert state.tx is not None
+            state.tx.discard()
+
+    def close(self) -> None:
+        for state in self.stateful():
+            assert state.store is not None
+            state.store.close()

@@ -1,0 +1,65 @@
+"""Creating the topics with the Admin API, idempotently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sluicegate.config import Settings
+from sluicegate.topology.topics import Topics, TopicSpec
+
+
+class TopologyError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CreateReport:
+    created: list[TopicSpec]
+    existing: list[TopicSpec]
+    # An existing topic whose partition count differs cannot be fixed by creating it again:
+    # co-partitioning would silently break, so it is reported, not ignored.
+    mismatched: list[tuple[TopicSpec, int]]
+
+
+def create_topics(settings: Settings, timeout_s: float = 30.0) -> CreateReport:
+    admin = AdminClient(settings.client_config())
+    specs = Topics(settings).specs()
+    present = admin.list_topics(timeout=timeout_s).topics
+    existing: list[TopicSpec] = []
+    mismatched: list[tuple[TopicSpec, int]] = []
+    missing: list[TopicSpec] = []
+    for spec in specs:
+        meta = present.get(spec.name)
+        if meta is None:
+            missing.append(spec)
+        elif len(meta.partitions) != spec.partitions:
+            mismatched.append((spec, len(meta.partitions)))
+        else:
+            existing.append(spec)
+    created: list[TopicSpec] = []
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(s.name, num_partitions=s.partitions,
+                         replication_factor=settings.replication, config=s.config)
+                for s in missing
+            ],
+            operation_timeout=timeout_s,
+        )
+        by_name = {s.name: s for s in missing}
+        for name, future in futures.items():
+            try:
+                future.result(timeout=timeout_s)
+                created.append(by_name[name])
+            except KafkaException as exc:
+                error = exc.args[0]
+                # Another process created it between our listing and our request.
+                exists = KafkaError.TOPIC_ALREADY_EXISTS
+                if isinstance(error, KafkaError) and error.code() == exists:
+                    existing.append(by_name[name])
+                else:
+                    raise TopologyError(f"cannot create topic {name}: {error}") from exc
+    return CreateReport(created, existing, mismatched)

@@ -1,0 +1,21 @@
+"""Declarations the runtime's integration tests run against."""
+
+from pydantic import BaseModel
+
+from sluicegate.declare import App, Workflow
+
+
+class Paid(BaseModel):
+    orderId: str
+    amount: int
+
+
+class Note(BaseModel):
+    text: str
+
+
+# One run per order (seed 003's send-receipt), and a workflow with no controls at all.
+receipt = Workflow(name="sendReceipt", payload=Paid, idempotency="orderId")
+note = Workflow(name="note", payload=Note)
+
+app = App([receipt, note])

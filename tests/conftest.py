@@ -1,0 +1,128 @@
+"""Shared fixtures. The Kafka broker starts lazily, once per session, only for tests that ask
+for `bootstrap` (or `settings`); tests/unit never touch it.
+
+Where the broker comes from, in order:
+1. `SLUICEGATE_BOOTSTRAP` if set (an existing broker; nothing is started or stopped);
+2. testcontainers with apache/kafka, if it is installed and a Docker engine answers;
+3. the local Maven-jar broker (`sluicegate kafka up`) on its own port and temporary data dir,
+   so it never meets a developer's broker on 9092.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sluicegate.config import Settings
+from sluicegate.ops.localkafka.broker import (
+    LocalBroker,
+    ensure_broker,
+    free_ports,
+    port_in_use,
+    stop_broker,
+)
+
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+# Fixed ports make a leftover test broker easy to find; another run already holding them
+# (a second engineer's pytest on the same box) makes us fall back to free ports.
+TEST_PORT, TEST_CONTROLLER_PORT = 19092, 19093
+
+
+@dataclass(frozen=True)
+class SessionKafka:
+    bootstrap: str
+    local: LocalBroker | None  # set when this session started the local broker itself
+
+
+def _docker_kafka(stack: contextlib.ExitStack) -> str | None:
+    """A broker in a container, or None when testcontainers or a Docker engine is missing."""
+    try:
+        import docker
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.waiting_utils import wait_for_logs
+    except ImportError:
+        return None
+    try:
+        docker.from_env().ping()
+    except Exception:
+        return None
+    (port,) = free_ports(1)
+    # Setting any KAFKA_* variable drops the image's default server.properties, so all of it
+    # is given. Same port inside and out, so the advertised address works from the host.
+    env = {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": f"PLAINTEXT://:{port},CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://127.0.0.1:{port}",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "KAFKA_INTER_BROKER_LISTENER_NAME": "PLAINTEXT",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_LOG_DIRS": "/tmp/kraft-combined-logs",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_NUM_PARTITIONS": "1",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+    }
+    container = DockerContainer(KAFKA_IMAGE).with_bind_ports(port, port)
+    for key, value in env.items():
+        container = container.with_env(key, value)
+    stack.enter_context(container)
+    wait_for_logs(container, "Kafka Server started", timeout=90)
+    return f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def session_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionKafka]:
+    env = os.environ.get("SLUICEGATE_BOOTSTRAP")
+    if env:
+        yield SessionKafka(env, None)
+        return
+    with contextlib.ExitStack() as stack:
+        docker_bootstrap = _docker_kafka(stack)
+        if docker_bootstrap is not None:
+            yield SessionKafka(docker_bootstrap, None)
+            return
+        port, controller_port = TEST_PORT, TEST_CONTROLLER_PORT
+        if port_in_use(port) or port_in_use(controller_port):
+            port, controller_port = free_ports(2)
+        data_dir = tmp_path_factory.mktemp("kafka")
+        broker = ensure_broker(port=port, controller_port=controller_port, data_dir=data_dir)
+        stack.callback(stop_broker, port, data_dir)
+        yield SessionKafka(broker.bootstrap, broker)
+
+
+@pytest.fixture(scope="session")
+def bootstrap(session_kafka: SessionKafka) -> str:
+    """`host:port` of the session's Kafka broker."""
+    return session_kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def local_broker(session_kafka: SessionKafka) -> LocalBroker:
+    """The session's broker when this session started it with the local-broker code."""
+    if session_kafka.local is None:
+        pytest.skip("the session broker was not started by sluicegate.ops.localkafka")
+    return session_kafka.local
+
+
+@pytest.fixture
+def settings(bootstrap: str, tmp_path: Path) -> Settings:
+    """Settings on the session broker, with a namespace and state dir of this test's own."""
+    return Settings(
+        bootstrap=bootstrap,
+        namespace=f"t{uuid.uuid4().hex[:8]}.",
+        state_dir=tmp_path / "state",
+    )

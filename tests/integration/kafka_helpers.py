@@ -1,0 +1,153 @@
+"""Helpers for tests on the real broker: read topics to a condition, run workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, TopicPartition
+
+from sluicegate.config import Settings
+from sluicegate.declare import App
+from sluicegate.schemas import codec
+from sluicegate.streams.app import build_stages
+from sluicegate.streams.clock import Clock
+from sluicegate.streams.runtime import Worker
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class TopicReader:
+    """Reads every partition of a topic from the start, read_committed, decoding as `cls`."""
+
+    def __init__(self, settings: Settings, topic: str, cls: type[T]) -> None:
+        self.cls = cls
+        self.records: list[T] = []
+        self.keys: list[bytes | None] = []
+        self._consumer = Consumer(settings.client_config(**{
+            "group.id": f"test-reader-{topic}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 20,
+        }))
+        meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+
+    def poll(self, timeout: float = 0.2) -> int:
+        got = 0
+        for msg in self._consumer.consume(5000, timeout=timeout):
+            if msg.error() is not None or msg.value() is None:
+                continue
+            self.records.append(codec.decode(self.cls, msg.value()))  # type: ignore[type-var]
+            self.keys.append(msg.key())
+            got += 1
+        return got
+
+    def until(self, done: Callable[[list[T]], bool], timeout: float = 60.0,
+              what: str = "condition") -> list[T]:
+        deadline = time.monotonic() + timeout
+        while not done(self.records):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
+                                     f"have {len(self.records)} records")
+            self.poll()
+        return self.records
+
+    def settle(self, quiet_s: float = 1.0) -> list[T]:
+        """Read until nothing new arrives for `quiet_s` (to check nothing extra comes)."""
+        last = time.monotonic()
+        while time.monotonic() - last < quiet_s:
+            if self.poll():
+                last = time.monotonic()
+        return self.records
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def settings_env(settings: Settings, state_dir: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "SLUICEGATE_BOOTSTRAP": settings.bootstrap,
+        "SLUICEGATE_NAMESPACE": settings.namespace,
+        "SLUICEGATE_PARTITIONS": str(settings.partitions),
+        "SLUICEGATE_STATE_DIR": str(state_dir),
+        "SLUICEGATE_COMMIT_INTERVAL_MS": str(settings.commit_interval_ms),
+        "PYTHONPATH": str(ROOT),
+    })
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """`sluicegate worker` in its own process, so a test can kill -9 it."""
+
+    def __init__(self, settings: Settings, app_spec: str, state_dir: Path, **env: str) -> None:
+        self.settings = settings
+        self.app_spec = app_spec
+        self.state_dir = state_dir
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = state_dir.parent / f"{state_dir.name}.log"
+
+    def start(self) -> WorkerProcess:
+        self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sluicegate", "worker", "--app", self.app_spec,
+                 "--log-level", "INFO"],
+                cwd=ROOT, env=settings_env(self.settings, self.state_dir, **self.env),
+                stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class WorkerThread:
+    """A worker in this process, for tests that drive its clock directly."""
+
+    def __init__(self, app: App, settings: Settings, clock: Clock | None = None) -> None:
+        self.worker = Worker(build_stages(app, settings), settings, clock=clock)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.worker.run(self._stop.is_set)
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def __enter__(self) -> Worker:
+        self._thread.start()
+        return self.worker
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,324 @@
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with PartitionStore(tmp_path / "stage-0") as s:
+        yield s
+
+
+def test_a_new_store_is_empty_and_reflects_no_changelog_offset(store: PartitionStore) -> None:
+    assert store.changelog_offset == -1
+    assert store.get(b"k") is None
+    assert list(store.items(b"")) == []
+
+
+def test_write_puts_and_deletes_and_records_the_offset(store: PartitionStore) -> None:
+    store.write({b"a": b"1", b"b": b"2"}, 10)
+    store.write({b"a": None, b"c": b"3"}, 11)
+    assert store.get(b"a") is None
+    assert store.get(b"b") == b"2"
+    assert store.changelog_offset == 11
+
+
+def test_items_yields_only_the_prefix_in_ascending_order_from_start(
+    store: PartitionStore,
+) -> None:
+    store.write({b"p\x02": b"2", b"p\x01": b"1", b"o\xff": b"x", b"q": b"y", b"p": b"0"}, 0)
+    assert list(store.items(b"p")) == [(b"p", b"0"), (b"p\x01", b"1"), (b"p\x02", b"2")]
+    assert list(store.items(b"p", start=b"p\x01")) == [(b"p\x01", b"1"), (b"p\x02", b"2")]
+    # A start before the prefix is the same as no start.
+    assert list(store.items(b"p", start=b"a")) == list(store.items(b"p"))
+    assert list(store.items(b"p", start=b"p\x03")) == []
+
+
+def test_items_sees_the_store_as_of_the_call(store: PartitionStore) -> None:
+    store.write({b"a": b"1", b"c": b"3"}, 0)
+    rows = store.items(b"")
+    store.write({b"b": b"2", b"c": None}, 1)
+    assert list(rows) == [(b"a", b"1"), (b"c", b"3")]
+
+
+def test_user_keys_never_collide_with_the_offset_bookkeeping(store: PartitionStore) -> None:
+    store.write({b"changelog_offset": b"mine", b"meta": b"also mine"}, 3)
+    assert store.get(b"changelog_offset") == b"mine"
+    assert store.changelog_offset == 3
+    assert [k for k, _ in store.items(b"")] == [b"changelog_offset", b"meta"]
+
+
+def test_reopening_gives_the_same_rows_and_offset(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with PartitionStore(path) as s:
+        s.write({b"a": b"1", b"big": b"x" * 8_000_000}, 41)
+        s.write({b"a": None, b"b": b"2"}, 42)
+    with PartitionStore(path) as s:
+        assert s.changelog_offset == 42
+        assert s.get(b"a") is None
+        assert s.get(b"b") == b"2"
+        assert s.get(b"big") == b"x" * 8_000_000
+
+
+def test_rows_and_offset_go_to_rocksdb_in_one_write_batch(
+    store: PartitionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The atomicity argument: RocksDB applies one WriteBatch all-or-nothing,
+    # so a crash can never leave the rows without the offset or vice versa.
+    spy = _SpyRdict(store._db)
+    monkeypatch.setattr(store, "_db", spy)
+    store.write({b"a": b"1", b"b": None, b"c": b"3"}, 7)
+    assert spy.batches == 1
+    assert spy.direct_writes == 0
+    assert store.changelog_offset == 7
+
+
+class _SpyRdict:
+    """Stands in for the Rdict: counts batches and direct writes, forwards the rest."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.batches = 0
+        self.direct_writes = 0
+
+    def write(self, batch: Any) -> None:
+        self.batches += 1
+        self._db.write(batch)
+
+    def put(self, *args: Any) -> None:
+        self.direct_writes += 1
+        self._db.put(*args)
+
+    def delete(self, key: bytes) -> None:
+        self.direct_writes += 1
+        self._db.delete(key)
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.direct_writes += 1
+        self._db[key] = value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_the_offset_never_moves_backwards(store: PartitionStore) -> None:
+    store.write({b"a": b"1"}, 5)
+    with pytest.raises(ValueError, match="refusing to move it back"):
+        store.write({b"a": b"2"}, 4)
+    assert store.get(b"a") == b"1"
+
+
+def test_wipe_drops_rows_and_offset_and_the_store_stays_usable(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with PartitionStore(path) as s:
+        s.write({b"a": b"1"}, 9)
+        s.wipe()
+        assert s.changelog_offset == -1
+        assert s.get(b"a") is None
+        s.write({b"b": b"2"}, 0)
+    with PartitionStore(path) as s:
+        assert s.changelog_offset == 0
+        assert list(s.items(b"")) == [(b"b", b"2")]
+
+
+def test_a_closed_store_says_so(tmp_path: Path) -> None:
+    s = PartitionStore(tmp_path / "s")
+    s.close()
+    s.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        s.get(b"a")
+
+
+# -- StoreTransaction ---------------------------------------------------------------
+
+
+def test_reads_see_the_buffer_first_and_a_buffered_delete_hides_the_stored_row(
+    store: PartitionStore,
+) -> None:
+    store.write({b"a": b"old", b"b": b"kept"}, 0)
+    tx = StoreTransaction(store)
+    tx.put(b"a", b"new")
+    tx.delete(b"b")
+    assert tx.get(b"a") == b"new"
+    assert tx.get(b"b") is None
+    assert store.get(b"b") == b"kept"
+
+
+def test_items_merges_buffer_and_store_in_key_order_with_the_buffer_winning(
+    store: PartitionStore,
+) -> None:
+    store.write({b"k1": b"s1", b"k3": b"s3", b"k5": b"s5", b"x": b"other"}, 0)
+    tx = StoreTransaction(store)
+    tx.put(b"k4", b"b4")
+    tx.put(b"k3", b"b3")
+    tx.delete(b"k5")
+    tx.put(b"k0", b"b0")
+    tx.put(b"y", b"other")
+    assert list(tx.items(b"k")) == [(b"k0", b"b0"), (b"k1", b"s1"), (b"k3", b"b3"), (b"k4", b"b4")]
+    assert list(tx.items(b"k", start=b"k2")) == [(b"k3", b"b3"), (b"k4", b"b4")]
+
+
+def test_writing_while_iterating_does_not_disturb_the_iteration(store: PartitionStore) -> None:
+    store.write({b"a": b"1", b"b": b"2"}, 0)
+    tx = StoreTransaction(store)
+    tx.put(b"c", b"3")
+    seen = []
+    for key, value in tx.items(b""):
+        tx.delete(key)
+        seen.append((key, value))
+    assert seen == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+    assert list(tx.items(b"")) == []
+
+
+def test_changes_keep_first_write_order_and_the_last_value(store: PartitionStore) -> None:
+    tx = StoreTransaction(store)
+    tx.put(b"b", b"1")
+    tx.put(b"a", b"1")
+    tx.put(b"b", b"2")
+    tx.delete(b"a")
+    assert list(tx.changes.items()) == [(b"b", b"2"), (b"a", None)]
+    assert len(tx) == 2
+
+
+def test_commit_writes_the_buffer_with_the_offset_and_empties_it(store: PartitionStore) -> None:
+    store.write({b"gone": b"x"}, 3)
+    tx = StoreTransaction(store)
+    tx.put(b"a", b"1")
+    tx.delete(b"gone")
+    committed = tx.changes
+    tx.commit(8)
+    assert not tx
+    assert committed == {b"a": b"1", b"gone": None}
+    assert store.get(b"a") == b"1"
+    assert store.get(b"gone") is None
+    assert store.changelog_offset == 8
+
+
+def test_committing_an_empty_buffer_writes_nothing(store: PartitionStore) -> None:
+    store.write({b"a": b"1"}, 3)
+    revision = store.revision
+    StoreTransaction(store).commit(99)
+    assert store.changelog_offset == 3
+    assert store.revision == revision
+
+
+def test_discard_drops_the_buffer_and_leaves_the_store_alone(store: PartitionStore) -> None:
+    store.write({b"a": b"1"}, 0)
+    tx = StoreTransaction(store)
+    tx.put(b"a", b"2")
+    tx.put(b"b", b"2")
+    tx.discard()
+    assert not tx
+    assert tx.get(b"a") == b"1"
+    assert tx.get(b"b") is None
+    assert store.changelog_offset == 0
+
+
+KEY_SET = [b"", b"a", b"a\x00", b"ab", b"\x00T", b"\xff"]
+KEYS = st.sampled_from(KEY_SET)
+PREFIXES = st.sampled_from([b"", b"", b"a", b"\x00", b"\xff", b"z"])
+
+
+class TransactionMachine(RuleBasedStateMachine):
+    """StoreTransaction over a real store vs. a dict for the store and a dict for the buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="sluicegate-store-"))
+        self.store = PartitionStore(self.dir / "s")
+        self.tx = StoreTransaction(self.store)
+        self.stored: dict[bytes, bytes] = {}
+        self.buffer: dict[bytes, bytes | None] = {}
+        self.offset = -1
+        self.writes = 0
+
+    def view(self) -> dict[bytes, bytes]:
+        merged = dict(self.stored)
+        for k, v in self.buffer.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        return merged
+
+    @rule(key=KEYS)
+    def put(self, key: bytes) -> None:
+        # Every put writes a value never written before, so a read that returns
+        # a stale row cannot pass by luck.
+        self.writes += 1
+        value = self.writes.to_bytes(4, "big")
+        self.tx.put(key, value)
+        self.buffer[key] = value
+
+    @rule(key=KEYS)
+    def delete(self, key: bytes) -> None:
+        self.tx.delete(key)
+        self.buffer[key] = None
+
+    # One rule for the end of a cycle, weighted towards commit: separate
+    # discard/restart rules would empty the buffer too often to test the merge.
+    @rule(
+        outcome=st.sampled_from(["commit", "commit", "commit", "discard", "restart"]),
+        step=st.integers(min_value=1, max_value=5),
+    )
+    def end_cycle(self, outcome: str, step: int) -> None:
+        if outcome == "commit":
+            # An empty cycle produced nothing, so there is no new offset to record.
+            if self.buffer:
+                self.offset += step
+            self.tx.commit(self.offset)
+            self.stored = self.view()
+        elif outcome == "discard":
+            self.tx.discard()
+        else:
+            # Only what was committed survives a restart.
+            self.store.close()
+            self.store = PartitionStore(self.dir / "s")
+            self.tx = StoreTransaction(self.store)
+        self.buffer = {}
+
+    @rule(key=KEYS)
+    def get(self, key: bytes) -> None:
+        assert self.tx.get(key) == self.view().get(key)
+
+    @rule(prefix=PREFIXES, start=st.one_of(st.none(), KEYS))
+    def items(self, prefix: bytes, start: bytes | None) -> None:
+        expected = sorted(
+            (k, v)
+            for k, v in self.view().items()
+            if k.startswith(prefix) and (start is None or k >= start)
+        )
+        assert list(self.tx.items(prefix, start)) == expected
+
+    @invariant()
+    def reads_match_the_model(self) -> None:
+        view = self.view()
+        assert list(self.tx.items(b"")) == sorted(view.items())
+        for key in KEY_SET:
+            assert self.tx.get(key) == view.get(key)
+
+    @invariant()
+    def store_matches_the_committed_model(self) -> None:
+        assert dict(self.store.items(b"")) == self.stored
+        assert self.store.changelog_offset == self.offset
+        assert self.tx.changes == self.buffer
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TransactionMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None
+)
+test_transaction_behaves_like_a_dict_over_a_dict = TransactionMachine.TestCase
