@@ -373,7 +373,11 @@ def _cluster_id(data_dir: Path) -> str:
     path = data_dir / "cluster-id"
     if path.exists():
         return path.read_text().strip()
-    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    # Kafka's own Uuid.randomUuid() never starts an id with "-": the tools' argument parser
+    # would take it for an option.
+    cid = "-"
+    while cid.startswith("-"):
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     path.write_text(cid + "\n")
     return cid
 
