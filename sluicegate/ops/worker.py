@@ -9,7 +9,6 @@ from types import FrameType
 
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
-from sluicegate.streams.app import build_stages
 from sluicegate.streams.clock import clock_from_env
 from sluicegate.streams.runtime import Worker
 
@@ -20,7 +19,7 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group."""
     stop = stop or threading.Event()
     app = load_app(app_spec, settings)
-    worker = Worker(build_stages(app, settings), settings, clock=clock_from_env())
+    worker = Worker.for_app(app, settings, clock=clock_from_env())
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the current cycle", signum)

@@ -352,9 +352,22 @@ class Codec:
         return record
 
 
+    def decode_one_of(self, classes: tuple[type[Any], ...], data: bytes | None) -> Any:
+        """Decode a record that may be any of `classes` (a topic carrying several kinds),
+        chosen by the type its frame names."""
+        if isinstance(data, bytes):
+            for cls in classes:
+                if data.startswith(self._headers[cls]):
+                    return self.decode(cls, data)
+        names = " or ".join(_TYPES[c].full_name for c in classes)
+        found = "no value (a tombstone)" if data is None else f"bytes {bytes(data[:10]).hex(' ')}"
+        raise DecodeError(f"expected {names}, found {found}")
+
+
 _default = Codec()
 encode = _default.encode
 decode = _default.decode
+decode_one_of = _default.decode_one_of
 
 
 # -- keys and payloads ----------------------------------------------------------------

@@ -56,6 +56,12 @@ class CommandKind(StrEnum):
     redrive = "redrive"
 
 
+class ReleaseKind(StrEnum):
+    ended = "ended"
+    suspended = "suspended"
+    expired = "expired"
+
+
 class RunStatus(StrEnum):
     admitted = "admitted"
     running = "running"
@@ -228,8 +234,45 @@ class Reply:
     position: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PendingStart:
+    """sg.stage.<stage> (key: the stage's control key): a start between controls."""
+
+    execution_id: str
+    workflow: str
+    payload: bytes
+    origin: Origin
+    kind: AdmittedKind
+    declaration_version: str
+    hop: int
+    request_id: str
+    request_ids: list[str]
+    requested_at_ms: int
+    arrived_at_ms: int
+    priority: float
+    slots: list[Slot]
+    reply_partition: int | None = None
+    identity_key: str | None = None
+    retry_of: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """sg.stage.<stage> (key: the slot's key): a run gives back a hold on that stage."""
+
+    stage: str
+    key: str
+    execution_id: str
+    workflow: str
+    kind: ReleaseKind
+    at_ms: int
+    reason: str | None = None
+
+
 Record = (
     StartRequest
+    | PendingStart
+    | Release
     | AdmittedStart
     | LedgerRecord
     | RunEvent

@@ -1,12 +1,33 @@
-"""Which stages a worker runs for a set of declarations."""
+"""What a worker runs for a set of declarations: every stage, the router between them,
+and the control table they all consult."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.streams.control import ControlTable
+from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import Stage
 from sluicegate.streams.stages.identity import IdentityStage
+from sluicegate.streams.stages.pause import PauseStage
+from sluicegate.streams.stages.runs import RunsStage
 
 
-def build_stages(app: App, settings: Settings) -> list[Stage]:
-    return [IdentityStage(app, settings.partitions)]
+@dataclass(slots=True)
+class Pipeline:
+    stages: list[Stage]
+    router: Router
+    control: ControlTable
+
+
+def build_pipeline(app: App, settings: Settings) -> Pipeline:
+    control = ControlTable(settings)
+    router = Router(app, settings.deployment_cap, control)
+    stages: list[Stage] = [
+        IdentityStage(app, settings.partitions, router),
+        PauseStage(app, settings.partitions, router),
+        RunsStage(app, router),
+    ]
+    return Pipeline(stages, router, control)

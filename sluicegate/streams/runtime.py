@@ -22,7 +22,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from sluicegate.config import Settings
+from sluicegate.declare import App
 from sluicegate.streams.clock import Clock, SystemClock
+from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import dead_letter
 from sluicegate.streams.recovery import restore_task
 from sluicegate.streams.stage import InputRecord, Stage
@@ -60,10 +62,12 @@ class Worker:
         stages: list[Stage],
         settings: Settings,
         clock: Clock | None = None,
+        control: ControlTable | None = None,
     ) -> None:
         self.settings = settings
         self.topics = Topics(settings)
         self.stages = stages
+        self.control = control
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
         self.stage_for_topic: dict[str, Stage] = {
@@ -108,9 +112,19 @@ class Worker:
             "auto.offset.reset": "earliest",
         }))
 
+    @classmethod
+    def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
+        """A worker running every stage for `app`'s declarations."""
+        from sluicegate.streams.app import build_pipeline
+
+        pipeline = build_pipeline(app, settings)
+        return cls(pipeline.stages, settings, clock=clock, control=pipeline.control)
+
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.control is not None:
+            self.control.catch_up()
         self.producer.init_transactions(30.0)
         self.consumer.subscribe(
             sorted(self.stage_for_topic),
@@ -139,6 +153,8 @@ class Worker:
                 task.close()
             self.tasks.clear()
             self.restorer.close()
+            if self.control is not None:
+                self.control.close()
             self.producer.flush(5.0)
 
     # -- the loop --------------------------------------------------------------------
@@ -154,6 +170,7 @@ class Worker:
                     log.warning("consumer: %s", error)
                     continue
                 self._process(msg)
+            self._apply_control()
             self._fire_timers()
             if self._in_txn and self._cycle_due():
                 self._commit()
@@ -192,6 +209,15 @@ class Worker:
         self._progress[(topic, partition)] = offset + 1
         self._cycle_records += 1
         self.processed += 1
+
+    def _apply_control(self) -> None:
+        if self.control is None:
+            return
+        for row in self.control.poll():
+            self._begin()
+            for task in self.tasks.values():
+                for state in task.states.values():
+                    state.stage.control_changed(state.ctx, row)
 
     def _fire_timers(self) -> None:
         now = self.clock.now_ms()

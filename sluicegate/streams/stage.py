@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sluicegate.schemas.records import ControlRow
 from sluicegate.streams.store import StoreTransaction
 from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
@@ -94,3 +95,6 @@ class Stage(ABC):
 
     def restored(self, ctx: StageContext) -> None:  # noqa: B027 - an optional hook
         """The partition's store is restored and about to process (rebuild caches here)."""
+
+    def control_changed(self, ctx: StageContext, row: ControlRow) -> None:  # noqa: B027
+        """A control row changed (a workflow paused or unpaused), seen by every task."""

@@ -1,27 +1,34 @@
 """The route of each workflow: which stages a start visits, in which order, keyed by what.
 
 The route is computed from the declaration alone (a description, printable without
-running anything); the runtime follows it.
+running anything); the runtime follows it. Each hop names the stage, the control it
+applies, the budget its key lives in (the workflow, or a pool shared with other
+workflows) and the key expression.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sluicegate.declare import App, Workflow
+from sluicegate.declare import App, Expression, Workflow
+
+DEPLOYMENT_BUDGET = "deployment"
 
 
 @dataclass(frozen=True, slots=True)
 class Hop:
     stage: str
     control: str
-    # Starts of different workflows share state only where `scope` says so (a pool).
-    scope: str
+    # Starts of different workflows share a key's state only where `budget` says so.
+    budget: str
     key: str | None
+    # Which of the workflow's concurrency limits this hop applies (0 for other controls).
+    index: int = 0
 
     def describe(self) -> str:
-        key = self.key if self.key is not None else "(one key)"
-        return f"{self.stage}[{self.control} {self.scope} by {key}]"
+        key = self.key if self.key else "(one key)"
+        return f"{self.stage}[{self.control} {self.budget} by {key}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +39,7 @@ class Route:
     @property
     def passthrough(self) -> bool:
         """No control after identity: admitted straight away."""
-        return all(h.stage == "identity" for h in self.hops)
+        return len(self.hops) == 1
 
     def describe(self) -> str:
         parts = ["starts", *(h.describe() for h in self.hops), "admitted"]
@@ -47,15 +54,15 @@ def _identity_hop(wf: Workflow) -> Hop:
 
 
 def _concurrency_hops(wf: Workflow, deployment_cap: int) -> list[Hop]:
-    hops = []
-    for limit in wf.concurrency:
-        scope = limit.pool or (f"key:{limit.key}" if limit.scope != "fn" else wf.name)
-        hops.append(Hop("concurrency", "concurrency", scope, limit.key))
+    hops = [
+        Hop("concurrency", "concurrency", limit.shared_budget or wf.name, limit.key, index)
+        for index, limit in enumerate(wf.concurrency)
+    ]
     # The narrower limit is taken first, so a start never holds a shared slot while it
-    # waits for its own key's slot (keyed limits before unkeyed ones).
-    hops.sort(key=lambda h: h.key is None)
+    # waits for its own key's slot: keyed limits before unkeyed ones, own before shared.
+    hops.sort(key=lambda h: (h.key is None, h.budget != wf.name))
     if deployment_cap:
-        hops.append(Hop("concurrency", "deployment cap", "deployment", None))
+        hops.append(Hop("concurrency", "deployment cap", DEPLOYMENT_BUDGET, None, -1))
     return hops
 
 
@@ -77,3 +84,29 @@ def route_for(wf: Workflow, deployment_cap: int = 0) -> Route:
 
 def routes(app: App, deployment_cap: int = 0) -> list[Route]:
     return [route_for(wf, deployment_cap) for wf in app.workflows.values()]
+
+
+def key_expression(wf: Workflow, hop: Hop) -> Expression | None:
+    """The compiled key expression of a hop's control (None: one key for all)."""
+    option: Any
+    if hop.control == "rateLimit":
+        option = wf.rate_limit
+    elif hop.control == "debounce":
+        option = wf.debounce
+    elif hop.control == "batch":
+        option = wf.batch
+    elif hop.control == "singleton":
+        option = wf.singleton
+    elif hop.control == "throttle":
+        option = wf.throttle
+    elif hop.control == "concurrency":
+        option = wf.concurrency[hop.index]
+    else:
+        return None
+    return option.key_expr if option is not None else None
+
+
+def hop_key(wf: Workflow, hop: Hop, payload: Any) -> str:
+    """The Kafka key a start carries to this hop: its budget and its key's text."""
+    expr = key_expression(wf, hop)
+    return f"{hop.budget}\x1f{expr.text(payload) if expr is not None else ''}"

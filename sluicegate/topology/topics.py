@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 from sluicegate.config import Settings
 
 # The stages that keep state, in SPEC.md's order of evaluation. `runs` keeps the runs table.
-STATEFUL_STAGES = ("identity", "ratelimit", "defer", "singleton", "throttle", "concurrency", "runs")
-# Stages fed through a repartition topic of their own (identity's is for starts a producer
-# keyed differently than sluicegate would).
-ROUTED_STAGES = ("identity", "ratelimit", "defer", "singleton", "throttle", "concurrency")
+STATEFUL_STAGES = (
+    "identity", "ratelimit", "defer", "singleton", "throttle", "concurrency", "pause", "runs",
+)
+# Stages fed through a topic of their own: starts on their way, and releases of the slots
+# runs hold (identity's also takes starts a producer keyed differently than sluicegate).
+ROUTED_STAGES = (
+    "identity", "ratelimit", "defer", "singleton", "throttle", "concurrency", "pause",
+)
 
 _COMPACT = {"cleanup.policy": "compact"}
 # A week of history on the event-like topics; the ledger is the audit trail, so a month.

@@ -17,7 +17,6 @@ from confluent_kafka import Consumer, TopicPartition
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.schemas import codec
-from sluicegate.streams.app import build_stages
 from sluicegate.streams.clock import Clock
 from sluicegate.streams.runtime import Worker
 
@@ -131,7 +130,7 @@ class WorkerThread:
     """A worker in this process, for tests that drive its clock directly."""
 
     def __init__(self, app: App, settings: Settings, clock: Clock | None = None) -> None:
-        self.worker = Worker(build_stages(app, settings), settings, clock=clock)
+        self.worker = Worker.for_app(app, settings, clock=clock)
         self._stop = threading.Event()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)

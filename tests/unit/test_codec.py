@@ -55,6 +55,8 @@ PINNED_FINGERPRINTS = {
     "EngineCommand": "0d0500815e3a9f47",
     "FailureReportRecord": "bd0c4f1464eeddb1",
     "LedgerRecord": "15b3363074c5d885",
+    "PendingStart": "1953077f4c3084e0",
+    "Release": "465edb096de24533",
     "Reply": "fdda1162b93a2102",
     "RunEvent": "9462448059425459",
     "RunRow": "06447376cd9c7853",
@@ -76,7 +78,13 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.sampled_from(tp)
     if dataclasses.is_dataclass(tp):
         return records_of(tp)
-    return {str: st.text(), bytes: st.binary(), bool: st.booleans(), int: AVRO_LONG}[tp]
+    return {
+        str: st.text(),
+        bytes: st.binary(),
+        bool: st.booleans(),
+        int: AVRO_LONG,
+        float: st.floats(allow_nan=False),
+    }[tp]
 
 
 def records_of(cls: Any) -> st.SearchStrategy[Any]:

@@ -2,12 +2,18 @@
 
 Step 1 of SPEC.md section 3. The idempotency key is the execution's identity: once spent
 it answers `existing` with the first run's execution id, permanently unless the
-workflow declares a `ttl`. A workflow with no idempotency key and no explicit id touches
-no state here at all; one with no controls is admitted on the spot (the passthrough).
+workflow declares a `ttl` (then the key is kept while the run is live and `ttl` after it
+ends: the run holds an identity slot, and its release starts the countdown). A workflow
+with no idempotency key and no explicit id touches no state here at all; one with no
+controls is admitted on the spot (the passthrough).
+
+Delayed starts (`at`) are parked here, after identity and before every other control, so
+that at `at` they arrive at the controls as ordinary starts judged as of that moment.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -22,13 +28,22 @@ from sluicegate.schemas.records import (
     AdmittedStart,
     LedgerRecord,
     Outcome,
+    PendingStart,
+    Release,
+    ReleaseKind,
+    Slot,
     StartRequest,
 )
 from sluicegate.streams.decisions import admit, execution_id_for, record_decision, reject
+from sluicegate.streams.pending import rank_key
+from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import Route, route_for
 from sluicegate.topology.topics import Topics
+
+NAME = "identity"
+_DELAYED = b"D"
+_EXPIRE = b"X"
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -69,6 +84,13 @@ def decide(row: IdentityRow | None, execution_id: str, request_id: str,
     return Fresh(IdentityRow(execution_id, request_id))
 
 
+def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) -> IdentityRow:
+    """The run holding the key ended: the key lives `ttl` more (only that run's end counts)."""
+    if row.execution_id != execution_id:
+        return row
+    return IdentityRow(row.execution_id, row.request_id, ended_at_ms + ttl_ms)
+
+
 def identity_key(wf: Workflow, start: StartRequest, payload: Any) -> str | None:
     """The key that names this start's execution, or None when nothing names it.
 
@@ -79,7 +101,10 @@ def identity_key(wf: Workflow, start: StartRequest, payload: Any) -> str | None:
         return start.idempotency_id
     idem = wf.idempotency
     if idem is not None and idem.key_expr is not None and applies("idempotency", start.origin):
-        return idem.key_expr.text(payload)
+        try:
+            return idem.key_expr.text(payload)
+        except ValueError:
+            return "null"
     return None
 
 
@@ -91,12 +116,12 @@ def store_key(workflow: str, key: str) -> bytes:
 
 
 class IdentityStage(Stage):
-    name = "identity"
+    name = NAME
 
-    def __init__(self, app: App, partitions: int) -> None:
+    def __init__(self, app: App, partitions: int, router: Router) -> None:
         self.app = app
         self.partitions = partitions
-        self.routes: dict[str, Route] = {wf.name: route_for(wf) for wf in app.workflows.values()}
+        self.router = router
 
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.starts, topics.stage(self.name))
@@ -106,7 +131,15 @@ class IdentityStage(Stage):
             reject(ctx, record, "empty record: a start request needs a value")
             return
         try:
-            start = codec.decode(StartRequest, record.value)
+            if record.topic == ctx.topics.starts:
+                start = codec.decode(StartRequest, record.value)
+            else:
+                # Its own topic carries re-keyed starts and the releases of ttl keys.
+                message = codec.decode_one_of((StartRequest, Release), record.value)
+                if isinstance(message, Release):
+                    self._release(ctx, message)
+                    return
+                start = message
         except codec.DecodeError as exc:
             reject(ctx, record, f"not a start request: {exc}")
             return
@@ -116,8 +149,7 @@ class IdentityStage(Stage):
             return
         try:
             payload = json.loads(start.payload)
-            model = wf.batch.item if wf.batch is not None else wf.payload
-            model.model_validate(payload)
+            wf.start_model.model_validate(payload)
         except (ValueError, ValidationError) as exc:
             reject(ctx, record, f"workflow {wf.name}: payload does not validate: {_brief(exc)}",
                    start)
@@ -126,6 +158,7 @@ class IdentityStage(Stage):
         key = identity_key(wf, start, payload)
         now = ctx.now_ms
         execution_id = execution_id_for(wf.name, start.request_id)
+        slots: list[Slot] = []
         if key is not None:
             skey = store_key(wf.name, key)
             if partition_for(skey, self.partitions) != ctx.partition:
@@ -136,29 +169,86 @@ class IdentityStage(Stage):
             decision = decide(IdentityRow.decode(raw) if raw else None, execution_id,
                               start.request_id, now)
             if isinstance(decision, Spent):
-                self._decided(ctx, start, wf, Outcome.existing, key, decision.execution_id,
-                              f"idempotency key {key!r} already spent")
+                self._existing(ctx, start, wf, key, decision.execution_id)
                 return
             ctx.store.put(STATE_PREFIX + skey, decision.row.encode())
+            if wf.idempotency is not None and wf.idempotency.ttl is not None:
+                slots.append(Slot(self.name, skey.decode()))
 
-        route = self.routes[wf.name]
-        if route.passthrough:
+        route = self.router.routes[wf.name]
+        if route.passthrough and start.at_ms is None and not self.router.paused(wf.name):
+            # The do-nothing path: straight to the engine.
             admit(ctx, AdmittedStart(
                 execution_id=execution_id, workflow=wf.name, payload=start.payload,
                 declaration_version=wf.version, origin=start.origin,
-                kind=AdmittedKind.start, slots=[], request_ids=[start.request_id],
+                kind=AdmittedKind.start, slots=slots, request_ids=[start.request_id],
                 requested_at_ms=start.requested_at_ms, admitted_at_ms=now,
             ))
-            self._decided(ctx, start, wf, Outcome.admitted, key, execution_id, None)
+            self._decided(ctx, start, wf, Outcome.admitted, key, execution_id)
             return
-        # The controls' stages consume their own topics; until one judges this start it
-        # waits there, durably.
-        next_hop = route.hops[1]
-        ctx.send(ctx.topics.stage(next_hop.stage), store_key(wf.name, key or start.request_id),
-                 record.value)
+
+        pending = PendingStart(
+            execution_id=execution_id, workflow=wf.name, payload=start.payload,
+            origin=start.origin, kind=AdmittedKind.start, declaration_version=wf.version,
+            hop=0, request_id=start.request_id, request_ids=[start.request_id],
+            requested_at_ms=start.requested_at_ms, arrived_at_ms=now,
+            priority=wf.priority.value(payload) if wf.priority is not None else 0.0,
+            slots=slots, reply_partition=start.reply_partition, identity_key=key,
+        )
+        if start.at_ms is not None and start.at_ms > now:
+            self._park_delayed(ctx, pending, start.at_ms, wf)
+            return
+        self.router.forward(ctx, pending, payload)
+
+    # -- delayed starts ----------------------------------------------------------------
+
+    def _park_delayed(self, ctx: StageContext, pending: PendingStart, at_ms: int,
+                      wf: Workflow) -> None:
+        # Each delayed start is its own row; at equal due times, priority orders them.
+        mode = wf.priority.mode if wf.priority is not None else "strict"
+        timer = _DELAYED + rank_key(pending, mode) + pending.request_id.encode()
+        ctx.timers.schedule(at_ms, timer, codec.encode(pending))
+        self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
+                           due_at_ms=at_ms)
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if key.startswith(_DELAYED):
+            pending = codec.decode(PendingStart, value)
+            # At `at` it is an ordinary arrival: the controls judge it as of now.
+            self.router.forward(ctx, dataclasses.replace(pending, arrived_at_ms=ctx.now_ms))
+        elif key.startswith(_EXPIRE):
+            skey = key[len(_EXPIRE):]
+            raw = ctx.store.get(STATE_PREFIX + skey)
+            if raw is not None:
+                row = IdentityRow.decode(raw)
+                if row.expires_at_ms is not None and row.expires_at_ms <= due_ms:
+                    ctx.store.delete(STATE_PREFIX + skey)
+
+    # -- ttl ---------------------------------------------------------------------------
+
+    def _release(self, ctx: StageContext, release: Release) -> None:
+        if release.kind is not ReleaseKind.ended and release.kind is not ReleaseKind.expired:
+            return
+        wf = self.app.get(release.workflow)
+        ttl = wf.idempotency.ttl_ms if wf is not None and wf.idempotency is not None else None
+        skey = release.key.encode()
+        raw = ctx.store.get(STATE_PREFIX + skey)
+        if raw is None or ttl is None:
+            return
+        row = ended(IdentityRow.decode(raw), release.execution_id, release.at_ms, ttl)
+        if row.expires_at_ms is not None:
+            ctx.store.put(STATE_PREFIX + skey, row.encode())
+            ctx.timers.schedule(row.expires_at_ms, _EXPIRE + skey)
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def _existing(self, ctx: StageContext, start: StartRequest, wf: Workflow, key: str,
+                  execution_id: str) -> None:
+        self._decided(ctx, start, wf, Outcome.existing, key, execution_id,
+                      f"idempotency key {key!r} already spent")
 
     def _decided(self, ctx: StageContext, start: StartRequest, wf: Workflow, outcome: Outcome,
-                 key: str | None, execution_id: str | None, reason: str | None) -> None:
+                 key: str | None, execution_id: str | None, reason: str | None = None) -> None:
         now = ctx.now_ms
         record_decision(ctx, LedgerRecord(
             request_id=start.request_id, workflow=wf.name, outcome=outcome,
@@ -174,3 +264,5 @@ def _brief(exc: Exception) -> str:
             f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
         )
     return str(exc)
+
+

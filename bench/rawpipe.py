@@ -1,0 +1,121 @@
+"""Baseline (a): the raw transactional consume -> produce pipe, in Python, with confluent-kafka.
+
+One read_committed consumer, one transactional producer, `send_offsets_to_transaction`,
+and the worker's own client settings, batch size and commit interval
+(`sluicegate.streams.runtime.Worker`); one output record per input record, its key and
+value copied unchanged. Nothing is decoded: this is the cost of exactly-once transport
+alone. Runs until SIGTERM or SIGINT.
+
+    python -m bench.rawpipe --bootstrap HOST:PORT --input T --output T --group G
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+import uuid
+from types import FrameType
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from sluicegate.config import Settings
+
+
+def run(bootstrap: str, input_topic: str, output_topic: str, group: str) -> int:
+    settings = Settings(bootstrap=bootstrap)
+    stop = False
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    # The same client settings as the worker's (runtime.Worker.__init__).
+    producer = Producer(settings.client_config(**{
+        "transactional.id": f"{group}-{uuid.uuid4().hex[:12]}",
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+        "transaction.timeout.ms": 15000,
+        "compression.type": "lz4",
+    }))
+    consumer = Consumer(settings.client_config(**{
+        "group.id": group,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "range",
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+        "fetch.wait.max.ms": 20,
+    }))
+    producer.init_transactions(30.0)
+    consumer.subscribe([input_topic])
+    max_records = settings.commit_max_records
+    interval_s = settings.commit_interval_ms / 1000
+    progress: dict[int, int] = {}
+    in_txn = False
+    started = 0.0
+    records = 0
+    processed = 0
+
+    def commit() -> None:
+        nonlocal in_txn
+        if producer.flush(30.0):
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "undelivered at commit"))
+        offsets = [TopicPartition(input_topic, p, o) for p, o in progress.items()]
+        producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30.0)
+        producer.commit_transaction(30.0)
+        progress.clear()
+        in_txn = False
+
+    try:
+        while not stop:
+            messages = consumer.consume(max_records, timeout=0.05)
+            for msg in messages:
+                error = msg.error()
+                if error is not None:
+                    if error.fatal():
+                        raise KafkaException(error)
+                    continue
+                if not in_txn:
+                    producer.begin_transaction()
+                    in_txn = True
+                    started = time.monotonic()
+                    records = 0
+                while True:
+                    try:
+                        producer.produce(output_topic, msg.value(), msg.key())
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                progress[msg.partition()] = msg.offset() + 1  # type: ignore[operator,index]
+                records += 1
+                processed += 1
+            if in_txn and (records >= max_records or time.monotonic() - started >= interval_s):
+                commit()
+        if in_txn:
+            commit()
+    finally:
+        consumer.close()
+        producer.flush(5.0)
+    return processed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--group", required=True)
+    args = parser.parse_args()
+    processed = run(args.bootstrap, args.input, args.output, args.group)
+    print(f"rawpipe: {processed} records piped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The pending queue: starts a control parked, ordered by priority, in the stage's store.
+
+Every deferring control (debounce output, batch, throttle, concurrency, pause, delayed
+starts) parks into one of these, so priority orders all of them the same way (SPEC.md
+section 3, step 7):
+
+- `strict` (default): higher priority first, ties by arrival, so all-default is FIFO;
+- `age`: the priority is seconds of extra waiting time, so the rank is the arrival time
+  minus the priority.
+
+Rows live under the queue's name and a sortable rank, so the head is the first key of a
+prefix scan. A `FairQueue` keeps one such queue per lane (a tenant, a key) inside one
+shared budget, and serves lanes round-robin among the best-priority heads, so one lane's
+backlog cannot starve the others (docs/decisions/fairness-across-keys.md).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import PendingStart
+from sluicegate.streams.store import StoreTransaction
+from sluicegate.streams.timers import STATE_PREFIX
+
+_QUEUE = STATE_PREFIX + b"Q"
+_COUNT = STATE_PREFIX + b"N"
+_SEQ = STATE_PREFIX + b"S"
+_LANES = STATE_PREFIX + b"L"
+_LAST = STATE_PREFIX + b"Z"
+
+
+def _sortable(value: float) -> bytes:
+    """Big-endian bytes of a double that sort in the number's order."""
+    (bits,) = struct.unpack(">Q", struct.pack(">d", value))
+    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits & (1 << 63) else bits | (1 << 63)
+    return struct.pack(">Q", bits)
+
+
+def rank(start: PendingStart, mode: str) -> float:
+    """Smaller goes first."""
+    if mode == "age":
+        return start.arrived_at_ms / 1000.0 - start.priority
+    return -start.priority
+
+
+def rank_key(start: PendingStart, mode: str) -> bytes:
+    """The rank as bytes that sort like it, for keys ordered by priority."""
+    return _sortable(rank(start, mode))
+
+
+def _name(name: bytes) -> bytes:
+    # Length-prefixed, so one queue's name is never a prefix of another's.
+    return struct.pack(">H", len(name)) + name
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    row: bytes
+    start: PendingStart
+
+
+class PendingQueue:
+    """One priority-ordered queue of starts under `name` in a stage's store."""
+
+    __slots__ = ("_count_key", "_last_key", "_prefix", "_seq_key", "tx")
+
+    def __init__(self, tx: StoreTransaction, name: bytes) -> None:
+        self.tx = tx
+        named = _name(name)
+        self._prefix = _QUEUE + named
+        self._count_key = _COUNT + named
+        self._seq_key = _SEQ + named
+        self._last_key = _LAST + named
+
+    def __len__(self) -> int:
+        raw = self.tx.get(self._count_key)
+        return int(raw) if raw else 0
+
+    def _set_count(self, n: int) -> None:
+        if n:
+            self.tx.put(self._count_key, str(n).encode())
+        else:
+            self.tx.delete(self._count_key)
+            self.tx.delete(self._last_key)
+
+    def push(self, start: PendingStart, mode: str = "strict") -> int:
+        """Park `start`; returns its position (0 = next out)."""
+        raw = self.tx.get(self._seq_key)
+        seq = int(raw) + 1 if raw else 0
+        self.tx.put(self._seq_key, str(seq).encode())
+        row = self._prefix + rank_key(start, mode) + struct.pack(">Q", seq)
+        self.tx.put(row, codec.encode(start))
+        count = len(self)
+        self._set_count(count + 1)
+        # The last row ever pushed bounds the queue from above (removals only lower the
+        # real maximum), so a newcomer past it is last without a scan: the FIFO case.
+        last = self.tx.get(self._last_key)
+        if count == 0 or last is None or row > last:
+            self.tx.put(self._last_key, row)
+            return count
+        position = 0
+        for key, _ in self.tx.items(self._prefix):
+            if key >= row:
+                break
+            position += 1
+        return position
+
+    def peek(self) -> Parked | None:
+        for key, value in self.tx.items(self._prefix):
+            return Parked(key, codec.decode(PendingStart, value))
+        return None
+
+    def remove(self, parked: Parked) -> None:
+        self.tx.delete(parked.row)
+        self._set_count(len(self) - 1)
+
+    def pop(self) -> PendingStart | None:
+        head = self.peek()
+        if head is None:
+            return None
+        self.remove(head)
+        return head.start
+
+    def __iter__(self) -> Iterator[Parked]:
+        for key, value in self.tx.items(self._prefix):
+            yield Parked(key, codec.decode(PendingStart, value))
+
+    def clear(self) -> None:
+        for parked in list(self):
+            self.tx.delete(parked.row)
+        self._set_count(0)
+
+
+class FairQueue:
+    """Queues per lane inside one budget, served best-priority first, then round-robin."""
+
+    __slots__ = ("_lanes_prefix", "budget", "mode", "tx")
+
+    def __init__(self, tx: StoreTransaction, budget: bytes, mode: str = "strict") -> None:
+        self.tx = tx
+        self.budget = budget
+        self.mode = mode
+        self._lanes_prefix = _LANES + _name(budget)
+
+    def lane(self, lane: str) -> PendingQueue:
+        return PendingQueue(self.tx, self.budget + b"\x1f" + lane.encode())
+
+    def push(self, lane: str, start: PendingStart) -> int:
+        """Park `start` in its lane; returns its position in that lane."""
+        marker = self._lanes_prefix + lane.encode()
+        if self.tx.get(marker) is None:
+            self.tx.put(marker, b"0")
+        return self.lane(lane).push(start, self.mode)
+
+    def lanes(self) -> list[tuple[str, int]]:
+        """(lane, last served turn) for every lane with starts waiting."""
+        return [
+            (key[len(self._lanes_prefix):].decode(), int(value))
+            for key, value in self.tx.items(self._lanes_prefix)
+        ]
+
+    def __len__(self) -> int:
+        return sum(len(self.lane(name)) for name, _ in self.lanes())
+
+    def next(self) -> tuple[str, Parked] | None:
+        """The start to serve next: the best head by rank; among equal ranks, the lane
+        served least recently."""
+        best: tuple[float, int, str, Parked] | None = None
+        for name, turn in self.lanes():
+            head = self.lane(name).peek()
+            if head is None:
+                continue
+            candidate = (rank(head.start, self.mode), turn, name, head)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+        if best is None:
+            return None
+        return best[2], best[3]
+
+    def take(self, lane: str, parked: Parked) -> None:
+        """Remove a served start and move its lane to the back of the round."""
+        queue = self.lane(lane)
+        queue.remove(parked)
+        marker = self._lanes_prefix + lane.encode()
+        if len(queue) == 0:
+            self.tx.delete(marker)
+            return
+        turns = [turn for _, turn in self.lanes()]
+        self.tx.put(marker, str(max(turns) + 1).encode())

@@ -1,0 +1,131 @@
+"""Moving a start along its workflow's route, and the decisions every stage writes.
+
+A stage that lets a start through calls `forward`: the start goes to the next hop's
+topic, keyed by that control's key, or is admitted when no hop is left. Admission
+checks the pause table first: a paused workflow's starts detour to the pause stage,
+which holds them until unpause. Every decision is a ledger row (and a reply to a caller
+that waits) written in the same transaction as its effect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from sluicegate.declare import App, ExpressionError, Workflow
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    LedgerRecord,
+    Outcome,
+    PendingStart,
+    Slot,
+)
+from sluicegate.streams.control import ControlTable
+from sluicegate.streams.decisions import admit, record_decision
+from sluicegate.streams.stage import StageContext
+from sluicegate.topology.route import Hop, Route, hop_key, route_for
+
+PAUSE_STAGE = "pause"
+
+
+class Router:
+    def __init__(self, app: App, deployment_cap: int, control: ControlTable | None) -> None:
+        self.app = app
+        self.control = control
+        self.routes: dict[str, Route] = {
+            wf.name: route_for(wf, deployment_cap) for wf in app.workflows.values()
+        }
+
+    def workflow(self, name: str) -> Workflow | None:
+        return self.app.get(name)
+
+    def hop(self, start: PendingStart) -> Hop | None:
+        """The hop a start is addressed to (None when its workflow is gone or the route
+        has fewer hops than when it left: it is then admitted)."""
+        route = self.routes.get(start.workflow)
+        if route is None or start.hop >= len(route.hops):
+            return None
+        return route.hops[start.hop]
+
+    def paused(self, workflow: str) -> bool:
+        return self.control is not None and self.control.paused(workflow)
+
+    # -- moving on -------------------------------------------------------------------
+
+    def forward(self, ctx: StageContext, start: PendingStart, payload: Any = None) -> None:
+        """The current hop is done with `start`: on to the next hop, or admitted."""
+        route = self.routes.get(start.workflow)
+        wf = self.app.get(start.workflow)
+        nxt = start.hop + 1
+        if route is None or wf is None or nxt >= len(route.hops):
+            self.admit(ctx, start)
+            return
+        hop = route.hops[nxt]
+        if payload is None:
+            payload = json.loads(start.payload)
+        moved = dataclasses.replace(start, hop=nxt)
+        ctx.send(ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode(),
+                 codec.encode(moved))
+
+    @staticmethod
+    def key_for(wf: Workflow, hop: Hop, payload: Any) -> str:
+        try:
+            return hop_key(wf, hop, payload)
+        except ExpressionError:
+            # A key that cannot be evaluated is the text null (seed 003), not a lost start.
+            return f"{hop.budget}\x1fnull"
+
+    def admit(self, ctx: StageContext, start: PendingStart) -> None:
+        """Admit now, unless the workflow is paused: then it waits in the pause stage."""
+        if self.paused(start.workflow) and ctx.stage != PAUSE_STAGE:
+            ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start))
+            self.queued(ctx, start, deferral="pause", key=start.workflow)
+            return
+        now = ctx.now_ms
+        admit(ctx, AdmittedStart(
+            execution_id=start.execution_id, workflow=start.workflow, payload=start.payload,
+            declaration_version=start.declaration_version, origin=start.origin,
+            kind=start.kind, slots=list(start.slots), request_ids=list(start.request_ids),
+            requested_at_ms=start.requested_at_ms, admitted_at_ms=now,
+            retry_of=start.retry_of,
+        ))
+        if start.kind is AdmittedKind.start:
+            self.decide(ctx, start, Outcome.admitted, execution_id=start.execution_id,
+                        folded=len(start.request_ids) - 1)
+
+    # -- decisions -------------------------------------------------------------------
+
+    def queued(self, ctx: StageContext, start: PendingStart, *, deferral: str,
+               key: str | None, due_at_ms: int | None = None,
+               position: int | None = None) -> None:
+        """A start parked by a control: not final, its final outcome comes later."""
+        self.decide(ctx, start, Outcome.queued, key=key, deferral=deferral,
+                    due_at_ms=due_at_ms, position=position)
+
+    def decide(self, ctx: StageContext, start: PendingStart, outcome: Outcome, *,
+               key: str | None = None, reason: str | None = None,
+               execution_id: str | None = None, folded: int = 0,
+               retry_after_ms: int | None = None, deferral: str | None = None,
+               due_at_ms: int | None = None, position: int | None = None,
+               request_id: str | None = None) -> None:
+        """A ledger row (and a reply to a waiting caller) about `start`'s open request,
+        or about `request_id` when a folded request is decided on its own."""
+        now = ctx.now_ms
+        own = request_id is None or request_id == start.request_id
+        record_decision(ctx, LedgerRecord(
+            request_id=start.request_id if own else str(request_id),
+            workflow=start.workflow, outcome=outcome,
+            requested_at_ms=start.requested_at_ms, decided_at_ms=now,
+            waited_ms=max(0, now - start.arrived_at_ms), folded=folded, key=key,
+            stage=ctx.stage, reason=reason, execution_id=execution_id,
+            retry_after_ms=retry_after_ms, deferral=deferral, due_at_ms=due_at_ms,
+            position=position, declaration_version=start.declaration_version,
+        ), start.reply_partition if own else None)
+
+
+def with_slot(start: PendingStart, stage: str, key: str) -> PendingStart:
+    """`start`, now holding a slot on `stage`'s `key` until its run ends."""
+    return dataclasses.replace(start, slots=[*start.slots, Slot(stage, key)])

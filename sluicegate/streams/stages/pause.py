@@ -1,0 +1,62 @@
+"""Pause: while a workflow is paused its starts collect here, never discarded; unpause
+drains them in priority order (SPEC.md section 3).
+
+Only a paused workflow's starts take this detour (at the moment they would be
+admitted), keyed by workflow, so all of one workflow's paused starts wait in one
+priority-ordered queue and drain in one order.
+"""
+
+from __future__ import annotations
+
+from sluicegate.declare import App
+from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.records import ControlRow, PendingStart
+from sluicegate.streams.decisions import reject
+from sluicegate.streams.pending import PendingQueue
+from sluicegate.streams.routing import PAUSE_STAGE, Router
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.topology.topics import Topics
+
+
+def queue_name(workflow: str) -> bytes:
+    return workflow.encode()
+
+
+class PauseStage(Stage):
+    name = PAUSE_STAGE
+
+    def __init__(self, app: App, partitions: int, router: Router) -> None:
+        self.app = app
+        self.partitions = partitions
+        self.router = router
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
+
+    def _mode(self, workflow: str) -> str:
+        wf = self.app.get(workflow)
+        return wf.priority.mode if wf is not None and wf.priority is not None else "strict"
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        try:
+            start = codec.decode(PendingStart, record.value)
+        except codec.DecodeError as exc:
+            reject(ctx, record, f"not a pending start: {exc}")
+            return
+        if self.router.paused(start.workflow):
+            queue = PendingQueue(ctx.store, queue_name(start.workflow))
+            queue.push(start, self._mode(start.workflow))
+            return
+        # Unpaused while it was on its way here.
+        self.router.admit(ctx, start)
+
+    def control_changed(self, ctx: StageContext, row: ControlRow) -> None:
+        if row.paused or partition_for(row.workflow.encode(), self.partitions) != ctx.partition:
+            return
+        queue = PendingQueue(ctx.store, queue_name(row.workflow))
+        while not self.router.paused(row.workflow):
+            start = queue.pop()
+            if start is None:
+                return
+            self.router.admit(ctx, start)
