@@ -16,14 +16,16 @@ from typing import Any
 from bench.apps import WORKFLOW, app
 from bench.records import make_starts
 from sluicegate.config import Settings
-from sluicegate.streams.app import build_stages
+from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stages.identity import IdentityStage
 from sluicegate.topology.topics import Topics
 
 
 def run(starts: int, profile: bool) -> float:
     settings = Settings(namespace="bench.")
-    (stage,) = build_stages(app, settings)
+    # The worker's identity stage, with no pause table (it would need a broker).
+    stage = IdentityStage(app, settings.partitions, Router(app, 0, None))
     sent: list[Any] = []
 
     def send(topic: str, key: bytes | None, value: bytes | None, partition: int | None) -> None:

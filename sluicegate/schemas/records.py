@@ -254,6 +254,7 @@ class PendingStart:
     reply_partition: int | None = None
     identity_key: str | None = None
     retry_of: str | None = None
+    on_failure: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

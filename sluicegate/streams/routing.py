@@ -13,15 +13,17 @@ import dataclasses
 import json
 from typing import Any
 
-from sluicegate.declare import App, ExpressionError, Workflow
+from sluicegate.declare import App, ExpressionError, FailureReport, Workflow, applies
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
     LedgerRecord,
+    Origin,
     Outcome,
     PendingStart,
     Slot,
+    StartRequest,
 )
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, record_decision
@@ -29,6 +31,12 @@ from sluicegate.streams.stage import StageContext
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
 
 PAUSE_STAGE = "pause"
+# A hop's control, by the name the origin matrix knows it under.
+_CONTROL = {
+    "idempotency": "idempotency", "rateLimit": "rate_limit", "debounce": "debounce",
+    "batch": "batch", "singleton": "singleton", "throttle": "throttle",
+    "concurrency": "concurrency", "deployment cap": "concurrency",
+}
 
 
 class Router:
@@ -56,10 +64,15 @@ class Router:
     # -- moving on -------------------------------------------------------------------
 
     def forward(self, ctx: StageContext, start: PendingStart, payload: Any = None) -> None:
-        """The current hop is done with `start`: on to the next hop, or admitted."""
+        """The current hop is done with `start`: on to the next hop that applies to its
+        origin (seed 003's matrix), or admitted when none is left."""
         route = self.routes.get(start.workflow)
         wf = self.app.get(start.workflow)
         nxt = start.hop + 1
+        if route is not None:
+            while nxt < len(route.hops) and not applies(_CONTROL[route.hops[nxt].control],
+                                                        start.origin):
+                nxt += 1
         if route is None or wf is None or nxt >= len(route.hops):
             self.admit(ctx, start)
             return
@@ -124,6 +137,47 @@ class Router:
             retry_after_ms=retry_after_ms, deferral=deferral, due_at_ms=due_at_ms,
             position=position, declaration_version=start.declaration_version,
         ), start.reply_partition if own else None)
+
+
+    # -- failure -------------------------------------------------------------------------
+
+    def fail(self, ctx: StageContext, start: PendingStart, outcome: Outcome, reason: str, *,
+             key: str | None = None) -> None:
+        """A queued start that will never run (timeouts.start, its workflow removed): the
+        ledger says why, and its onFailure workflow is started with the failure report."""
+        self.decide(ctx, start, outcome, key=key, reason=reason)
+        self.notify_failure(ctx, workflow=start.workflow, on_failure=start.on_failure,
+                            payload=start.payload, reason=reason, execution_id=None,
+                            tag=f"{outcome.value}:{start.request_id}")
+
+    def notify_failure(self, ctx: StageContext, *, workflow: str, on_failure: str | None,
+                       payload: bytes, reason: str, execution_id: str | None,
+                       tag: str, run_id: str | None = None, error_tag: str | None = None,
+                       error_message: str | None = None) -> None:
+        """Start `on_failure` with a FailureReport (SPEC.md: onFailure). A handler's own
+        failure is not reported again: there is no onFailure for an onFailure."""
+        if on_failure is None or self.is_failure_handler(workflow):
+            return
+        handler = self.app.get(on_failure)
+        if handler is None:
+            return
+        now = ctx.now_ms
+        report = FailureReport(
+            workflow=workflow, payload=json.loads(payload), error_tag=error_tag,
+            error_message=error_message, run_id=run_id, execution_id=execution_id,
+            reason=reason, failed_at=now,
+        )
+        # Named after what failed, so a replayed cycle asks for the same start again.
+        request_id = f"failure:{workflow}:{tag}"
+        request = StartRequest(
+            request_id=request_id, workflow=on_failure,
+            payload=codec.dump_payload(report.model_dump(mode="json")),
+            origin=Origin.event, requested_at_ms=now,
+        )
+        ctx.send(ctx.topics.starts, request_id.encode(), codec.encode(request))
+
+    def is_failure_handler(self, workflow: str) -> bool:
+        return any(wf.on_failure == workflow for wf in self.app.workflows.values())
 
 
 def with_slot(start: PendingStart, stage: str, key: str) -> PendingStart:

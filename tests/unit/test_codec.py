@@ -55,7 +55,7 @@ PINNED_FINGERPRINTS = {
     "EngineCommand": "0d0500815e3a9f47",
     "FailureReportRecord": "bd0c4f1464eeddb1",
     "LedgerRecord": "15b3363074c5d885",
-    "PendingStart": "1953077f4c3084e0",
+    "PendingStart": "b777d6c986184f76",
     "Release": "465edb096de24533",
     "Reply": "fdda1162b93a2102",
     "RunEvent": "9462448059425459",

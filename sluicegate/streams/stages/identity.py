@@ -194,6 +194,7 @@ class IdentityStage(Stage):
             requested_at_ms=start.requested_at_ms, arrived_at_ms=now,
             priority=wf.priority.value(payload) if wf.priority is not None else 0.0,
             slots=slots, reply_partition=start.reply_partition, identity_key=key,
+            on_failure=wf.on_failure,
         )
         if start.at_ms is not None and start.at_ms > now:
             self._park_delayed(ctx, pending, start.at_ms, wf)
