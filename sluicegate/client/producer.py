@@ -30,6 +30,7 @@ from sluicegate.client.errors import (
 )
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin, load_app
+from sluicegate.kafkautil import watermarks
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, Reply, StartRequest
 from sluicegate.streams.stages.identity import identity_key, store_key
@@ -105,7 +106,7 @@ class _Replies:
         tp = TopicPartition(topic, partition)
         # Pin the start position now, before any request is produced: a reply can then
         # never land before the reader is looking.
-        _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
+        _, high = watermarks(self._consumer, tp)
         self._consumer.assign([TopicPartition(topic, partition, high if high >= 0 else OFFSET_END)])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sluicegate-replies", daemon=True)

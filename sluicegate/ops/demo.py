@@ -21,6 +21,7 @@ from rich.console import Console
 
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
+from sluicegate.kafkautil import watermarks
 from sluicegate.ops.localkafka.broker import ensure_broker
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import LedgerRecord, Outcome
@@ -45,7 +46,7 @@ def _ledger_tail(settings: Settings) -> Consumer:
     assignment = []
     for p in range(settings.partitions):
         tp = TopicPartition(topics.ledger, p)
-        _, high = consumer.get_watermark_offsets(tp, timeout=10.0)
+        _, high = watermarks(consumer, tp)
         assignment.append(TopicPartition(topics.ledger, p, max(high, 0)))
     consumer.assign(assignment)
     return consumer

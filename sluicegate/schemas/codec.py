@@ -236,6 +236,219 @@ def fingerprint(cls: type[Record]) -> bytes:
     return _TYPES[cls].fingerprint
 
 
+# -- compiled fast paths ---------------------------------------------------------------
+#
+# fastavro's schemaless_writer/reader cost ~9-10 µs per record (a BytesIO, a dict per
+# record, a generic walk of the parsed schema), which is most of what the identity stage
+# spends on a passthrough start. For every record type whose schema uses only the types
+# below, a specialised Python encoder and decoder are generated from the schema at
+# import (so they cannot drift from the .avsc), producing and accepting exactly
+# fastavro's bytes (tests/unit/test_codec_fast.py proves it against fastavro on random
+# records). They only ever take the plain cases: a value of an unexpected type, bytes
+# that do not decode, or any other surprise raises inside them, and the codec then
+# redoes the work through fastavro, so every error (and every odd value fastavro
+# accepts) behaves exactly as before.
+
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
+class _NotFast(Exception):
+    """The fast path does not take this value or these bytes: fastavro decides."""
+
+
+def _long(n: int) -> bytes:
+    """Avro's zig-zag varint of a long."""
+    if n.__class__ is not int or not _LONG_MIN <= n <= _LONG_MAX:
+        raise _NotFast
+    z = (n << 1) ^ (n >> 63)
+    if z < 0x80:
+        return _ONE_BYTE[z]
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    b = data[pos]
+    pos += 1
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos
+    z = b & 0x7F
+    shift = 7
+    while True:
+        b = data[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise _NotFast
+    if z >> 64:
+        raise _NotFast
+    return (z >> 1) ^ -(z & 1), pos
+
+
+class _Compiler:
+    """Generates the source of one record's encoder and decoder from its schema."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, dict[str, Any]] = {}  # named types seen so far
+        self.env: dict[str, Any] = {"_long": _long, "_read_long": _read_long,
+                                    "_NotFast": _NotFast}
+        self.lines: list[str] = []
+        self._n = 0
+
+    def fresh(self, prefix: str) -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    def resolve(self, t: Any) -> Any:
+        if isinstance(t, str) and t in self.names:
+            return self.names[t]
+        if isinstance(t, dict) and t.get("type") in ("record", "enum"):
+            self.names[f"{t['namespace']}.{t['name']}"] = t
+        if isinstance(t, dict) and t.get("type") in ("long", "string", "bytes", "boolean"):
+            return t["type"]  # a primitive with a logicalType: timestamps stay ints
+        return t
+
+    # Each emitter writes code that encodes the Python value named `v` (appending to
+    # `a`), or decodes one value into `v` from `data` at `pos`.
+
+    def enc(self, t: Any, v: str, ind: str) -> list[str]:
+        t = self.resolve(t)
+        if t == "long":
+            return [f"{ind}a(_long({v}))"]
+        if t == "string":
+            b = self.fresh("b")
+            return [f"{ind}if {v}.__class__ is not str: raise _NotFast",
+                    f"{ind}{b} = {v}.encode()", f"{ind}a(_long(len({b})))", f"{ind}a({b})"]
+        if t == "bytes":
+            return [f"{ind}if {v}.__class__ is not bytes: raise _NotFast",
+                    f"{ind}a(_long(len({v})))", f"{ind}a({v})"]
+        if t == "boolean":
+            return [f"{ind}if {v} is True: a(b'\\x01')",
+                    f"{ind}elif {v} is False: a(b'\\x00')",
+                    f"{ind}else: raise _NotFast"]
+        if isinstance(t, list):
+            if len(t) != 2 or t[0] != "null":
+                raise _NotFast
+            inner = self.enc(t[1], v, ind + "    ")
+            return [f"{ind}if {v} is None: a(b'\\x00')", f"{ind}else:",
+                    f"{ind}    a(b'\\x02')", *inner]
+        if isinstance(t, dict) and t["type"] == "enum":
+            table = self.fresh("_enum")
+            self.env[table] = {s: _long(i) for i, s in enumerate(t["symbols"])}
+            return [f"{ind}if not isinstance({v}, str): raise _NotFast",
+                    f"{ind}a({table}[{v}])"]
+        if isinstance(t, dict) and t["type"] == "array":
+            item = self.fresh("i")
+            return [f"{ind}if {v}.__class__ is not list: raise _NotFast",
+                    f"{ind}if {v}:",
+                    f"{ind}    a(_long(len({v})))",
+                    f"{ind}    for {item} in {v}:",
+                    *self.enc(t["items"], item, ind + "        "),
+                    f"{ind}a(b'\\x00')"]
+        if isinstance(t, dict) and t["type"] == "record":
+            cls = self.fresh("_cls")
+            self.env[cls] = _python_type(f"{t['namespace']}.{t['name']}")
+            out = [f"{ind}if {v}.__class__ is not {cls}: raise _NotFast"]
+            for f in t["fields"]:
+                fv = self.fresh("f")
+                out.append(f"{ind}{fv} = {v}.{f['name']}")
+                out += self.enc(f["type"], fv, ind)
+            return out
+        raise _NotFast  # maps, doubles, fixed, ...: fastavro only
+
+    def dec(self, t: Any, v: str, ind: str) -> list[str]:
+        t = self.resolve(t)
+        if t == "long":
+            return [f"{ind}{v}, pos = _read_long(data, pos)"]
+        if t in ("string", "bytes"):
+            n = self.fresh("n")
+            out = [f"{ind}{n}, pos = _read_long(data, pos)",
+                   f"{ind}if {n} < 0 or pos + {n} > len(data): raise _NotFast",
+                   f"{ind}{v} = data[pos:pos + {n}]"]
+            if t == "string":
+                out[-1] += ".decode()"
+            return [*out, f"{ind}pos += {n}"]
+        if t == "boolean":
+            return [f"{ind}{v} = data[pos]", f"{ind}pos += 1",
+                    f"{ind}if {v} > 1: raise _NotFast", f"{ind}{v} = {v} == 1"]
+        if isinstance(t, list):
+            if len(t) != 2 or t[0] != "null":
+                raise _NotFast
+            return [f"{ind}if data[pos] == 0:", f"{ind}    pos += 1", f"{ind}    {v} = None",
+                    f"{ind}elif data[pos] == 2:", f"{ind}    pos += 1",
+                    *self.dec(t[1], v, ind + "    "),
+                    f"{ind}else: raise _NotFast"]
+        if isinstance(t, dict) and t["type"] == "enum":
+            members = self.fresh("_members")
+            enum_cls = _python_type(f"{t['namespace']}.{t['name']}")
+            self.env[members] = [enum_cls(s) for s in t["symbols"]]
+            k = self.fresh("k")
+            return [f"{ind}{k}, pos = _read_long(data, pos)",
+                    f"{ind}if {k} < 0: raise _NotFast",
+                    f"{ind}{v} = {members}[{k}]"]
+        if isinstance(t, dict) and t["type"] == "array":
+            count, item = self.fresh("c"), self.fresh("i")
+            return [f"{ind}{v} = []",
+                    f"{ind}while True:",
+                    f"{ind}    {count}, pos = _read_long(data, pos)",
+                    f"{ind}    if {count} == 0: break",
+                    f"{ind}    if {count} < 0: raise _NotFast",
+                    f"{ind}    for _ in range({count}):",
+                    *self.dec(t["items"], item, ind + "        "),
+                    f"{ind}        {v}.append({item})"]
+        if isinstance(t, dict) and t["type"] == "record":
+            cls = self.fresh("_cls")
+            self.env[cls] = _python_type(f"{t['namespace']}.{t['name']}")
+            names = []
+            out = []
+            for f in t["fields"]:
+                fv = self.fresh("f")
+                names.append(fv)
+                out += self.dec(f["type"], fv, ind)
+            return [*out, f"{ind}{v} = {cls}({', '.join(names)})"]
+        raise _NotFast
+
+
+def _compile(rs: RecordSchema) -> tuple[Callable[[Any], bytes], Callable[[bytes, int], Any]]:
+    """The fast encoder (record -> Avro body) and decoder ((data, body offset) -> record
+    ending exactly at the end of data) of one record type; _NotFast if its schema has a
+    type they do not handle."""
+    c = _Compiler()
+    enc = c.enc(rs.schema, "r", "    ")
+    c.names.clear()
+    dec = c.dec(rs.schema, "r", "    ")
+    source = "\n".join([
+        "def encode(r):", "    parts = []", "    a = parts.append", *enc,
+        "    return b''.join(parts)",
+        "def decode(data, pos):", *dec,
+        "    if pos != len(data): raise _NotFast", "    return r",
+    ])
+    namespace = dict(c.env)
+    exec(compile(source, f"<sluicegate fast codec {rs.full_name}>", "exec"), namespace)
+    return namespace["encode"], namespace["decode"]
+
+
+def _compile_all() -> dict[type, tuple[Callable[[Any], bytes], Callable[[bytes, int], Any]]]:
+    fast = {}
+    for cls, rs in _TYPES.items():
+        try:
+            fast[cls] = _compile(rs)
+        except _NotFast:
+            continue
+    return fast
+
+
+_FAST = _compile_all()
+
+
 # -- framing ---------------------------------------------------------------------
 
 
@@ -302,14 +515,22 @@ class SingleObjectFraming:
 class Codec:
     """Encodes and decodes records with one framing. Build once; share freely."""
 
-    def __init__(self, framing: Framing | None = None) -> None:
+    def __init__(self, framing: Framing | None = None, *, fast: bool = True) -> None:
         self._framing = framing if framing is not None else SingleObjectFraming(_TYPES.values())
         self._headers = {cls: self._framing.header(rs) for cls, rs in _TYPES.items()}
+        # fast=False: fastavro only (the reference the fast paths are tested against).
+        self._fast = _FAST if fast else {}
 
     def encode(self, record: Record) -> bytes:
         rs = _TYPES.get(type(record))
         if rs is None:
             raise TypeError(f"{type(record).__name__} is not a sluicegate record type")
+        fast = self._fast.get(rs.cls)
+        if fast is not None:
+            try:
+                return self._headers[rs.cls] + fast[0](record)
+            except Exception:  # not a plain case: fastavro decides below
+                pass
         buf = BytesIO()
         buf.write(self._headers[rs.cls])
         try:
@@ -331,6 +552,13 @@ class Codec:
                 raise DecodeError(f"expected {rs.full_name} bytes, found {type(data).__name__}")
             data = bytes(data)
         writer, offset = self._framing.writer_schema(rs, data)
+        if writer is rs.parsed:
+            fast = self._fast.get(cls)
+            if fast is not None:
+                try:
+                    return fast[1](data, offset)
+                except Exception:  # not a plain case: fastavro decides below
+                    pass
         buf = BytesIO(data)
         buf.seek(offset)
         try:

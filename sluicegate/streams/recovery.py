@@ -13,6 +13,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from sluicegate.kafkautil import watermarks
 from sluicegate.streams.store import PartitionStore
 from sluicegate.streams.task import Task
 from sluicegate.topology.topics import Topics
@@ -33,7 +34,7 @@ def restore_task(task: Task, consumer: Consumer, topics: Topics, timeout_s: floa
         store = state.store
         assert store is not None and state.timers is not None
         tp = TopicPartition(topics.changelog(state.stage.name), task.partition)
-        low, high = consumer.get_watermark_offsets(tp, timeout=10.0, cached=False)
+        low, high = watermarks(consumer, tp)
         start = store.changelog_offset + 1
         if start > high or start < low:
             log.warning("store %s/%d at offset %d is outside its changelog [%d, %d): rebuilding",

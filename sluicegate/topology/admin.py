@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -62,4 +63,24 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> CreateReport:
                     existing.append(by_name[name])
                 else:
                     raise TopologyError(f"cannot create topic {name}: {error}") from exc
+    if created:
+        _wait_for_leaders(admin, [s.name for s in created], timeout_s)
     return CreateReport(created, existing, mismatched)
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+    """A topic just created answers NOT_LEADER until its partitions have leaders: wait
+    for them, so whoever created the topics can use them at once."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(names)
+    while waiting:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        waiting = {
+            name for name in waiting
+            if name not in topics or topics[name].error is not None
+            or any(p.leader < 0 for p in topics[name].partitions.values())
+        }
+        if waiting and time.monotonic() > deadline:
+            raise TopologyError(f"topics without leaders after {timeout_s}s: {sorted(waiting)}")
+        if waiting:
+            time.sleep(0.1)

@@ -1,0 +1,118 @@
+"""The Python SDK on the real broker: producers hear their decisions, engines report runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from sluicegate.client import AsyncClient, Client, Engine, PayloadError, UnknownWorkflow
+from sluicegate.config import Settings
+from sluicegate.declare import load_app
+from sluicegate.kafkautil import watermarks
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import CommandKind, EngineCommand, RunRow, RunStatus
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.integration.kafka_helpers import TopicReader, WorkerThread
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def app():  # type: ignore[no-untyped-def]
+    return load_app("tests.apps.identity")
+
+
+def _starts_written(settings: Settings) -> int:
+    topics = Topics(settings)
+    consumer = Consumer(settings.client_config(**{"group.id": "count"}))
+    try:
+        return sum(watermarks(consumer, TopicPartition(topics.starts, p))[1]
+                   for p in range(settings.partitions))
+    finally:
+        consumer.close()
+
+
+def test_a_waiting_caller_hears_admitted_then_existing_for_a_repeat(
+        settings: Settings, app) -> None:  # type: ignore[no-untyped-def]
+    create_topics(settings)
+    with WorkerThread(app, settings), Client(app=app, settings=settings) as client:
+        first = client.start("sendReceipt", {"orderId": "o1", "amount": 5},
+                             wait_decision=True, timeout=60)
+        again = client.start("sendReceipt", {"orderId": "o1", "amount": 5},
+                             wait_decision=True, timeout=60)
+    assert first.status == "admitted"
+    assert first.execution_id is not None
+    assert again.status == "existing"
+    assert again.execution_id == first.execution_id
+
+
+def test_a_payload_that_does_not_validate_is_refused_before_anything_is_produced(
+        settings: Settings, app) -> None:  # type: ignore[no-untyped-def]
+    create_topics(settings)
+    with Client(app=app, settings=settings, replies=False) as client:
+        with pytest.raises(PayloadError, match="workflow sendReceipt: payload does not validate"):
+            client.start("sendReceipt", {"orderId": "o1"})
+        with pytest.raises(UnknownWorkflow, match="'nope' is not declared"):
+            client.start("nope", {})
+    assert _starts_written(settings) == 0
+
+
+def test_the_asyncio_client_awaits_the_same_decision(
+        settings: Settings, app) -> None:  # type: ignore[no-untyped-def]
+    create_topics(settings)
+
+    async def go() -> tuple[str, str]:
+        async with AsyncClient(app=app, settings=settings) as client:
+            a = await client.start("note", {"text": "hi"}, wait_decision=True, timeout=60)
+            b = await client.start("sendReceipt", {"orderId": "o9", "amount": 1},
+                                   wait_decision=True, timeout=60)
+            return a.status, b.status
+
+    with WorkerThread(app, settings):
+        assert asyncio.run(go()) == ("admitted", "admitted")
+
+
+def test_an_engine_runs_admitted_starts_and_the_runs_table_follows_its_reports(
+        settings: Settings, app) -> None:  # type: ignore[no-untyped-def]
+    create_topics(settings)
+    topics = Topics(settings)
+    runs = TopicReader(settings, topics.runs, RunRow)
+    with WorkerThread(app, settings), Client(app=app, settings=settings) as client, \
+            Engine(group=f"{settings.namespace}engine", settings=settings) as engine:
+        handle = client.start("note", {"text": "run me"}, wait_decision=True, timeout=60)
+        deadline = time.monotonic() + 60
+        delivery = None
+        while delivery is None or delivery.admitted is None:
+            assert time.monotonic() < deadline, "the engine never got the admitted start"
+            delivery = engine.poll(0.5)
+        assert delivery.admitted.execution_id == handle.execution_id
+        engine.started(delivery)
+        engine.completed(delivery.admitted.execution_id, "note")
+        engine.flush()
+        rows = runs.until(lambda rs: any(r.status is RunStatus.completed for r in rs),
+                          timeout=60, what="the run completed in sg.runs")
+    statuses = [r.status for r in rows if r.execution_id == handle.execution_id]
+    assert statuses == [RunStatus.admitted, RunStatus.running, RunStatus.completed]
+    assert rows[-1].ended_at_ms is not None
+
+
+def test_an_engine_receives_the_commands_for_its_runs(settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    command = EngineCommand(command_id="c1", execution_id="ex-1", workflow="note",
+                            kind=CommandKind.cancel, issued_at_ms=1, reason="bad deploy")
+    producer = Producer(settings.client_config(partitioner="murmur2_random"))
+    producer.produce(topics.commands, codec.encode(command), b"ex-1")
+    producer.flush(10)
+    with Engine(group=f"{settings.namespace}engine", settings=settings) as engine:
+        deadline = time.monotonic() + 60
+        got = None
+        while got is None:
+            assert time.monotonic() < deadline, "the engine never got the command"
+            delivery = engine.poll(0.5)
+            got = delivery.command if delivery is not None else None
+    assert got == command
