@@ -18,10 +18,13 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) 
             return low, high
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            retriable = isinstance(error, KafkaError) and (
-                error.retriable() or error.code() in (
-                    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                    KafkaError.UNKNOWN_TOPIC_OR_PART))
+            code = error.code() if isinstance(error, KafkaError) else None
+            retriable = isinstance(error, KafkaError) and (error.retriable() or code in (
+                KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION))
             if not retriable or time.monotonic() > deadline:
                 raise
+            if code == KafkaError._UNKNOWN_PARTITION:
+                # The client's metadata predates the topic: ask for it explicitly.
+                consumer.list_topics(tp.topic, timeout=5.0)
             time.sleep(0.1)

@@ -2,7 +2,9 @@
 
 The payload is validated here, before anything is produced, against the same declaration
 the workers load. A caller that wants the decision waits on its own partition of
-`sg.replies` (chosen at random per client), never on the whole ledger.
+`sg.replies` (chosen at random per client), never on the whole ledger. A blocking caller
+(`run()`, `start(wait=True)`) then waits for the run's end on the one partition of the
+runs table that holds its execution id (docs/decisions/blocking-callers.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from sluicegate.client.errors import (
     BlockingCallerRefused,
+    ClientError,
     DecisionTimeout,
     PayloadError,
     RateLimited,
@@ -32,8 +35,11 @@ from sluicegate.config import Settings
 from sluicegate.declare import App, Origin, load_app
 from sluicegate.kafkautil import watermarks
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import Outcome, Reply, StartRequest
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.records import Outcome, Reply, RunRow, StartRequest
+from sluicegate.streams.decisions import execution_id_for
 from sluicegate.streams.stages.identity import identity_key, store_key
+from sluicegate.streams.stages.runs import ENDED
 from sluicegate.topology.topics import Topics
 
 
@@ -51,6 +57,8 @@ class Handle:
     deferral: str | None = None
     due_at_ms: int | None = None
     position: int | None = None
+    # A blocking caller's answer: the run's row in the runs table once it ended.
+    result: RunRow | None = None
     _future: Future[Reply] | None = None
 
     @property
@@ -138,6 +146,54 @@ class _Replies:
         self._consumer.close()
 
 
+class _RunWatch:
+    """Waits for one run's end on the one partition of `sg.runs` that holds its id.
+
+    The runs table is keyed by execution id, so a run's rows land on one known partition.
+    For a new run the reader starts at that partition's end as it was before the start
+    was produced (the run's rows can only come after); for an `existing` answer it reads
+    the earlier run's partition from its beginning (compacted: a row per run).
+    """
+
+    def __init__(self, settings: Settings, topic: str, execution_id: str) -> None:
+        self.topic = topic
+        self.partitions = settings.partitions
+        self._consumer = Consumer(settings.client_config(**{
+            "group.id": f"{settings.namespace}run-watch-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 20,
+        }))
+        self.partition = self._partition(execution_id)
+        tp = TopicPartition(topic, self.partition)
+        _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
+        self._consumer.assign([TopicPartition(topic, self.partition, max(high, 0))])
+
+    def _partition(self, execution_id: str) -> int:
+        return partition_for(execution_id.encode(), self.partitions)
+
+    def from_beginning(self, execution_id: str) -> None:
+        self.partition = self._partition(execution_id)
+        self._consumer.assign([TopicPartition(self.topic, self.partition, 0)])
+
+    def ended(self, execution_id: str, deadline: float) -> RunRow:
+        wanted = execution_id.encode()
+        while time.monotonic() < deadline:
+            for msg in self._consumer.consume(500, timeout=0.1):
+                if msg.error() is not None or msg.value() is None or msg.key() != wanted:
+                    continue
+                try:
+                    row = codec.decode(RunRow, msg.value())
+                except codec.DecodeError:
+                    continue
+                if row.status in ENDED:
+                    return row
+        raise TimeoutError(f"run {execution_id} did not end before the caller's timeout")
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 class Client:
     """Start workflow runs through sluicegate.
 
@@ -172,9 +228,14 @@ class Client:
         at: datetime | int | None = None,
         origin: str | Origin = "event",
         wait_decision: bool = False,
+        wait: bool = False,
         timeout: float = 30.0,
     ) -> Handle:
-        """Ask for a run. With `wait_decision`, return once sluicegate has decided."""
+        """Ask for a run. With `wait_decision`, return once sluicegate has decided; with
+        `wait`, once the run has ended (`handle.result` is its row): refused for workflows
+        whose starts can wait in the admission queue."""
+        if wait:
+            return self._start_and_wait(workflow, payload, id, at, origin, timeout)
         handle = self.submit(workflow, payload, id=id, at=at, origin=origin,
                              wait_decision=wait_decision)
         if wait_decision:
@@ -182,6 +243,55 @@ class Client:
             handle.wait(timeout)
             _raise_synchronous_answer(handle)
         return handle
+
+    def run(
+        self,
+        workflow: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        id: str | None = None,
+        origin: str | Origin = "event",
+        timeout: float = 30.0,
+    ) -> RunRow:
+        """Start a run and block until it ended; returns its row in the runs table
+        (`status` completed, failed or cancelled, `last_reason`). rateLimit and singleton
+        `skip` answer with RateLimited / SingletonHeld; a workflow that can defer its
+        starts (debounce, batch, throttle, concurrency) refuses the call."""
+        handle = self._start_and_wait(workflow, payload, id, None, origin, timeout)
+        assert handle.result is not None
+        return handle.result
+
+    def _start_and_wait(self, workflow: str, payload: BaseModel | Mapping[str, Any],
+                        id: str | None, at: datetime | int | None, origin: str | Origin,
+                        timeout: float) -> Handle:
+        refuse_blocking(self.app, workflow)
+        if self._replies is None:
+            raise ClientError("a blocking call needs the reply channel: this client was made "
+                              "with replies=False")
+        deadline = time.monotonic() + timeout
+        start, kafka_key = self._request(workflow, payload, id, at, origin, True)
+        # A fresh run's execution id is known before it exists: watch its partition from now.
+        watch = _RunWatch(self.settings, self.topics.runs,
+                          execution_id_for(workflow, start.request_id))
+        try:
+            handle = Handle(start.request_id, workflow,
+                            _future=self._replies.expect(start.request_id))
+            self._produce(kafka_key, codec.encode(start))
+            self._producer.flush(timeout)
+            handle.wait(max(0.0, deadline - time.monotonic()))
+            _raise_synchronous_answer(handle)
+            if handle.status == Outcome.existing.value and handle.execution_id is not None:
+                watch.from_beginning(handle.execution_id)
+            elif handle.status not in (Outcome.admitted.value, Outcome.queued.value):
+                raise ClientError(
+                    f"workflow {workflow}: the start was {handle.status} ({handle.reason}); "
+                    "there is no run to wait for")
+            # Queued here means paused: the run, when unpaused, has the fresh id.
+            execution_id = handle.execution_id or execution_id_for(workflow, start.request_id)
+            handle.result = watch.ended(execution_id, deadline)
+            return handle
+        finally:
+            watch.close()
 
     def submit(
         self,
@@ -263,6 +373,24 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_DEFERRING = ("debounce", "batch", "throttle", "concurrency")
+
+
+def refuse_blocking(app: App, workflow: str) -> None:
+    """A start that may wait in the admission queue, or fold into another run, has no
+    result to block on (SPEC.md section 2: blocking callers)."""
+    wf = app.get(workflow)
+    if wf is None:
+        raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
+    if wf.defers:
+        declared = ", ".join(name for name in _DEFERRING if getattr(wf, name))
+        raise BlockingCallerRefused(
+            f"workflow {workflow} declares {declared}, so its starts can wait in the "
+            "admission queue or fold into another run; run() / start(wait=True) blocks for "
+            "the run's result, which such a start may not have for a long time, or ever. "
+            "Call start() and poll the handle instead.")
 
 
 def _raise_synchronous_answer(handle: Handle) -> None:

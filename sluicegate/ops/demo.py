@@ -18,6 +18,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
+from rich.text import Text
 
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
@@ -58,8 +59,10 @@ def _print(console: Console, row: LedgerRecord) -> None:
     execution = f" -> run {row.execution_id[:8]}" if row.execution_id else ""
     key = f" key={row.key}" if row.key else ""
     reason = f"  ({row.reason})" if row.reason else ""
-    console.print(f"{when} [{style}]{row.outcome.value:<9}[/] {row.workflow:<14}"
-                  f"{key}{execution}{reason}", highlight=False)
+    line = Text(f"{when} ")
+    line.append(f"{row.outcome.value:<9}", style=style)
+    line.append(f" {row.workflow:<14}{key}{execution}{reason}")
+    console.print(line, highlight=False)
 
 
 def run_demo(port: int, app_module: str, per_second: float) -> None:
@@ -73,7 +76,7 @@ def run_demo(port: int, app_module: str, per_second: float) -> None:
     console.print(f"topics: {len(report.created)} created, {len(report.existing)} already there")
     module = importlib.import_module(app_module)
     for route in routes(module.app):
-        console.print(f"  route {route.describe()}")
+        console.print(f"  route {route.describe()}", markup=False, highlight=False)
 
     env = dict(os.environ, SLUICEGATE_BOOTSTRAP=settings.bootstrap,
                SLUICEGATE_STATE_DIR=str(settings.state_dir))
