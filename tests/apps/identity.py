@@ -2,7 +2,7 @@
 
 from pydantic import BaseModel
 
-from sluicegate.declare import App, Workflow
+from sluicegate.declare import App, Idempotency, Workflow
 
 
 class Paid(BaseModel):
@@ -19,3 +19,14 @@ receipt = Workflow(name="sendReceipt", payload=Paid, idempotency="orderId")
 note = Workflow(name="note", payload=Note)
 
 app = App([receipt, note])
+
+
+class Job(BaseModel):
+    jobId: str
+
+
+# Seed 003's window: a key is kept while its run is live and `ttl` after it ends.
+windowed = Workflow(name="windowed", payload=Job,
+                    idempotency=Idempotency(key="jobId", ttl="1 hour"))
+
+app_with_ttl = App([receipt, note, windowed])

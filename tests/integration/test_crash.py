@@ -98,3 +98,16 @@ def test_kill_minus_nine_loses_and_duplicates_nothing(settings: Settings, tmp_pa
             if p.alive:
                 p.stop()
     _check(ledger.records, admitted.records)
+
+
+def test_sigterm_commits_what_is_done_and_exits_cleanly(settings: Settings, tmp_path: Path) -> None:
+    create_topics(settings)
+    app = load_app("tests.apps.identity")
+    with Client(app=app, settings=settings, replies=False) as client:
+        for i in range(2000):
+            client.submit("note", {"text": f"n{i}"})
+    ledger = TopicReader(settings, Topics(settings).ledger, LedgerRecord)
+    worker = WorkerProcess(settings, "tests.apps.identity", tmp_path / "w").start()
+    ledger.until(lambda rows: len(rows) >= 2000, timeout=120, what="2,000 decisions")
+    assert worker.stop(timeout=30) == 0, worker.log_tail()
+    assert len(ledger.settle(1.0)) == 2000
