@@ -63,7 +63,7 @@ from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("raw", "worker", "faust")
+SYSTEMS = ("raw", "worker", "worker-base", "faust")
 # Where a faust-streaming virtualenv is looked for (bench/README.md says how to make one).
 FAUST_PYTHONS = (ROOT / "bench" / ".venv-faust" / "bin" / "python",
                  Path("/tmp/venv-faust/bin/python"))
@@ -87,6 +87,7 @@ class Measurement:
     outputs_per_start: float = 0.0
     unexpected_outputs: int = 0  # outputs of no start of the latency phase, or duplicates
     unexpected_from_warmup: int = 0  # of those, outputs of warm-up starts
+    loadavg: float = 0.0  # the machine's 1-minute load before the throughput phase
     error: str | None = None
 
 
@@ -114,17 +115,18 @@ class SystemProcess:
     """One system under test, in its own process, on its own namespace's topics."""
 
     def __init__(self, system: str, settings: Settings, workdir: Path, faust_python: Path,
-                 py_spy: Path | None) -> None:
+                 py_spy: Path | None, baseline_tree: Path | None = None) -> None:
         self.system = system
         self.settings = settings
         self.topics = Topics(settings)
         self.workdir = workdir
         self.faust_python = faust_python
         self.py_spy = py_spy
+        self.baseline_tree = baseline_tree
         self.log = workdir / f"{system}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.output = self.topics.admitted
-        if system == "worker":
+        if system.startswith("worker"):
             self.group = self.topics.group
         elif system == "raw":
             self.group = f"{settings.namespace}rawpipe"
@@ -135,7 +137,12 @@ class SystemProcess:
         s = self.settings
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT)
-        if self.system == "worker":
+        if self.system == "worker-base":
+            # The same worker from another source tree (say, the commit before a change),
+            # measured in the same run: before/after on the same broker and machine load.
+            assert self.baseline_tree is not None
+            env["PYTHONPATH"] = f"{self.baseline_tree}{os.pathsep}{ROOT}"
+        if self.system.startswith("worker"):
             env.update({
                 "SLUICEGATE_BOOTSTRAP": s.bootstrap,
                 "SLUICEGATE_NAMESPACE": s.namespace,
@@ -164,8 +171,10 @@ class SystemProcess:
 
     def start(self) -> None:
         cmd, env = self.command()
+        # `python -m` puts the working directory first on sys.path: it picks the tree.
+        cwd = self.baseline_tree if self.system == "worker-base" else ROOT
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
                                          stderr=subprocess.STDOUT)
 
     @property
@@ -194,7 +203,7 @@ class SystemProcess:
 
     def output_key(self, request_id: bytes) -> bytes:
         """The key the system writes a start's output under."""
-        if self.system == "worker":
+        if self.system.startswith("worker"):
             return execution_id_for(WORKFLOW, request_id.decode()).encode()
         return request_id
 
@@ -363,6 +372,7 @@ class Options:
     py_spy: Path | None
     keep_topics: bool
     logs: Path | None
+    baseline_tree: Path | None
 
 
 def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdir: Path,
@@ -373,8 +383,8 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
     rundir.mkdir(parents=True)
     create_topics(settings)
     topics = Topics(settings)
-    system = SystemProcess(system_name, settings, rundir,
-                           opts.faust_python, opts.py_spy)
+    system = SystemProcess(system_name, settings, rundir, opts.faust_python, opts.py_spy,
+                           opts.baseline_tree)
     counter = iter(range(10**12))
 
     def batch(n: int) -> list[tuple[bytes, bytes]]:
@@ -438,6 +448,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
         producer.begin_transaction()
         ends = produce_all(producer, topics.starts, measured)
         spy = start_py_spy(opts.py_spy, system, rundir) if system_name == "worker" else None
+        result.loadavg = float(Path("/proc/loadavg").read_text().split()[0])
         cpu0 = process_cpu_s(system.pid)
         t_commit = time.monotonic()
         producer.commit_transaction(60.0)
@@ -457,7 +468,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
         result.starts_per_s = (len(times) - 1) / max(1e-3, (times[-1] - times[0]) / 1000)
         outputs = len(reader.wanted) + reader.duplicates
         reader.close()
-        if system_name == "worker":  # the ledger row of each start, too
+        if system_name.startswith("worker"):  # the ledger row of each start, too
             ledger = OutputReader(settings, topics.ledger)
             ledger.wanted = {k for k, _ in measured}
             ledger.until_complete(opts.timeout, system)
@@ -555,6 +566,7 @@ def summarise(results: list[Measurement]) -> dict[str, dict[str, Any]]:
             "e2e_p50_ms": median_of([r.e2e_latency_ms.get("p50", 0.0) for r in ok]),
             "e2e_p99_ms": median_of([r.e2e_latency_ms.get("p99", 0.0) for r in ok]),
             "outputs_per_start": median_of([r.outputs_per_start for r in ok]),
+            "loadavg": median_of([r.loadavg for r in ok]),
         }
     return summary
 
@@ -574,6 +586,16 @@ def report(summary: dict[str, dict[str, Any]], results: list[Measurement]) -> st
             f" {s['outputs_per_start']:10.2f}"
             f"  {s['latency_p50_ms']:7.1f}/{s['latency_p99_ms']:<7.1f}"
             f"     {s['e2e_p50_ms']:6.1f}/{s['e2e_p99_ms']:<6.1f}")
+    if "worker" in summary and "worker-base" in summary:
+        after, before = summary["worker"], summary["worker-base"]
+        speedup = after["starts_per_s"] / before["starts_per_s"]
+        lines.append(f"\nworker / worker-base: {speedup:.2f}x"
+                     f" starts/s, CPU µs/start {before['cpu_us_per_start']:.1f} ->"
+                     f" {after['cpu_us_per_start']:.1f}")
+    loads = [r.loadavg for r in results if not r.error]
+    if loads:
+        lines.append(f"machine load (1 min) before the throughput phases: "
+                     f"{min(loads):.1f} .. {max(loads):.1f}")
     for r in results:
         if r.error:
             lines.append(f"\n{r.system} run {r.repeat} FAILED: {r.error}")
@@ -590,8 +612,11 @@ def main() -> None:
     parser.add_argument("--latency-rate", type=float, default=1_000.0,
                         help="starts/s during the latency measurement")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help="comma-separated subset of raw,worker,faust")
+    parser.add_argument("--systems", default="raw,worker,faust",
+                        help="comma-separated subset of raw,worker,worker-base,faust")
+    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
+                        help="a source tree (e.g. `git archive` of an older commit) whose "
+                             "sluicegate runs as the system worker-base")
     parser.add_argument("--note-bytes", type=int, default=0,
                         help="pad each payload with this many bytes")
     parser.add_argument("--partitions", type=int, default=Settings().partitions)
@@ -610,12 +635,17 @@ def main() -> None:
     args = parser.parse_args()
 
     systems = [s for s in args.systems.split(",") if s]
+    if args.baseline_tree is not None and "worker-base" not in systems:
+        systems.insert(systems.index("worker") + 1 if "worker" in systems else 0,
+                       "worker-base")
+    if "worker-base" in systems and args.baseline_tree is None:
+        parser.error("worker-base needs --baseline-tree")
     if "faust" in systems and not args.faust_python.exists():
         print(f"faust: skipped, no {args.faust_python} (see bench/README.md)")
         systems.remove("faust")
     opts = Options(args.starts, args.warmup, args.latency_starts, args.latency_rate,
                    args.repeats, args.note_bytes, args.timeout, args.faust_python,
-                   args.py_spy, args.keep_topics, args.logs)
+                   args.py_spy, args.keep_topics, args.logs, args.baseline_tree)
     maker = StartMaker(app)
     sample_key, sample_value = maker.make(WORKFLOW, 0, args.note_bytes)
     print(f"input: StartRequest {len(sample_value)} B value, {len(sample_key)} B key; "

@@ -74,7 +74,10 @@ def run(bootstrap: str, input_topic: str, output_topic: str, group: str) -> int:
 
     try:
         while not stop:
-            messages = consumer.consume(max_records, timeout=0.05)
+            # As the worker's loop (Worker.run_once): wait for one, take what is fetched.
+            first = consumer.poll(0.05)
+            messages = [] if first is None else [
+                first, *consumer.consume(max_records - 1, timeout=0)]
             for msg in messages:
                 error = msg.error()
                 if error is not None:

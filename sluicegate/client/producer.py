@@ -166,7 +166,7 @@ class _RunWatch:
         }))
         self.partition = self._partition(execution_id)
         tp = TopicPartition(topic, self.partition)
-        _, high = self._consumer.get_watermark_offsets(tp, timeout=10.0)
+        _, high = watermarks(self._consumer, tp)
         self._consumer.assign([TopicPartition(topic, self.partition, max(high, 0))])
 
     def _partition(self, execution_id: str) -> int:

@@ -11,7 +11,9 @@ from typing import Annotated
 import typer
 
 from sluicegate.config import Settings
+from sluicegate.ops.ledger_cli import app as ledger_app
 from sluicegate.ops.localkafka.cli import app as kafka_app
+from sluicegate.ops.workflows import app as workflows_app
 
 app = typer.Typer(
     name="sluicegate",
@@ -24,6 +26,8 @@ topics_app = typer.Typer(help="The topics sluicegate uses.", no_args_is_help=Tru
 topology_app = typer.Typer(help="The route each workflow's starts take.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 app.add_typer(topology_app, name="topology")
+app.add_typer(workflows_app, name="workflows")
+app.add_typer(ledger_app, name="ledger")
 
 Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
                                                envvar="SLUICEGATE_BOOTSTRAP")]

@@ -66,7 +66,7 @@ def _print(console: Console, row: LedgerRecord) -> None:
 
 
 def run_demo(port: int, app_module: str, per_second: float) -> None:
-    console = Console()
+    console = Console(soft_wrap=True)
     console.print(f"[bold]starting a local Kafka broker on 127.0.0.1:{port}[/] "
                   "(the first start fetches its jars with Maven)")
     broker = ensure_broker(port=port, controller_port=port + 1)

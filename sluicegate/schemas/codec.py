@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from importlib.resources import files
@@ -250,26 +251,35 @@ def fingerprint(cls: type[Record]) -> bytes:
 # accepts) behaves exactly as before.
 
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
-_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
 
 
 class _NotFast(Exception):
     """The fast path does not take this value or these bytes: fastavro decides."""
 
 
+_VARINTS: dict[int, bytes] = {}  # longs written lately: timestamps repeat within a batch
+
+
 def _long(n: int) -> bytes:
     """Avro's zig-zag varint of a long."""
-    if n.__class__ is not int or not _LONG_MIN <= n <= _LONG_MAX:
+    if n.__class__ is not int:  # before the lookup: True and 1.0 hash as 1
+        raise _NotFast
+    out = _VARINTS.get(n)
+    if out is not None:
+        return out
+    if not _LONG_MIN <= n <= _LONG_MAX:
         raise _NotFast
     z = (n << 1) ^ (n >> 63)
-    if z < 0x80:
-        return _ONE_BYTE[z]
-    out = bytearray()
+    groups = []
     while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
+        groups.append((z & 0x7F) | 0x80)
         z >>= 7
-    out.append(z)
-    return bytes(out)
+    groups.append(z)
+    out = bytes(groups)
+    if len(_VARINTS) >= 4096:
+        _VARINTS.clear()
+    _VARINTS[n] = out
+    return out
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:
@@ -298,8 +308,12 @@ class _Compiler:
 
     def __init__(self) -> None:
         self.names: dict[str, dict[str, Any]] = {}  # named types seen so far
-        self.env: dict[str, Any] = {"_long": _long, "_read_long": _read_long,
-                                    "_NotFast": _NotFast}
+        self.env: dict[str, Any] = {
+            "_long": _long, "_read_long": _read_long, "_NotFast": _NotFast,
+            "_LENGTHS": [bytes((2 * n,)) for n in range(64)],
+            "_pack_double": struct.Struct("<d").pack,
+            "_unpack_double": struct.Struct("<d").unpack_from,
+        }
         self.lines: list[str] = []
         self._n = 0
 
@@ -312,9 +326,16 @@ class _Compiler:
             return self.names[t]
         if isinstance(t, dict) and t.get("type") in ("record", "enum"):
             self.names[f"{t['namespace']}.{t['name']}"] = t
-        if isinstance(t, dict) and t.get("type") in ("long", "string", "bytes", "boolean"):
+        if isinstance(t, dict) and t.get("type") in ("long", "string", "bytes", "boolean",
+                                                     "double"):
             return t["type"]  # a primitive with a logicalType: timestamps stay ints
         return t
+
+    @staticmethod
+    def length(b: str, ind: str) -> list[str]:
+        # Most strings are shorter than 64 bytes: their length is one byte, from a table.
+        n = f"n_{b}"
+        return [f"{ind}{n} = len({b})", f"{ind}a(_LENGTHS[{n}] if {n} < 64 else _long({n}))"]
 
     # Each emitter writes code that encodes the Python value named `v` (appending to
     # `a`), or decodes one value into `v` from `data` at `pos`.
@@ -326,10 +347,13 @@ class _Compiler:
         if t == "string":
             b = self.fresh("b")
             return [f"{ind}if {v}.__class__ is not str: raise _NotFast",
-                    f"{ind}{b} = {v}.encode()", f"{ind}a(_long(len({b})))", f"{ind}a({b})"]
+                    f"{ind}{b} = {v}.encode()", *self.length(b, ind), f"{ind}a({b})"]
         if t == "bytes":
             return [f"{ind}if {v}.__class__ is not bytes: raise _NotFast",
-                    f"{ind}a(_long(len({v})))", f"{ind}a({v})"]
+                    *self.length(v, ind), f"{ind}a({v})"]
+        if t == "double":
+            return [f"{ind}if {v}.__class__ is not float: raise _NotFast",
+                    f"{ind}a(_pack_double({v}))"]
         if t == "boolean":
             return [f"{ind}if {v} is True: a(b'\\x01')",
                     f"{ind}elif {v} is False: a(b'\\x00')",
@@ -353,6 +377,15 @@ class _Compiler:
                     f"{ind}    for {item} in {v}:",
                     *self.enc(t["items"], item, ind + "        "),
                     f"{ind}a(b'\\x00')"]
+        if isinstance(t, dict) and t["type"] == "map":
+            key, value = self.fresh("k"), self.fresh("x")
+            return [f"{ind}if {v}.__class__ is not dict: raise _NotFast",
+                    f"{ind}if {v}:",
+                    f"{ind}    a(_long(len({v})))",
+                    f"{ind}    for {key}, {value} in {v}.items():",
+                    *self.enc("string", key, ind + "        "),
+                    *self.enc(t["values"], value, ind + "        "),
+                    f"{ind}a(b'\\x00')"]
         if isinstance(t, dict) and t["type"] == "record":
             cls = self.fresh("_cls")
             self.env[cls] = _python_type(f"{t['namespace']}.{t['name']}")
@@ -364,18 +397,30 @@ class _Compiler:
             return out
         raise _NotFast  # maps, doubles, fixed, ...: fastavro only
 
+    @staticmethod
+    def read_long(v: str, ind: str) -> list[str]:
+        # One-byte varints (lengths under 64, small numbers) inline; longer ones call.
+        return [f"{ind}{v} = data[pos]",
+                f"{ind}if {v} < 0x80:",
+                f"{ind}    {v} = ({v} >> 1) ^ -({v} & 1)",
+                f"{ind}    pos += 1",
+                f"{ind}else:",
+                f"{ind}    {v}, pos = _read_long(data, pos)"]
+
     def dec(self, t: Any, v: str, ind: str) -> list[str]:
         t = self.resolve(t)
         if t == "long":
-            return [f"{ind}{v}, pos = _read_long(data, pos)"]
+            return self.read_long(v, ind)
         if t in ("string", "bytes"):
             n = self.fresh("n")
-            out = [f"{ind}{n}, pos = _read_long(data, pos)",
+            out = [*self.read_long(n, ind),
                    f"{ind}if {n} < 0 or pos + {n} > len(data): raise _NotFast",
                    f"{ind}{v} = data[pos:pos + {n}]"]
             if t == "string":
                 out[-1] += ".decode()"
             return [*out, f"{ind}pos += {n}"]
+        if t == "double":
+            return [f"{ind}{v}, = _unpack_double(data, pos)", f"{ind}pos += 8"]
         if t == "boolean":
             return [f"{ind}{v} = data[pos]", f"{ind}pos += 1",
                     f"{ind}if {v} > 1: raise _NotFast", f"{ind}{v} = {v} == 1"]
@@ -404,6 +449,17 @@ class _Compiler:
                     f"{ind}    for _ in range({count}):",
                     *self.dec(t["items"], item, ind + "        "),
                     f"{ind}        {v}.append({item})"]
+        if isinstance(t, dict) and t["type"] == "map":
+            count, key, value = self.fresh("c"), self.fresh("k"), self.fresh("x")
+            return [f"{ind}{v} = {{}}",
+                    f"{ind}while True:",
+                    f"{ind}    {count}, pos = _read_long(data, pos)",
+                    f"{ind}    if {count} == 0: break",
+                    f"{ind}    if {count} < 0: raise _NotFast",
+                    f"{ind}    for _ in range({count}):",
+                    *self.dec("string", key, ind + "        "),
+                    *self.dec(t["values"], value, ind + "        "),
+                    f"{ind}        {v}[{key}] = {value}"]
         if isinstance(t, dict) and t["type"] == "record":
             cls = self.fresh("_cls")
             self.env[cls] = _python_type(f"{t['namespace']}.{t['name']}")

@@ -270,10 +270,21 @@ class Release:
     reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class IdentityAlias:
+    """sg.stage.identity (key: workflow \\x1f idempotency key): a start with that key was
+    collapsed by debounce or batch into another run; a repeat of the key now names that run."""
+
+    key: str
+    execution_id: str
+    request_id: str
+
+
 Record = (
     StartRequest
     | PendingStart
     | Release
+    | IdentityAlias
     | AdmittedStart
     | LedgerRecord
     | RunEvent

@@ -10,9 +10,14 @@ from sluicegate.declare import App
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import Stage
+from sluicegate.streams.stages.concurrency import ConcurrencyStage
+from sluicegate.streams.stages.defer import DeferStage
 from sluicegate.streams.stages.identity import IdentityStage
 from sluicegate.streams.stages.pause import PauseStage
+from sluicegate.streams.stages.ratelimit import RateLimitStage
 from sluicegate.streams.stages.runs import RunsStage
+from sluicegate.streams.stages.singleton import SingletonStage
+from sluicegate.streams.stages.throttle import ThrottleStage
 
 
 @dataclass(slots=True)
@@ -28,6 +33,11 @@ def build_pipeline(app: App, settings: Settings) -> Pipeline:
     stages: list[Stage] = [
         IdentityStage(app, settings.partitions, router),
         PauseStage(app, settings.partitions, router),
+        DeferStage(app, router),
+        SingletonStage(router),
+        ConcurrencyStage(app, router, settings.deployment_cap),
+        RateLimitStage(app, router),
+        ThrottleStage(app, router),
         RunsStage(app, router),
     ]
     return Pipeline(stages, router, control)

@@ -6,6 +6,7 @@ the same transaction as its effect, and a caller that asked to wait always hears
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 from sluicegate.schemas import codec
@@ -20,11 +21,21 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.stage import InputRecord, StageContext
 
 _EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
+_EXECUTION_SHA1 = hashlib.sha1(_EXECUTION_NS.bytes, usedforsecurity=False)
 
 
 def execution_id_for(workflow: str, request_id: str) -> str:
-    """Deterministic, so a replayed decision names the same execution."""
-    return str(uuid.uuid5(_EXECUTION_NS, f"{workflow}\x1f{request_id}"))
+    """Deterministic, so a replayed decision names the same execution.
+
+    `str(uuid.uuid5(_EXECUTION_NS, f"{workflow}\\x1f{request_id}"))`, computed without
+    the UUID object (a third of the cost; tests/unit/test_codec_fast.py checks they agree)."""
+    h = _EXECUTION_SHA1.copy()
+    h.update(f"{workflow}\x1f{request_id}".encode())
+    d = h.digest()
+    # RFC 4122: version 5 in the high nibble of byte 6, the variant in byte 8.
+    x = (d[:6] + bytes(((d[6] & 0x0F) | 0x50,)) + d[7:8] + bytes(((d[8] & 0x3F) | 0x80,))
+         + d[9:16]).hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def request_id_for(record: InputRecord) -> str:

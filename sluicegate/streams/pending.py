@@ -30,6 +30,8 @@ _COUNT = STATE_PREFIX + b"N"
 _SEQ = STATE_PREFIX + b"S"
 _LANES = STATE_PREFIX + b"L"
 _LAST = STATE_PREFIX + b"Z"
+_TOTAL = STATE_PREFIX + b"M"
+_TURN = STATE_PREFIX + b"R"
 
 
 def _sortable(value: float) -> bytes:
@@ -88,6 +90,10 @@ class PendingQueue:
 
     def push(self, start: PendingStart, mode: str = "strict") -> int:
         """Park `start`; returns its position (0 = next out)."""
+        return self.park(start, mode)[1]
+
+    def park(self, start: PendingStart, mode: str = "strict") -> tuple[Parked, int]:
+        """Park `start`; returns its row (to remove it later) and its position."""
         raw = self.tx.get(self._seq_key)
         seq = int(raw) + 1 if raw else 0
         self.tx.put(self._seq_key, str(seq).encode())
@@ -98,15 +104,16 @@ class PendingQueue:
         # The last row ever pushed bounds the queue from above (removals only lower the
         # real maximum), so a newcomer past it is last without a scan: the FIFO case.
         last = self.tx.get(self._last_key)
+        parked = Parked(row, start)
         if count == 0 or last is None or row > last:
             self.tx.put(self._last_key, row)
-            return count
+            return parked, count
         position = 0
         for key, _ in self.tx.items(self._prefix):
             if key >= row:
                 break
             position += 1
-        return position
+        return parked, position
 
     def peek(self) -> Parked | None:
         for key, value in self.tx.items(self._prefix):
@@ -135,25 +142,41 @@ class PendingQueue:
 
 
 class FairQueue:
-    """Queues per lane inside one budget, served best-priority first, then round-robin."""
+    """Queues per lane inside one budget, served best-priority first, then round-robin.
 
-    __slots__ = ("_lanes_prefix", "budget", "mode", "tx")
+    Within a lane the queue's rank decides (strict or age). Across lanes the heads compete
+    by their priority value alone, then by the turn their lane was last served: so in age
+    mode too a lane that has waited the longest in arrival terms cannot starve the others
+    (docs/decisions/fairness-across-keys.md).
+    """
+
+    __slots__ = ("_lanes_prefix", "_total_key", "_turn_key", "budget", "mode", "tx")
 
     def __init__(self, tx: StoreTransaction, budget: bytes, mode: str = "strict") -> None:
         self.tx = tx
         self.budget = budget
         self.mode = mode
-        self._lanes_prefix = _LANES + _name(budget)
+        named = _name(budget)
+        self._lanes_prefix = _LANES + named
+        self._total_key = _TOTAL + named
+        self._turn_key = _TURN + named
 
     def lane(self, lane: str) -> PendingQueue:
         return PendingQueue(self.tx, self.budget + b"\x1f" + lane.encode())
 
     def push(self, lane: str, start: PendingStart) -> int:
         """Park `start` in its lane; returns its position in that lane."""
+        return self.park(lane, start)[1]
+
+    def park(self, lane: str, start: PendingStart) -> tuple[Parked, int]:
+        """Park `start` in its lane; returns its row and its position in that lane."""
         marker = self._lanes_prefix + lane.encode()
         if self.tx.get(marker) is None:
-            self.tx.put(marker, b"0")
-        return self.lane(lane).push(start, self.mode)
+            # A new lane joins the round behind every lane already waiting (as if served
+            # just now): a lane that empties and refills cannot jump the queue.
+            self.tx.put(marker, self.tx.get(self._turn_key) or b"0")
+        self._add(1)
+        return self.lane(lane).park(start, self.mode)
 
     def lanes(self) -> list[tuple[str, int]]:
         """(lane, last served turn) for every lane with starts waiting."""
@@ -163,17 +186,26 @@ class FairQueue:
         ]
 
     def __len__(self) -> int:
-        return sum(len(self.lane(name)) for name, _ in self.lanes())
+        raw = self.tx.get(self._total_key)
+        return int(raw) if raw else 0
+
+    def _add(self, n: int) -> None:
+        total = len(self) + n
+        if total:
+            self.tx.put(self._total_key, str(total).encode())
+        else:
+            self.tx.delete(self._total_key)
+            self.tx.delete(self._turn_key)
 
     def next(self) -> tuple[str, Parked] | None:
-        """The start to serve next: the best head by rank; among equal ranks, the lane
-        served least recently."""
+        """The start to serve next: the head with the highest priority; among equal
+        priorities, the lane served least recently."""
         best: tuple[float, int, str, Parked] | None = None
         for name, turn in self.lanes():
             head = self.lane(name).peek()
             if head is None:
                 continue
-            candidate = (rank(head.start, self.mode), turn, name, head)
+            candidate = (-head.start.priority, turn, name, head)
             if best is None or candidate[:2] < best[:2]:
                 best = candidate
         if best is None:
@@ -182,11 +214,23 @@ class FairQueue:
 
     def take(self, lane: str, parked: Parked) -> None:
         """Remove a served start and move its lane to the back of the round."""
+        raw = self.tx.get(self._turn_key)
+        turn = str(int(raw) + 1 if raw else 1).encode()
+        self.tx.put(self._turn_key, turn)
+        if self._remove(lane, parked):
+            self.tx.put(self._lanes_prefix + lane.encode(), turn)
+
+    def remove(self, lane: str, parked: Parked) -> None:
+        """Remove a start that was not served (it expired, its workflow went away): its
+        lane keeps its place in the round."""
+        self._remove(lane, parked)
+
+    def _remove(self, lane: str, parked: Parked) -> bool:
+        """Whether the lane still has starts waiting after removing `parked`."""
         queue = self.lane(lane)
         queue.remove(parked)
-        marker = self._lanes_prefix + lane.encode()
+        self._add(-1)
         if len(queue) == 0:
-            self.tx.delete(marker)
-            return
-        turns = [turn for _, turn in self.lanes()]
-        self.tx.put(marker, str(max(turns) + 1).encode())
+            self.tx.delete(self._lanes_prefix + lane.encode())
+            return False
+        return True

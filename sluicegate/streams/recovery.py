@@ -44,7 +44,6 @@ def restore_task(task: Task, consumer: Consumer, topics: Topics, timeout_s: floa
         if start < high:
             replayed += _replay(store, consumer, TopicPartition(tp.topic, tp.partition, start),
                                 high, timeout_s)
-        state.stage.restored(state.ctx)
     return replayed
 
 

@@ -22,6 +22,8 @@ from sluicegate.schemas.records import (
     Origin,
     Outcome,
     PendingStart,
+    Release,
+    ReleaseKind,
     Slot,
     StartRequest,
 )
@@ -31,6 +33,9 @@ from sluicegate.streams.stage import StageContext
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
 
 PAUSE_STAGE = "pause"
+REMOVED = "workflow removed from the declarations"
+# Stages that hand out a budget (a throttle turn, a slot): a paused start waits before them.
+_BUDGET_STAGES = {"throttle", "concurrency"}
 # A hop's control, by the name the origin matrix knows it under.
 _CONTROL = {
     "idempotency": "idempotency", "rateLimit": "rate_limit", "debounce": "debounce",
@@ -68,12 +73,21 @@ class Router:
         origin (seed 003's matrix), or admitted when none is left."""
         route = self.routes.get(start.workflow)
         wf = self.app.get(start.workflow)
+        if route is None or wf is None:
+            self.fail(ctx, start, Outcome.failed, REMOVED)
+            return
         nxt = start.hop + 1
-        if route is not None:
-            while nxt < len(route.hops) and not applies(_CONTROL[route.hops[nxt].control],
+        while nxt < len(route.hops) and not applies(_CONTROL[route.hops[nxt].control],
                                                         start.origin):
                 nxt += 1
-        if route is None or wf is None or nxt >= len(route.hops):
+        last = nxt >= len(route.hops)
+        if self.paused(start.workflow) and ctx.stage != PAUSE_STAGE and (
+                last or route.hops[nxt].stage in _BUDGET_STAGES):
+            # Paused: wait before taking a throttle turn or a slot (a paused member of a
+            # pool must not sit on the pool's slots), or before admission.
+            self.park_paused(ctx, start)
+            return
+        if last:
             self.admit(ctx, start)
             return
         hop = route.hops[nxt]
@@ -91,12 +105,13 @@ class Router:
             # A key that cannot be evaluated is the text null (seed 003), not a lost start.
             return f"{hop.budget}\x1fnull"
 
+    def park_paused(self, ctx: StageContext, start: PendingStart) -> None:
+        """Send `start` to the pause stage, which forwards it from where it is on unpause."""
+        ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start))
+        self.queued(ctx, start, deferral="pause", key=start.workflow)
+
     def admit(self, ctx: StageContext, start: PendingStart) -> None:
-        """Admit now, unless the workflow is paused: then it waits in the pause stage."""
-        if self.paused(start.workflow) and ctx.stage != PAUSE_STAGE:
-            ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start))
-            self.queued(ctx, start, deferral="pause", key=start.workflow)
-            return
+        """Admit now (`forward` has already checked the pause table)."""
         now = ctx.now_ms
         admit(ctx, AdmittedStart(
             execution_id=start.execution_id, workflow=start.workflow, payload=start.payload,
@@ -146,9 +161,17 @@ class Router:
         """A queued start that will never run (timeouts.start, its workflow removed): the
         ledger says why, and its onFailure workflow is started with the failure report."""
         self.decide(ctx, start, outcome, key=key, reason=reason)
+        self.give_back(ctx, start, reason)
         self.notify_failure(ctx, workflow=start.workflow, on_failure=start.on_failure,
                             payload=start.payload, reason=reason, execution_id=None,
                             tag=f"{outcome.value}:{start.request_id}")
+
+    @staticmethod
+    def give_back(ctx: StageContext, start: PendingStart, reason: str) -> None:
+        """A start that will never run gives back the holds it took on its way (an earlier
+        limit's slot, a singleton hold, an identity key with a ttl)."""
+        release_slots(ctx, start.execution_id, start.workflow, start.slots,
+                      ReleaseKind.ended, reason)
 
     def notify_failure(self, ctx: StageContext, *, workflow: str, on_failure: str | None,
                        payload: bytes, reason: str, execution_id: str | None,
@@ -178,6 +201,18 @@ class Router:
 
     def is_failure_handler(self, workflow: str) -> bool:
         return any(wf.on_failure == workflow for wf in self.app.workflows.values())
+
+
+def release_slots(ctx: StageContext, execution_id: str, workflow: str, slots: list[Slot],
+                  kind: ReleaseKind, reason: str | None, stages: set[str] | None = None) -> None:
+    """Send a Release for each of `slots` (or those on `stages`) to the stage that owns it."""
+    for slot in slots:
+        if stages is not None and slot.stage not in stages:
+            continue
+        ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(Release(
+            stage=slot.stage, key=slot.key, execution_id=execution_id, workflow=workflow,
+            kind=kind, at_ms=ctx.now_ms, reason=reason,
+        )))
 
 
 def with_slot(start: PendingStart, stage: str, key: str) -> PendingStart:

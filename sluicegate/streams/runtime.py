@@ -160,7 +160,11 @@ class Worker:
     # -- the loop --------------------------------------------------------------------
 
     def run_once(self, timeout_s: float = 0.05) -> None:
-        messages = self.consumer.consume(self.settings.commit_max_records, timeout=timeout_s)
+        # Wait for one record, then take what is already fetched: consume(n, timeout) alone
+        # would hold a lone record for the whole timeout waiting for n of them.
+        first = self.consumer.poll(timeout_s)
+        messages = [] if first is None else [
+            first, *self.consumer.consume(self.settings.commit_max_records - 1, timeout=0)]
         try:
             for msg in messages:
                 error = msg.error()
@@ -331,6 +335,11 @@ class Worker:
             replayed = restore_task(task, self.restorer, self.topics)
             log.info("partition %d assigned, %d changelog records replayed", partition, replayed)
             self.tasks[partition] = task
+            # In a transaction, so a stage can act on what it finds (fail the starts of a
+            # workflow that is no longer declared, say).
+            self._begin()
+            for state in task.stateful():
+                state.stage.restored(state.ctx)
 
     def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Commit what is done so the next owner starts exactly where this one stopped.

@@ -94,7 +94,8 @@ class Stage(ABC):
         """A timer this stage scheduled is due; the runtime has already removed it."""
 
     def restored(self, ctx: StageContext) -> None:  # noqa: B027 - an optional hook
-        """The partition's store is restored and about to process (rebuild caches here)."""
+        """The partition's store is restored and about to process; runs in the current
+        transaction, so it may send (e.g. fail starts of a workflow no longer declared)."""
 
     def control_changed(self, ctx: StageContext, row: ControlRow) -> None:  # noqa: B027
         """A control row changed (a workflow paused or unpaused), seen by every task."""

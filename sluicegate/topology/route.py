@@ -54,13 +54,17 @@ def _identity_hop(wf: Workflow) -> Hop:
 
 
 def _concurrency_hops(wf: Workflow, deployment_cap: int) -> list[Hop]:
+    # A workflow's own second limit gets a budget of its own, so its keys never meet the
+    # first limit's (an unkeyed limit and a key whose text is empty would).
     hops = [
-        Hop("concurrency", "concurrency", limit.shared_budget or wf.name, limit.key, index)
+        Hop("concurrency", "concurrency",
+            limit.shared_budget or (wf.name if index == 0 else f"{wf.name}#{index}"),
+            limit.key, index)
         for index, limit in enumerate(wf.concurrency)
     ]
     # The narrower limit is taken first, so a start never holds a shared slot while it
     # waits for its own key's slot: keyed limits before unkeyed ones, own before shared.
-    hops.sort(key=lambda h: (h.key is None, h.budget != wf.name))
+    hops.sort(key=lambda h: (h.key is None, h.budget.startswith(("pool:", "key:"))))
     if deployment_cap:
         hops.append(Hop("concurrency", "deployment cap", DEPLOYMENT_BUDGET, None, -1))
     return hops

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class TopicReader:
+class TopicReader(Generic[T]):
     """Reads every partition of a topic from the start, read_committed, decoding as `cls`."""
 
     def __init__(self, settings: Settings, topic: str, cls: type[T]) -> None:

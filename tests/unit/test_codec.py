@@ -54,6 +54,7 @@ PINNED_FINGERPRINTS = {
     "DeadLetter": "41bf56937f62f2fd",
     "EngineCommand": "0d0500815e3a9f47",
     "FailureReportRecord": "bd0c4f1464eeddb1",
+    "IdentityAlias": "5477608d3edd6039",
     "LedgerRecord": "15b3363074c5d885",
     "PendingStart": "b777d6c986184f76",
     "Release": "465edb096de24533",

@@ -26,6 +26,7 @@ from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    IdentityAlias,
     LedgerRecord,
     Outcome,
     PendingStart,
@@ -135,9 +136,16 @@ class IdentityStage(Stage):
                 start = codec.decode(StartRequest, record.value)
             else:
                 # Its own topic carries re-keyed starts and the releases of ttl keys.
-                message = codec.decode_one_of((StartRequest, Release), record.value)
+                message = codec.decode_one_of((StartRequest, Release, IdentityAlias),
+                                              record.value)
                 if isinstance(message, Release):
                     self._release(ctx, message)
+                    return
+                if isinstance(message, IdentityAlias):
+                    # Collapsed by debounce or batch: a repeat of the key names the run
+                    # that absorbed it (SPEC.md section 3, step 1).
+                    ctx.store.put(STATE_PREFIX + message.key.encode(), IdentityRow(
+                        message.execution_id, message.request_id).encode())
                     return
                 start = message
         except codec.DecodeError as exc:

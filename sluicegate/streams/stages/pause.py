@@ -1,9 +1,9 @@
 """Pause: while a workflow is paused its starts collect here, never discarded; unpause
 drains them in priority order (SPEC.md section 3).
 
-Only a paused workflow's starts take this detour (at the moment they would be
-admitted), keyed by workflow, so all of one workflow's paused starts wait in one
-priority-ordered queue and drain in one order.
+Only a paused workflow's starts take this detour — just before a throttle or concurrency
+hop, or admission — keyed by workflow, so all of one workflow's paused starts wait in one
+priority-ordered queue and drain in one order, each going on from the hop it stopped at.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class PauseStage(Stage):
             queue.push(start, self._mode(start.workflow))
             return
         # Unpaused while it was on its way here.
-        self.router.admit(ctx, start)
+        self.router.forward(ctx, start)
 
     def control_changed(self, ctx: StageContext, row: ControlRow) -> None:
         if row.paused or partition_for(row.workflow.encode(), self.partitions) != ctx.partition:
@@ -59,4 +59,4 @@ class PauseStage(Stage):
             start = queue.pop()
             if start is None:
                 return
-            self.router.admit(ctx, start)
+            self.router.forward(ctx, start)

@@ -5,19 +5,36 @@ the engine reports that a run ended, every slot the run holds (a concurrency slo
 singleton hold, an identity key with a ttl) is released on the partition that owns it;
 when it reports `suspended`, concurrency slots are offered back (a steps-mode limit
 frees them), and a `resumed` run in steps mode asks its concurrency hop to re-admit it.
+
+Two backstops bound an admitted run (docs/decisions/run-backstops.md):
+
+- `timeouts.finish`: a run that has not ended `finish` after admission is cancelled (an
+  engine command), recorded failed, its slots released (`expired`), and its onFailure
+  workflow started;
+- the lease, when no `finish` is declared: a run holding concurrency slots that reports
+  nothing (no heartbeat, no lifecycle event) for the limit's `lease` gives its
+  concurrency slots back (`expired`), and the ledger says so (`lease_expired`).
+
+An engine-reported failure starts the onFailure workflow too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+from dataclasses import dataclass
 
-from sluicegate.declare import App
+from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    CommandKind,
+    EngineCommand,
+    LedgerRecord,
     Origin,
+    Outcome,
     PendingStart,
     Release,
     ReleaseKind,
@@ -26,18 +43,31 @@ from sluicegate.schemas.records import (
     RunRow,
     RunStatus,
 )
-from sluicegate.streams.decisions import reject
+from sluicegate.streams.decisions import record_decision, reject
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 
+log = logging.getLogger(__name__)
+
 NAME = "runs"
 _RUN = STATE_PREFIX + b"R"
 _EARLY = STATE_PREFIX + b"E"
+_BACKSTOP = STATE_PREFIX + b"B"
+# Timer keys, by kind, then the execution id.
+_FINISH = b"F"
+_LEASE = b"L"
 
 ENDED = {RunStatus.completed, RunStatus.failed, RunStatus.cancelled}
 LIVE = {RunStatus.admitted, RunStatus.running, RunStatus.suspended}
+# What a slot lease covers: the crash backstop of SPEC.md is a concurrency rule (the
+# deployment cap's slots live on the concurrency stage too).
+LEASED_STAGE = "concurrency"
+# A run of a workflow with no concurrency limit of its own can still hold a slot of the
+# deployment-wide cap; it gets the same default as a limit's `lease`.
+DEFAULT_LEASE_MS = 3_600_000
+FINISH_REASON = "timeouts.finish"
 
 _STATUS_OF = {
     RunEventKind.started: RunStatus.running,
@@ -75,6 +105,89 @@ def apply_event(row: RunRow, event: RunEvent) -> RunRow:
         else row.retries_spent,
         run_id=event.run_id or row.run_id,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Backstop:
+    """The deadlines of one live run: `finish_at_ms` (timeouts.finish) never moves; the
+    lease (`lease_until_ms`, `lease_ms` long) moves forward each time the run reports."""
+
+    finish_at_ms: int | None = None
+    lease_ms: int | None = None
+    lease_until_ms: int | None = None
+
+    def encode(self) -> bytes:
+        return "\x1f".join("" if v is None else str(v) for v in
+                           (self.finish_at_ms, self.lease_ms, self.lease_until_ms)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Backstop:
+        finish, lease, until = (int(v) if v else None for v in raw.decode().split("\x1f"))
+        return cls(finish, lease, until)
+
+    @property
+    def idle(self) -> bool:
+        return self.finish_at_ms is None and self.lease_ms is None
+
+
+def holds_lease(row: RunRow, steps_mode: bool) -> bool:
+    """Whether the run holds a concurrency slot right now: a steps-mode run that is
+    suspended gave its slots back (and is re-admitted before it resumes)."""
+    if steps_mode and row.status is RunStatus.suspended:
+        return False
+    return any(slot.stage == LEASED_STAGE for slot in row.slots)
+
+
+def backstop_for(admitted_at_ms: int, finish_ms: int | None, lease_ms: int,
+                 holding: bool) -> Backstop:
+    """A newly admitted run's deadlines. `finish` is the tighter backstop and replaces the
+    lease (SPEC.md: freed after timeouts.finish, else after the lease); a run holding no
+    concurrency slot has no lease to run out."""
+    if finish_ms is not None:
+        return Backstop(finish_at_ms=admitted_at_ms + finish_ms)
+    if not holding:
+        return Backstop()
+    return Backstop(lease_ms=lease_ms, lease_until_ms=admitted_at_ms + lease_ms)
+
+
+def alive(backstop: Backstop, holding: bool, now_ms: int) -> Backstop:
+    """The run reported in at `now_ms`: while it holds a concurrency slot its lease runs
+    `lease_ms` from now (never shorter than before); the finish deadline never moves."""
+    if backstop.lease_ms is None:
+        return backstop
+    if not holding:
+        return dataclasses.replace(backstop, lease_until_ms=None)
+    return dataclasses.replace(backstop, lease_until_ms=max(
+        now_ms + backstop.lease_ms, backstop.lease_until_ms or 0))
+
+
+def finished_late(row: RunRow, now_ms: int, reason: str) -> RunRow:
+    """The run row once timeouts.finish has cancelled the run (an ended run stays as is)."""
+    if row.status in ENDED:
+        return row
+    return dataclasses.replace(row, status=RunStatus.failed, updated_at_ms=now_ms,
+                               ended_at_ms=now_ms, last_reason=reason)
+
+
+def lease_lapsed(row: RunRow, now_ms: int, reason: str) -> RunRow:
+    """The run row once its leased slots are freed: it no longer holds them (so its end
+    does not release them again), and it stays what it was otherwise."""
+    return dataclasses.replace(row, slots=[s for s in row.slots if s.stage != LEASED_STAGE],
+                               updated_at_ms=now_ms, last_reason=reason)
+
+
+def failure_reason(event: RunEvent) -> str:
+    if event.retries_spent is not None:
+        return f"retries exhausted ({event.retries_spent})"
+    return "the engine reported the run failed"
+
+
+def lease_of(wf: Workflow | None) -> int:
+    """The shortest lease among the workflow's concurrency limits (its slots are freed
+    together), or the default for a run that holds only a deployment-cap slot."""
+    if wf is None or not wf.concurrency:
+        return DEFAULT_LEASE_MS
+    return min(limit.lease_ms for limit in wf.concurrency)
 
 
 # -- the stage -----------------------------------------------------------------------
@@ -128,15 +241,25 @@ class RunsStage(Stage):
         if admitted.kind is AdmittedKind.resume:
             if row is None:
                 return
+            if row.status in ENDED:
+                # It ended (timeouts.finish) while it waited to be re-admitted: the slots
+                # taken for the resume go straight back.
+                self.release(ctx, dataclasses.replace(row, slots=list(admitted.slots)),
+                             ReleaseKind.ended, row.last_reason)
+                return
             held = {(s.stage, s.key) for s in row.slots}
             slots = [*row.slots, *(s for s in admitted.slots if (s.stage, s.key) not in held)]
-            self.save(ctx, dataclasses.replace(row, status=RunStatus.running, slots=slots,
-                                               updated_at_ms=admitted.admitted_at_ms))
+            resumed = dataclasses.replace(row, status=RunStatus.running, slots=slots,
+                                          updated_at_ms=admitted.admitted_at_ms)
+            self.save(ctx, resumed)
+            # Re-admitted with fresh concurrency slots: their lease starts now.
+            self._reported(ctx, resumed)
             return
         if row is not None:
             return
         row = admitted_row(admitted)
         self.save(ctx, row)
+        self._arm(ctx, row)
         early = _EARLY + admitted.execution_id.encode() + b"\x1f"
         for key, value in list(ctx.store.items(early)):
             ctx.store.delete(key)
@@ -158,17 +281,133 @@ class RunsStage(Stage):
         if updated.status in ENDED:
             self.release(ctx, updated, ReleaseKind.ended, updated.last_reason)
             self.ended(ctx, updated, event)
-        elif updated.status is RunStatus.suspended:
+            return
+        if updated.status is RunStatus.suspended:
             self.release(ctx, updated, ReleaseKind.suspended, event.reason,
                          stages={"concurrency"})
+        self._reported(ctx, updated)
 
-    # -- hooks for the lease, finish timeout and onFailure ------------------------------
+    # -- the lease, the finish timeout and onFailure ------------------------------------
 
     def heartbeat(self, ctx: StageContext, row: RunRow, event: RunEvent) -> None:
-        """A live run says it is alive (extends its slot leases)."""
+        """A live run says it is alive: its slot lease runs on from now."""
+        self._reported(ctx, row)
 
     def ended(self, ctx: StageContext, row: RunRow, event: RunEvent | None) -> None:
-        """The run ended (onFailure is started from here for a failed run)."""
+        """The run ended: its deadlines go, and a failure reported by the engine starts the
+        workflow's onFailure handler with the failure report."""
+        self._disarm(ctx, row.execution_id)
+        if event is None or event.kind is not RunEventKind.failed:
+            return
+        self._notify(ctx, row, failure_reason(event), "failed", error_tag=event.error_tag,
+                     error_message=event.error_message)
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        execution_id = key[1:].decode()
+        row = self.load(ctx, execution_id)
+        raw = ctx.store.get(_BACKSTOP + key[1:])
+        if row is None or raw is None or row.status in ENDED:
+            return
+        backstop = Backstop.decode(raw)
+        if key.startswith(_FINISH) and backstop.finish_at_ms == due_ms:
+            self._finish_expired(ctx, row, backstop.finish_at_ms)
+        elif key.startswith(_LEASE) and backstop.lease_until_ms == due_ms:
+            self._lease_expired(ctx, row, backstop)
+
+    def _finish_expired(self, ctx: StageContext, row: RunRow, finish_at_ms: int) -> None:
+        took = format_duration(finish_at_ms - row.admitted_at_ms)
+        reason = f"{FINISH_REASON}: the run did not end within {took} of its admission"
+        failed = finished_late(row, ctx.now_ms, reason)
+        ctx.send(ctx.topics.commands, row.execution_id.encode(), codec.encode(EngineCommand(
+            command_id=f"{FINISH_REASON}:{row.execution_id}", execution_id=row.execution_id,
+            workflow=row.workflow, kind=CommandKind.cancel, issued_at_ms=ctx.now_ms,
+            reason=reason,
+        )))
+        self.save(ctx, failed)
+        self.release(ctx, failed, ReleaseKind.expired, reason)
+        self._ledger(ctx, failed, "finish", Outcome.failed, reason)
+        self._disarm(ctx, row.execution_id)
+        self._notify(ctx, failed, FINISH_REASON, "finish", error_message=reason)
+
+    def _lease_expired(self, ctx: StageContext, row: RunRow, backstop: Backstop) -> None:
+        assert backstop.lease_ms is not None
+        silent = format_duration(backstop.lease_ms)
+        reason = (f"lease expired: the run sent no heartbeat or lifecycle report for {silent}"
+                  "; its concurrency slots are freed (the engine may have lost it)")
+        self.save(ctx, lease_lapsed(row, ctx.now_ms, reason))
+        self.release(ctx, row, ReleaseKind.expired, reason, stages={LEASED_STAGE})
+        self._ledger(ctx, row, f"lease:{backstop.lease_until_ms}", Outcome.lease_expired,
+                     reason)
+        # Nothing is leased any more; a steps-mode re-admission arms the lease again.
+        self._store_backstop(ctx, row.execution_id, backstop,
+                             dataclasses.replace(backstop, lease_until_ms=None))
+
+    def _ledger(self, ctx: StageContext, row: RunRow, what: str, outcome: Outcome,
+                reason: str) -> None:
+        """A ledger row about a run rather than a start request: its request id is
+        `run:<execution id>:<what>`, so no request gets a second final outcome
+        (docs/decisions/run-backstops.md)."""
+        now = ctx.now_ms
+        record_decision(ctx, LedgerRecord(
+            request_id=f"run:{row.execution_id}:{what}", workflow=row.workflow,
+            outcome=outcome, requested_at_ms=row.admitted_at_ms, decided_at_ms=now,
+            waited_ms=max(0, now - row.admitted_at_ms), stage=self.name, reason=reason,
+            execution_id=row.execution_id, declaration_version=row.declaration_version,
+            key=", ".join(s.key for s in row.slots if s.stage == LEASED_STAGE) or None,
+        ), None)
+
+    def _notify(self, ctx: StageContext, row: RunRow, reason: str, what: str, *,
+                error_tag: str | None = None, error_message: str | None = None) -> None:
+        if self.router.is_failure_handler(row.workflow):
+            # No onFailure for an onFailure: one line in the log is the floor.
+            log.warning("failure handler %s failed (run %s, %s): %s; not reported again",
+                        row.workflow, row.execution_id, reason, error_message)
+            return
+        wf = self.app.get(row.workflow)
+        self.router.notify_failure(
+            ctx, workflow=row.workflow, on_failure=wf.on_failure if wf is not None else None,
+            payload=row.payload, reason=reason, execution_id=row.execution_id,
+            run_id=row.run_id, error_tag=error_tag, error_message=error_message,
+            tag=f"{what}:{row.execution_id}")
+
+    # -- deadlines: a row and its timers ------------------------------------------------
+
+    def _arm(self, ctx: StageContext, row: RunRow) -> None:
+        wf = self.app.get(row.workflow)
+        finish_ms = wf.timeouts.finish_ms if wf is not None and wf.timeouts else None
+        holding = holds_lease(row, self._needs_readmission(row))
+        self._store_backstop(ctx, row.execution_id, None,
+                             backstop_for(row.admitted_at_ms, finish_ms, lease_of(wf), holding))
+
+    def _reported(self, ctx: StageContext, row: RunRow) -> None:
+        raw = ctx.store.get(_BACKSTOP + row.execution_id.encode())
+        if raw is None:
+            return
+        old = Backstop.decode(raw)
+        holding = holds_lease(row, self._needs_readmission(row))
+        self._store_backstop(ctx, row.execution_id, old, alive(old, holding, ctx.now_ms))
+
+    def _store_backstop(self, ctx: StageContext, execution_id: str, old: Backstop | None,
+                        new: Backstop) -> None:
+        ident = execution_id.encode()
+        old = old or Backstop()
+        for kind, before, after in ((_FINISH, old.finish_at_ms, new.finish_at_ms),
+                                    (_LEASE, old.lease_until_ms, new.lease_until_ms)):
+            if before == after:
+                continue
+            if before is not None:
+                ctx.timers.cancel(before, kind + ident)
+            if after is not None:
+                ctx.timers.schedule(after, kind + ident)
+        if new.idle:
+            ctx.store.delete(_BACKSTOP + ident)
+        else:
+            ctx.store.put(_BACKSTOP + ident, new.encode())
+
+    def _disarm(self, ctx: StageContext, execution_id: str) -> None:
+        raw = ctx.store.get(_BACKSTOP + execution_id.encode())
+        if raw is not None:
+            self._store_backstop(ctx, execution_id, Backstop.decode(raw), Backstop())
 
     # -- releases ------------------------------------------------------------------------
 
@@ -203,6 +442,8 @@ class RunsStage(Stage):
             priority=wf.priority.value(json.loads(row.payload)) if wf.priority else 0.0,
             slots=kept,
         )
-        self.save(ctx, dataclasses.replace(row, slots=kept, updated_at_ms=ctx.now_ms))
+        updated = dataclasses.replace(row, slots=kept, updated_at_ms=ctx.now_ms)
+        self.save(ctx, updated)
+        # Waiting for its slot again holds no lease (the resume record re-arms it).
+        self._reported(ctx, updated)
         self.router.forward(ctx, resume)
-

@@ -1,0 +1,445 @@
+"""Concurrency: at most `limit` runs in flight per key, across every worker (SPEC.md
+section 3, steps 6 and 7).
+
+Each hop of a workflow's route that is a concurrency limit (its own, a pool, a shared key
+expression, or the deployment-wide cap) arrives here keyed by `budget \\x1f key text`, so
+one task owns one budget key and its count of slots held is exact whatever the number of
+workers. A start that finds a free slot takes it (a `Slot` on the start, released by the
+runs stage when the run ends) and goes on; the excess waits in the key's queue and is
+admitted as slots free. The queue is a FairQueue: round-robin across the lanes that share
+the key (docs/decisions/fairness-across-keys.md), by priority within a lane.
+
+A `steps`-mode slot is also given back while the run is suspended; the run must then be
+re-admitted here (a `resume` start) before it resumes. Over `max_queued` a start is
+dropped (`queue-full`); one waiting longer than `timeouts.start` expires; one whose
+workflow left the declarations while it waited fails.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    Outcome,
+    PendingStart,
+    Release,
+    ReleaseKind,
+)
+from sluicegate.streams.decisions import reject
+from sluicegate.streams.pending import FairQueue, Parked
+from sluicegate.streams.routing import Router, with_slot
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
+from sluicegate.topology.topics import Topics
+
+NAME = "concurrency"
+REMOVED = "workflow removed from the declarations"
+
+# Rows of this stage (the FairQueue rows have letters of their own in streams/pending.py).
+_HOLDER = STATE_PREFIX + b"H"   # + key + execution id -> workflow \x1f limit index
+_HELD = STATE_PREFIX + b"C"     # + key -> number of slots held
+_WAITING = STATE_PREFIX + b"W"  # + key + execution id -> lane + queue row
+# Timers.
+_EXPIRE = b"X"                  # + key + execution id: its timeouts.start
+_SWEEP = b"R"                   # after a restore: removed workflows, raised limits
+
+# -- the pure core -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """What one hop enforces: its limit, its mode, and how many may wait per key."""
+
+    limit: int
+    mode: str = "runs"
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """One key of one budget: slots held and starts waiting."""
+
+    held: int
+    waiting: int
+
+
+class Verdict(StrEnum):
+    take = "take"      # a slot is free and nobody waits before it: take it, go on
+    keep = "keep"      # it holds this key's slot already (a resume of a runs-mode hold)
+    wait = "wait"      # queue it, in its lane
+    full = "full"      # the key's queue is at max_queued: dropped
+    repeat = "repeat"  # it waits here already (a resume asked for twice): nothing to do
+
+
+def arrive(occupancy: Occupancy, limit: Limit, *, holding: bool, queued: bool,
+           resume: bool) -> Verdict:
+    """What becomes of a start arriving at a key."""
+    if holding:
+        return Verdict.keep
+    if queued:
+        return Verdict.repeat
+    if occupancy.waiting == 0 and occupancy.held < limit.limit:
+        return Verdict.take
+    # A resume belongs to a run that exists: it always waits, never dropped.
+    if not resume and limit.max_queued is not None and occupancy.waiting >= limit.max_queued:
+        return Verdict.full
+    return Verdict.wait
+
+
+def frees(kind: ReleaseKind, mode: str) -> bool:
+    """Whether a release gives the slot back: an end or a lapsed lease always; a
+    suspension only in `steps` mode (`runs` mode keeps the slot while the run sleeps)."""
+    return kind is not ReleaseKind.suspended or mode == "steps"
+
+
+def has_room(occupancy: Occupancy, limit: Limit) -> bool:
+    return occupancy.held < limit.limit
+
+
+def expires_at(start: PendingStart, start_timeout_ms: int | None) -> int | None:
+    """When a waiting start expires (timeouts.start from its group's first arrival); a
+    resume never does, its run already exists."""
+    if start_timeout_ms is None or start.kind is AdmittedKind.resume:
+        return None
+    return start.arrived_at_ms + start_timeout_ms
+
+
+def lane_hop(route: Route, position: int) -> Hop | None:
+    """The hop whose key is a start's lane at hop `position`: the narrower concurrency
+    limit before it, else its throttle, else its singleton (None: the workflow's name)."""
+    earlier = route.hops[1:position]
+    for hop in reversed(earlier):
+        if hop.stage == NAME:
+            return hop
+    for control in ("throttle", "singleton"):
+        for hop in earlier:
+            if hop.control == control:
+                return hop
+    return None
+
+
+def shown_key(key: str, workflow: str) -> str:
+    """A budget key as the ledger shows it: the key text for the workflow's own limit,
+    `pool:openai/tenant-1` or `deployment` for a shared one."""
+    budget, _, text = key.partition("\x1f")
+    if budget == workflow:
+        return text
+    return f"{budget}/{text}" if text else budget
+
+
+# -- the stage -----------------------------------------------------------------------
+
+
+def _prefixed(text: str) -> bytes:
+    # Length-prefixed, so one key is never a prefix of another's rows.
+    raw = text.encode()
+    return struct.pack(">I", len(raw)) + raw
+
+
+def _unprefix(raw: bytes) -> tuple[str, bytes]:
+    (size,) = struct.unpack_from(">I", raw)
+    return raw[4:4 + size].decode(), raw[4 + size:]
+
+
+class ConcurrencyStage(Stage):
+    name = NAME
+
+    def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
+        self.app = app
+        self.router = router
+        self.deployment_cap = deployment_cap
+        # One priority mode per budget: `age` only when every member ranks by age, since
+        # one queue cannot mix the two scales (docs/decisions/fairness-across-keys.md).
+        modes: dict[str, set[str]] = {}
+        for route in router.routes.values():
+            wf = app.workflows[route.workflow]
+            mode = wf.priority.mode if wf.priority is not None else "strict"
+            for hop in route.hops:
+                if hop.stage == NAME:
+                    modes.setdefault(hop.budget, set()).add(mode)
+        self.modes = {budget: "age" if found == {"age"} else "strict"
+                      for budget, found in modes.items()}
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
+
+    # -- declarations --------------------------------------------------------------------
+
+    def limit(self, wf: Workflow, hop: Hop) -> Limit:
+        if hop.index < 0:
+            # The deployment cap counts runs: a suspended run keeps its slot.
+            return Limit(self.deployment_cap)
+        option = wf.concurrency[hop.index]
+        return Limit(option.limit, option.mode, option.max_queued)
+
+    def _mode_of_holder(self, workflow: str, index: int) -> str:
+        wf = self.app.get(workflow)
+        if wf is None or not 0 <= index < len(wf.concurrency):
+            return "runs"
+        return wf.concurrency[index].mode
+
+    def queue(self, ctx: StageContext, key: str) -> FairQueue:
+        budget = key.partition("\x1f")[0]
+        return FairQueue(ctx.store, key.encode(), self.modes.get(budget, "strict"))
+
+    # -- rows ------------------------------------------------------------------------------
+
+    @staticmethod
+    def held(ctx: StageContext, key: str) -> int:
+        raw = ctx.store.get(_HELD + _prefixed(key))
+        return int(raw) if raw else 0
+
+    @staticmethod
+    def _set_held(ctx: StageContext, key: str, n: int) -> None:
+        if n:
+            ctx.store.put(_HELD + _prefixed(key), str(n).encode())
+        else:
+            ctx.store.delete(_HELD + _prefixed(key))
+
+    @staticmethod
+    def holders(ctx: StageContext, key: str) -> list[str]:
+        """The execution ids holding `key`'s slots."""
+        prefix = _HOLDER + _prefixed(key)
+        return [row[len(prefix):].decode() for row, _ in ctx.store.items(prefix)]
+
+    def _waiting(self, ctx: StageContext, key: str, execution_id: str) -> tuple[str, Parked] | None:
+        raw = ctx.store.get(_WAITING + _prefixed(key) + execution_id.encode())
+        if raw is None:
+            return None
+        lane, row = _unprefix(raw)
+        value = ctx.store.get(row)
+        if value is None:
+            return None
+        return lane, Parked(row, codec.decode(PendingStart, value))
+
+    # -- input -----------------------------------------------------------------------------
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        try:
+            message = codec.decode_one_of((PendingStart, Release), record.value)
+        except codec.DecodeError as exc:
+            reject(ctx, record, f"not a pending start or a release: {exc}")
+            return
+        if isinstance(message, Release):
+            self._release(ctx, message)
+            return
+        if record.key is None:
+            self._rekey(ctx, message)
+            return
+        self._arrive(ctx, record.key.decode(), message)
+
+    def _rekey(self, ctx: StageContext, start: PendingStart) -> None:
+        """A start produced without its key: send it on to the task that owns its key."""
+        wf = self.router.workflow(start.workflow)
+        hop = self.router.hop(start)
+        if wf is None or hop is None or hop.stage != NAME:
+            self.router.forward(ctx, start)
+            return
+        key = Router.key_for(wf, hop, json.loads(start.payload))
+        ctx.send(ctx.topics.stage(self.name), key.encode(), codec.encode(start))
+
+    def _arrive(self, ctx: StageContext, key: str, start: PendingStart) -> None:
+        wf = self.router.workflow(start.workflow)
+        resume = start.kind is AdmittedKind.resume
+        if wf is None and not resume:
+            self._fail(ctx, key, start, Outcome.failed, REMOVED)
+            return
+        hop = self.router.hop(start)
+        if wf is None or hop is None or hop.stage != NAME:
+            # The route changed under it (or a resume of a workflow now gone, whose run
+            # exists): no limit of this hop applies any more.
+            self.router.forward(ctx, start)
+            return
+        limit = self.limit(wf, hop)
+        holder = _HOLDER + _prefixed(key) + start.execution_id.encode()
+        queue = self.queue(ctx, key)
+        occupancy = Occupancy(self.held(ctx, key), len(queue))
+        verdict = arrive(
+            occupancy, limit, holding=ctx.store.get(holder) is not None,
+            queued=ctx.store.get(_WAITING + _prefixed(key) + start.execution_id.encode())
+            is not None,
+            resume=resume)
+        if verdict is Verdict.take:
+            self._take(ctx, key, start, hop)
+        elif verdict is Verdict.keep:
+            self.router.forward(ctx, with_slot(start, NAME, key))
+        elif verdict is Verdict.full:
+            reason = (f"queue-full: {occupancy.waiting} starts already wait for a concurrency "
+                      f"slot of {self._described(key, wf)} (max_queued {limit.max_queued})")
+            self.router.decide(ctx, start, Outcome.dropped, key=shown_key(key, wf.name),
+                               reason=reason)
+            self._give_back(ctx, start, reason)
+        elif verdict is Verdict.wait:
+            self._park(ctx, key, start, wf, queue)
+            if has_room(occupancy, limit):
+                # Room, but others were waiting first (a limit raised by a redeploy).
+                self._drain(ctx, key)
+
+    def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop) -> None:
+        row = _HOLDER + _prefixed(key) + start.execution_id.encode()
+        ctx.store.put(row, f"{start.workflow}\x1f{hop.index}".encode())
+        self._set_held(ctx, key, self.held(ctx, key) + 1)
+        self.router.forward(ctx, with_slot(start, NAME, key))
+
+    def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
+              queue: FairQueue) -> None:
+        route = self.router.routes[wf.name]
+        by = lane_hop(route, start.hop)
+        lane = wf.name if by is None else Router.key_for(wf, by, json.loads(start.payload))
+        parked, position = queue.park(lane, start)
+        ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
+                      _prefixed(lane) + parked.row)
+        timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
+        due = expires_at(start, timeout)
+        if due is not None:
+            ctx.timers.schedule(due, _EXPIRE + _prefixed(key) + start.execution_id.encode())
+        if start.kind is AdmittedKind.start:
+            self.router.queued(ctx, start, deferral=NAME, key=shown_key(key, wf.name),
+                               position=position)
+
+    def _unpark(self, ctx: StageContext, key: str, start: PendingStart) -> None:
+        """Drop a start's waiting index and expiry timer once it leaves the queue."""
+        ctx.store.delete(_WAITING + _prefixed(key) + start.execution_id.encode())
+        wf = self.router.workflow(start.workflow)
+        timeout = wf.timeouts.start_ms if wf is not None and wf.timeouts is not None else None
+        due = expires_at(start, timeout)
+        if due is not None:
+            # A declaration changed since it was parked may leave the old timer behind; it
+            # then finds no waiting row and does nothing.
+            ctx.timers.cancel(due, _EXPIRE + _prefixed(key) + start.execution_id.encode())
+
+    # -- releases and admission from the queue -------------------------------------------
+
+    def _release(self, ctx: StageContext, release: Release) -> None:
+        key = release.key
+        holder = _HOLDER + _prefixed(key) + release.execution_id.encode()
+        raw = ctx.store.get(holder)
+        if raw is None:
+            if release.kind is not ReleaseKind.suspended:
+                # The run ended while its resume waited here: it no longer needs a slot.
+                self._forget_waiting_resume(ctx, key, release.execution_id)
+            return
+        workflow, _, index = raw.decode().partition("\x1f")
+        if not frees(release.kind, self._mode_of_holder(workflow, int(index))):
+            return
+        ctx.store.delete(holder)
+        self._set_held(ctx, key, self.held(ctx, key) - 1)
+        self._drain(ctx, key)
+
+    def _forget_waiting_resume(self, ctx: StageContext, key: str, execution_id: str) -> None:
+        found = self._waiting(ctx, key, execution_id)
+        if found is None or found[1].start.kind is not AdmittedKind.resume:
+            return
+        lane, parked = found
+        self.queue(ctx, key).remove(lane, parked)
+        self._unpark(ctx, key, parked.start)
+
+    def _drain(self, ctx: StageContext, key: str) -> None:
+        """Admit waiting starts while the key has room, in the queue's fair order."""
+        queue = self.queue(ctx, key)
+        while True:
+            head = queue.next()
+            if head is None:
+                return
+            lane, parked = head
+            start = parked.start
+            wf = self.router.workflow(start.workflow)
+            hop = self.router.hop(start)
+            if wf is None and start.kind is AdmittedKind.start:
+                queue.remove(lane, parked)
+                self._unpark(ctx, key, start)
+                self._fail(ctx, key, start, Outcome.failed, REMOVED)
+                continue
+            if wf is None or hop is None or hop.stage != NAME:
+                queue.take(lane, parked)
+                self._unpark(ctx, key, start)
+                self.router.forward(ctx, start)
+                continue
+            if self.held(ctx, key) >= self.limit(wf, hop).limit:
+                return
+            queue.take(lane, parked)
+            self._unpark(ctx, key, start)
+            self._take(ctx, key, start, hop)
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if key.startswith(_EXPIRE):
+            budget_key, execution_id = _unprefix(key[len(_EXPIRE):])
+            self._expire(ctx, budget_key, execution_id.decode())
+        elif key == _SWEEP:
+            self._sweep(ctx)
+
+    def _expire(self, ctx: StageContext, key: str, execution_id: str) -> None:
+        found = self._waiting(ctx, key, execution_id)
+        if found is None:
+            return
+        lane, parked = found
+        start = parked.start
+        self.queue(ctx, key).remove(lane, parked)
+        self._unpark(ctx, key, start)
+        wf = self.router.workflow(start.workflow)
+        allowed = wf.timeouts.start_ms if wf is not None and wf.timeouts is not None else None
+        waited = format_duration(max(0, ctx.now_ms - start.arrived_at_ms))
+        limit = f" (timeouts.start is {format_duration(allowed)})" if allowed else ""
+        self._fail(ctx, key, start, Outcome.expired,
+                   f"timeouts.start: waited {waited} for a concurrency slot of "
+                   f"{self._described(key, wf)} and never got one{limit}")
+
+    def restored(self, ctx: StageContext) -> None:
+        # Sending is for a transaction, which a restore is not part of: a timer due now
+        # does the sweep in the next cycle.
+        if next(iter(ctx.store.items(_WAITING)), None) is not None:
+            ctx.timers.schedule(ctx.now_ms, _SWEEP)
+
+    def _sweep(self, ctx: StageContext) -> None:
+        """Fail the waiting starts of workflows the declarations no longer have, and fill
+        any room a raised limit made."""
+        keys: list[str] = []
+        for row, _ in list(ctx.store.items(_WAITING)):
+            key, execution_id = _unprefix(row[len(_WAITING):])
+            if not keys or keys[-1] != key:
+                keys.append(key)
+            found = self._waiting(ctx, key, execution_id.decode())
+            if found is None:
+                continue
+            lane, parked = found
+            start = parked.start
+            if start.kind is AdmittedKind.start and self.router.workflow(start.workflow) is None:
+                self.queue(ctx, key).remove(lane, parked)
+                self._unpark(ctx, key, start)
+                self._fail(ctx, key, start, Outcome.failed, REMOVED)
+        for key in keys:
+            self._drain(ctx, key)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def _fail(self, ctx: StageContext, key: str, start: PendingStart, outcome: Outcome,
+              reason: str) -> None:
+        self.router.fail(ctx, start, outcome, reason, key=shown_key(key, start.workflow))
+        self._give_back(ctx, start, reason)
+
+    @staticmethod
+    def _give_back(ctx: StageContext, start: PendingStart, reason: str) -> None:
+        """A start that will never run gives back the holds it took on its way (an
+        earlier limit's slot, a singleton hold, an identity key with a ttl)."""
+        for slot in start.slots:
+            ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(Release(
+                stage=slot.stage, key=slot.key, execution_id=start.execution_id,
+                workflow=start.workflow, kind=ReleaseKind.ended, at_ms=ctx.now_ms,
+                reason=reason,
+            )))
+
+    def _described(self, key: str, wf: Workflow | None) -> str:
+        budget, _, text = key.partition("\x1f")
+        what = ("the deployment cap" if budget == DEPLOYMENT_BUDGET
+                else f"workflow {budget}" if wf is not None and budget == wf.name
+                else budget)
+        return f"{what} key {text!r}" if text else what

@@ -1,0 +1,527 @@
+"""Defer: debounce and batch, the controls that hold starts to make one run of many.
+
+Step 3 of SPEC.md section 3. One stage serves both (a workflow declares at most one of
+them); a hop's `control` says which.
+
+- **debounce**: starts sharing a key collapse into one pending row. Every arrival resets
+  the quiet timer (`period`); the latest payload wins; `timeout` caps the wait from the
+  first start of the burst. The group's execution id is fixed at its first arrival, so
+  each start a later one supersedes is `collapsed` at once, naming the run that will
+  absorb it; the latest start carries the group and is `admitted` with the count folded.
+- **batch**: each start is one item. The batch runs with `{"items": [...]}` when it holds
+  `max_size` items, when one more item would take that payload past `max_bytes`, or
+  `timeout` after its oldest item (a deadline, never reset). An item failing `if` runs
+  alone at once. The oldest item's request carries the batch (its execution id is the
+  run's); the others are `collapsed` into it when it runs.
+
+Both: `timeouts.start` expires a group still pending that long after its first arrival
+(the starvation guard of an uncapped debounce), and a group whose workflow left the
+declarations fails at restore. A flushed group goes on down its route, so singleton,
+throttle and concurrency still judge the run. docs/decisions/debounce-and-batch.md
+records the choices the spec leaves open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ValidationError
+
+from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import IdentityAlias, Outcome, PendingStart, Slot
+from sluicegate.streams.decisions import reject
+from sluicegate.streams.pending import PendingQueue, rank_key
+from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stages import identity
+from sluicegate.streams.stages.identity import _brief
+from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
+from sluicegate.topology.topics import Topics
+
+NAME = "defer"
+REMOVED = "workflow removed from the declarations"
+
+# -- the pure core -------------------------------------------------------------------
+
+# What a pending group is owed at a given moment: to run now, or to expire (timeouts.start).
+Verdict = Literal["run", "expire"]
+
+
+def _verdict(run_at: int, expire_at: int | None, now: int) -> Verdict | None:
+    # At the same instant running wins: the start left the queue within its bound.
+    if expire_at is not None and expire_at < run_at:
+        return "expire" if now >= expire_at else None
+    return "run" if now >= run_at else None
+
+
+def _wake(run_at: int, expire_at: int | None) -> int:
+    return run_at if expire_at is None else min(run_at, expire_at)
+
+
+@dataclass(frozen=True, slots=True)
+class DebounceRule:
+    period_ms: int
+    # The cap from the first start of the burst; None: uncapped.
+    timeout_ms: int | None = None
+    # timeouts.start, from the first arrival; None: a burst may wait forever.
+    expire_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """One key's open debounce group."""
+
+    execution_id: str  # fixed at the first arrival: every collapsed row names it
+    carrier: str  # request id of the latest start, whose payload runs
+    first_ms: int
+    last_ms: int
+    count: int
+
+    def due_ms(self, rule: DebounceRule) -> int:
+        quiet = self.last_ms + rule.period_ms
+        return quiet if rule.timeout_ms is None else min(quiet, self.first_ms + rule.timeout_ms)
+
+    def expires_ms(self, rule: DebounceRule) -> int | None:
+        return None if rule.expire_ms is None else self.first_ms + rule.expire_ms
+
+    def settle(self, rule: DebounceRule, now: int) -> Verdict | None:
+        return _verdict(self.due_ms(rule), self.expires_ms(rule), now)
+
+    def wake_ms(self, rule: DebounceRule) -> int:
+        """When its timer is due: the run, or its expiry if that comes first."""
+        return _wake(self.due_ms(rule), self.expires_ms(rule))
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    burst: Burst
+    superseded: str | None  # the carrier the newcomer replaces (collapsed), if any
+
+
+def arrive(burst: Burst | None, execution_id: str, request_id: str, first_ms: int,
+           now: int) -> Arrival:
+    """A start joins its key's burst (or opens one). The caller settles a burst that is
+    already due (`Burst.settle`) before anything joins it."""
+    if burst is None:
+        return Arrival(Burst(execution_id, request_id, first_ms, now, 1), None)
+    joined = Burst(burst.execution_id, request_id, burst.first_ms, now, burst.count + 1)
+    return Arrival(joined, burst.carrier)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRule:
+    max_size: int
+    max_bytes: int
+    timeout_ms: int
+    expire_ms: int | None = None
+
+
+_ITEMS_OPEN, _ITEMS_CLOSE = b'{"items":[', b"]}"
+EMPTY_BATCH_BYTES = len(_ITEMS_OPEN) + len(_ITEMS_CLOSE)
+
+
+def batch_payload(items: list[bytes]) -> bytes:
+    """The run's payload: the items' compact JSON, as written by their callers."""
+    return _ITEMS_OPEN + b",".join(items) + _ITEMS_CLOSE
+
+
+@dataclass(frozen=True, slots=True)
+class OpenBatch:
+    """One key's batch still collecting items."""
+
+    execution_id: str  # the oldest item's: the run's id
+    first_ms: int
+    count: int
+    size: int  # bytes of batch_payload(items so far)
+
+    def due_ms(self, rule: BatchRule) -> int:
+        return self.first_ms + rule.timeout_ms
+
+    def expires_ms(self, rule: BatchRule) -> int | None:
+        return None if rule.expire_ms is None else self.first_ms + rule.expire_ms
+
+    def settle(self, rule: BatchRule, now: int) -> Verdict | None:
+        return _verdict(self.due_ms(rule), self.expires_ms(rule), now)
+
+    def wake_ms(self, rule: BatchRule) -> int:
+        return _wake(self.due_ms(rule), self.expires_ms(rule))
+
+
+@dataclass(frozen=True, slots=True)
+class Added:
+    # The open batch runs first: this item would take its payload past max_bytes.
+    flush_open: bool
+    batch: OpenBatch  # the batch the item is now in
+    # That batch runs now: max_size items, or no room left for another item.
+    full: bool
+
+
+def add_item(batch: OpenBatch | None, rule: BatchRule, execution_id: str, item_bytes: int,
+             first_ms: int) -> Added:
+    """An item joins its key's batch (or opens one). The caller settles a batch that is
+    already due (`OpenBatch.settle`) before anything joins it."""
+    flush_open = batch is not None and batch.size + 1 + item_bytes > rule.max_bytes
+    if batch is None or flush_open:
+        joined = OpenBatch(execution_id, first_ms, 1, EMPTY_BATCH_BYTES + item_bytes)
+    else:
+        joined = OpenBatch(batch.execution_id, batch.first_ms, batch.count + 1,
+                           batch.size + 1 + item_bytes)
+    full = joined.count >= rule.max_size or joined.size >= rule.max_bytes
+    return Added(flush_open, joined, full)
+
+
+def debounce_rule(wf: Workflow) -> DebounceRule | None:
+    if wf.debounce is None:
+        return None
+    expire = wf.timeouts.start_ms if wf.timeouts is not None else None
+    return DebounceRule(wf.debounce.period_ms, wf.debounce.timeout_ms, expire)
+
+
+def batch_rule(wf: Workflow) -> BatchRule | None:
+    if wf.batch is None:
+        return None
+    expire = wf.timeouts.start_ms if wf.timeouts is not None else None
+    return BatchRule(wf.batch.max_size, wf.batch.max_bytes, wf.batch.timeout_ms, expire)
+
+
+def merged_slots(*lists: list[Slot]) -> list[Slot]:
+    """Every hold the folded starts took (an identity key with a ttl each), once."""
+    return list(dict.fromkeys(slot for slots in lists for slot in slots))
+
+
+# -- the stage -----------------------------------------------------------------------
+
+# Store rows. A debounce key: its burst (last arrival, timer, the carrier start). A batch
+# key: its header, and its items in a PendingQueue named after the key.
+_BURST = STATE_PREFIX + b"d"
+_BATCH = STATE_PREFIX + b"b"
+# Timer keys: rank (8 bytes) + kind + the group's Kafka key, so groups due at the same
+# instant fire in priority order.
+_DEBOUNCE, _BATCHED = b"d", b"b"
+_RANK = 8
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A debounce key's stored burst."""
+
+    last_ms: int
+    wake_ms: int
+    rank: bytes
+    carrier: PendingStart
+
+    def burst(self) -> Burst:
+        c = self.carrier
+        return Burst(c.execution_id, c.request_id, c.arrived_at_ms, self.last_ms,
+                     len(c.request_ids))
+
+    def encode(self) -> bytes:
+        return (f"{self.last_ms}\x1f{self.wake_ms}\x1f{self.rank.hex()}\x1f".encode()
+                + codec.encode(self.carrier))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> _Held:
+        last, wake, rank, carrier = raw.split(b"\x1f", 3)
+        return cls(int(last), int(wake), bytes.fromhex(rank.decode()),
+                   codec.decode(PendingStart, carrier))
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """A batch key's open batch, and where its timer is."""
+
+    batch: OpenBatch
+    wake_ms: int
+    rank: bytes
+
+    def encode(self) -> bytes:
+        b = self.batch
+        return (f"{b.execution_id}\x1f{b.first_ms}\x1f{b.count}\x1f{b.size}\x1f"
+                f"{self.wake_ms}\x1f{self.rank.hex()}").encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> _Header:
+        execution_id, first, count, size, wake, rank = raw.decode().split("\x1f")
+        return cls(OpenBatch(execution_id, int(first), int(count), int(size)), int(wake),
+                   bytes.fromhex(rank))
+
+
+def _key_text(key: bytes) -> str:
+    """The control key as people wrote it (the Kafka key is budget \\x1f key)."""
+    return key.decode(errors="replace").partition("\x1f")[2]
+
+
+def _members(key: bytes) -> bytes:
+    return b"batch\x1f" + key
+
+
+class DeferStage(Stage):
+    name = NAME
+
+    def __init__(self, app: App, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
+
+    def _mode(self, wf: Workflow | None) -> str:
+        return wf.priority.mode if wf is not None and wf.priority is not None else "strict"
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        try:
+            start = codec.decode(PendingStart, record.value)
+        except codec.DecodeError as exc:
+            reject(ctx, record, f"not a pending start: {exc}")
+            return
+        wf = self.app.get(start.workflow)
+        if wf is None:
+            self.router.fail(ctx, start, Outcome.failed, REMOVED)
+            return
+        hop = self.router.hop(start)
+        key = record.key or b""
+        debounce, batch = debounce_rule(wf), batch_rule(wf)
+        if hop is not None and hop.stage == NAME and debounce is not None:
+            self._debounce(ctx, wf, debounce, key, start)
+        elif hop is not None and hop.stage == NAME and batch is not None:
+            self._batch(ctx, wf, batch, key, start)
+        else:
+            # The declaration changed under it: this hop no longer holds anything.
+            self.router.forward(ctx, start)
+
+    # -- debounce ------------------------------------------------------------------------
+
+    def _debounce(self, ctx: StageContext, wf: Workflow, rule: DebounceRule, key: bytes,
+                  start: PendingStart) -> None:
+        now = ctx.now_ms
+        text = _key_text(key)
+        raw = ctx.store.get(_BURST + key)
+        held = _Held.decode(raw) if raw is not None else None
+        if held is not None:
+            verdict = held.burst().settle(rule, now)
+            if verdict is not None:
+                # Due before this start came (its timer has not fired yet): it runs alone.
+                ctx.timers.cancel(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
+                ctx.store.delete(_BURST + key)
+                self._settle_burst(ctx, wf, rule, text, held.carrier, verdict)
+                held = None
+        arrival = arrive(held.burst() if held else None, start.execution_id, start.request_id,
+                         start.arrived_at_ms, now)
+        carrier = start
+        if held is not None:
+            old = held.carrier
+            carrier = dataclasses.replace(
+                start, execution_id=old.execution_id, arrived_at_ms=old.arrived_at_ms,
+                request_ids=[*old.request_ids, *start.request_ids],
+                slots=merged_slots(old.slots, start.slots))
+            ctx.timers.cancel(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
+            self.router.decide(
+                ctx, old, Outcome.collapsed, key=text, execution_id=old.execution_id,
+                reason=f"superseded by a later start with debounce key {text!r}; the latest "
+                       f"payload runs as {old.execution_id}")
+            self._alias(ctx, wf, start, old.execution_id)
+        burst = arrival.burst
+        rank = rank_key(carrier, self._mode(wf))
+        stored = _Held(now, burst.wake_ms(rule), rank, carrier)
+        ctx.store.put(_BURST + key, stored.encode())
+        ctx.timers.schedule(stored.wake_ms, self._timer(rank, _DEBOUNCE, key))
+        self.router.queued(ctx, carrier, deferral="debounce", key=text,
+                           due_at_ms=burst.due_ms(rule))
+
+    def _settle_burst(self, ctx: StageContext, wf: Workflow, rule: DebounceRule, text: str,
+                      carrier: PendingStart, verdict: Verdict) -> None:
+        if verdict == "run":
+            self.router.forward(ctx, carrier)
+            return
+        assert rule.expire_ms is not None
+        self.router.fail(
+            ctx, carrier, Outcome.expired,
+            f"timeouts.start ({format_duration(rule.expire_ms)}) passed while debounce "
+            f"{text!r} waited for a quiet period of {format_duration(rule.period_ms)} "
+            f"({len(carrier.request_ids)} starts folded)", key=text)
+
+    # -- batch ---------------------------------------------------------------------------
+
+    def _batch(self, ctx: StageContext, wf: Workflow, rule: BatchRule, key: bytes,
+               start: PendingStart) -> None:
+        assert wf.batch is not None
+        now = ctx.now_ms
+        text = _key_text(key)
+        condition = wf.batch.if_expr
+        if condition is not None and not condition.matches(json.loads(start.payload)):
+            self._run_batch(ctx, wf, text, [start])
+            return
+        raw = ctx.store.get(_BATCH + key)
+        header = _Header.decode(raw) if raw is not None else None
+        if header is not None:
+            verdict = header.batch.settle(rule, now)
+            if verdict is not None:
+                # Due before this item came (its timer has not fired yet).
+                ctx.timers.cancel(header.wake_ms, self._timer(header.rank, _BATCHED, key))
+                self._settle_batch(ctx, wf, rule, key, verdict)
+                header = None
+        added = add_item(header.batch if header else None, rule, start.execution_id,
+                         len(start.payload), start.arrived_at_ms)
+        if added.flush_open and header is not None:
+            ctx.timers.cancel(header.wake_ms, self._timer(header.rank, _BATCHED, key))
+            self._settle_batch(ctx, wf, rule, key, "run")
+            header = None
+        # An item's own priority means nothing (priority reads the run's payload, worked
+        # out when the batch runs): zeroed, the queue keeps the items in arrival order.
+        item = dataclasses.replace(start, priority=0.0)
+        PendingQueue(ctx.store, _members(key)).push(item)
+        self._alias(ctx, wf, start, added.batch.execution_id)
+        if added.full:
+            if header is not None:
+                ctx.timers.cancel(header.wake_ms, self._timer(header.rank, _BATCHED, key))
+            self._settle_batch(ctx, wf, rule, key, "run")
+            return
+        if header is None:
+            rank = rank_key(item, self._mode(wf))
+            header = _Header(added.batch, added.batch.wake_ms(rule), rank)
+            ctx.timers.schedule(header.wake_ms, self._timer(rank, _BATCHED, key))
+        else:
+            header = dataclasses.replace(header, batch=added.batch)
+        ctx.store.put(_BATCH + key, header.encode())
+        self.router.queued(ctx, start, deferral="batch", key=text,
+                           due_at_ms=added.batch.due_ms(rule))
+
+    def _take_batch(self, ctx: StageContext, key: bytes) -> list[PendingStart]:
+        queue = PendingQueue(ctx.store, _members(key))
+        members = [parked.start for parked in queue]
+        queue.clear()
+        ctx.store.delete(_BATCH + key)
+        return members
+
+    def _settle_batch(self, ctx: StageContext, wf: Workflow, rule: BatchRule, key: bytes,
+                      verdict: Verdict) -> None:
+        members = self._take_batch(ctx, key)
+        if not members:
+            return
+        text = _key_text(key)
+        if verdict == "run":
+            self._run_batch(ctx, wf, text, members)
+            return
+        assert rule.expire_ms is not None
+        self._fail_batch(ctx, members, Outcome.expired,
+                         f"timeouts.start ({format_duration(rule.expire_ms)}) passed before "
+                         f"batch {text!r} ran ({len(members)} items waiting)", text)
+
+    def _run_batch(self, ctx: StageContext, wf: Workflow, text: str,
+                   members: list[PendingStart]) -> None:
+        first = members[0]
+        payload = batch_payload([m.payload for m in members])
+        data = json.loads(payload)
+        try:
+            wf.payload.model_validate(data)
+        except ValidationError as exc:
+            self._fail_batch(
+                ctx, members, Outcome.failed,
+                f"workflow {wf.name}: the batch of {len(members)} items does not validate "
+                f"against the workflow's payload: {_brief(exc)}", text)
+            return
+        run = dataclasses.replace(
+            first, payload=payload,
+            request_ids=[rid for m in members for rid in m.request_ids],
+            slots=merged_slots(*(m.slots for m in members)),
+            priority=wf.priority.value(data) if wf.priority is not None else 0.0)
+        for member in members[1:]:
+            self.router.decide(
+                ctx, member, Outcome.collapsed, key=text, execution_id=run.execution_id,
+                reason=f"batched by key {text!r} into run {run.execution_id} "
+                       f"with {len(members)} items")
+        self.router.forward(ctx, run, data)
+
+    def _fail_batch(self, ctx: StageContext, members: list[PendingStart], outcome: Outcome,
+                    reason: str, text: str) -> None:
+        """The batch will never run: one failure report for the would-be run (under the
+        oldest item's request), and the same outcome for every item."""
+        run = dataclasses.replace(members[0], payload=batch_payload([m.payload for m in members]))
+        self.router.fail(ctx, run, outcome, reason, key=text)
+        for member in members[1:]:
+            self.router.decide(ctx, member, outcome, key=text, reason=reason)
+
+    # -- both ----------------------------------------------------------------------------
+
+    def _alias(self, ctx: StageContext, wf: Workflow, start: PendingStart,
+               execution_id: str) -> None:
+        """A start folded into a run with another id: a repeat of its idempotency key must
+        answer with that run (SPEC.md section 3, step 1), so tell the identity stage."""
+        if start.identity_key is None or start.execution_id == execution_id:
+            return
+        skey = identity.store_key(wf.name, start.identity_key)
+        ctx.send(ctx.topics.stage(identity.NAME), skey, codec.encode(IdentityAlias(
+            key=skey.decode(), execution_id=execution_id, request_id=start.request_id)))
+
+    @staticmethod
+    def _timer(rank: bytes, kind: bytes, key: bytes) -> bytes:
+        return rank + kind + key
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        kind, group = key[_RANK:_RANK + 1], key[_RANK + 1:]
+        workflow = group.partition(b"\x1f")[0].decode(errors="replace")
+        wf = self.app.get(workflow)
+        if kind == _DEBOUNCE:
+            self._fire_debounce(ctx, wf, group)
+        elif kind == _BATCHED:
+            self._fire_batch(ctx, wf, group)
+
+    def _fire_debounce(self, ctx: StageContext, wf: Workflow | None, key: bytes) -> None:
+        raw = ctx.store.get(_BURST + key)
+        if raw is None:
+            return
+        held = _Held.decode(raw)
+        rule = debounce_rule(wf) if wf is not None else None
+        verdict = held.burst().settle(rule, ctx.now_ms) if rule is not None else None
+        if rule is not None and verdict is None:
+            # Not owed anything yet (its timer was moved): wait for its own time again.
+            held = dataclasses.replace(held, wake_ms=held.burst().wake_ms(rule))
+            ctx.store.put(_BURST + key, held.encode())
+            ctx.timers.schedule(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
+            return
+        ctx.store.delete(_BURST + key)
+        if wf is None:
+            self.router.fail(ctx, held.carrier, Outcome.failed, REMOVED, key=_key_text(key))
+        elif rule is None:
+            self.router.forward(ctx, held.carrier)
+        else:
+            assert verdict is not None
+            self._settle_burst(ctx, wf, rule, _key_text(key), held.carrier, verdict)
+
+    def _fire_batch(self, ctx: StageContext, wf: Workflow | None, key: bytes) -> None:
+        raw = ctx.store.get(_BATCH + key)
+        if raw is None:
+            return
+        header = _Header.decode(raw)
+        rule = batch_rule(wf) if wf is not None else None
+        verdict = header.batch.settle(rule, ctx.now_ms) if rule is not None else None
+        if wf is None:
+            members = self._take_batch(ctx, key)
+            if members:
+                self._fail_batch(ctx, members, Outcome.failed, REMOVED, _key_text(key))
+        elif rule is None:
+            for member in self._take_batch(ctx, key):
+                self.router.forward(ctx, member)
+        elif verdict is None:
+            header = dataclasses.replace(header, wake_ms=header.batch.wake_ms(rule))
+            ctx.store.put(_BATCH + key, header.encode())
+            ctx.timers.schedule(header.wake_ms, self._timer(header.rank, _BATCHED, key))
+        else:
+            self._settle_batch(ctx, wf, rule, key, verdict)
+
+    def restored(self, ctx: StageContext) -> None:
+        """Groups of a workflow no longer declared fail now, not when their timer comes
+        (up to a week for a debounce): their timers move to now. Nothing is sent here
+        (no transaction is open yet); `fire` fails them inside the next cycle."""
+        now = ctx.now_ms
+        for raw, _ in list(ctx.store.items(TIMER_PREFIX)):
+            due_ms, key = parse_timer_key(raw)
+            workflow = key[_RANK + 1:].partition(b"\x1f")[0].decode(errors="replace")
+            if due_ms > now and self.app.get(workflow) is None:
+                ctx.timers.cancel(due_ms, key)
+                ctx.timers.schedule(now, key)
+

@@ -1,0 +1,154 @@
+"""rateLimit: at most `limit` starts per key in any sliding window of `period`; the
+excess is dropped (SPEC.md section 3, step 2; seed 000 "throttle vs rateLimit").
+
+The window is exact, not an estimate: a key's row keeps the admission times of its last
+`limit` admissions. A start is admitted when the oldest of them has left the window
+(`period` ago or more); otherwise it is `dropped`, with `retry_after_ms` the time until
+that oldest admission leaves. A drop writes nothing to the store. Only event starts are
+judged (seed 003's matrix; the router skips this hop for the other origins).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from sluicegate.declare import App, RateLimit, format_duration
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import Outcome, PendingStart
+from sluicegate.streams.decisions import reject
+from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.topics import Topics
+
+NAME = "ratelimit"
+_WINDOW = STATE_PREFIX + b"W"
+# The timer that deletes a key's row once every admission in it has left the window.
+_FORGET = b"F"
+
+# -- the pure core -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The admission times (epoch ms, ascending) of a key's last `limit` admissions."""
+
+    admitted: tuple[int, ...] = ()
+
+    def encode(self) -> bytes:
+        return struct.pack(f">{len(self.admitted)}Q", *self.admitted)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Window:
+        return cls(struct.unpack(f">{len(raw) // 8}Q", raw))
+
+    def live(self, period_ms: int, now_ms: int) -> tuple[int, ...]:
+        """The admissions still inside the window that ends at `now_ms`."""
+        return tuple(t for t in self.admitted if t > now_ms - period_ms)
+
+    def forget_at(self, period_ms: int) -> int:
+        """When the newest admission leaves the window: the row says nothing after that."""
+        return self.admitted[-1] + period_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    window: Window
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    retry_after_ms: int
+
+
+def decide(window: Window, limit: int, period_ms: int, now_ms: int) -> Admit | Drop:
+    """Admit at `now_ms` unless `limit` admissions already lie in the last `period_ms`."""
+    # A clock that stepped back (another worker's, after a rebalance) must not let a start
+    # slip in before the newest recorded admission: time here never goes backwards.
+    now = max(now_ms, window.admitted[-1]) if window.admitted else now_ms
+    live = window.live(period_ms, now)
+    if len(live) >= limit:
+        # The oldest of the last `limit` admissions leaves the window at +period.
+        return Drop(live[-limit] + period_ms - now_ms)
+    return Admit(Window((*live, now)[-limit:]), now)
+
+
+# -- the stage -----------------------------------------------------------------------
+
+
+class RateLimitStage(Stage):
+    name = NAME
+
+    def __init__(self, app: App, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        if record.key is None or record.value is None:
+            reject(ctx, record, "a rate-limited start needs its rate key and a value")
+            return
+        try:
+            start = codec.decode(PendingStart, record.value)
+        except codec.DecodeError as exc:
+            reject(ctx, record, f"not a pending start: {exc}")
+            return
+        key_text = _key_text(record.key)
+        wf = self.app.get(start.workflow)
+        option = wf.rate_limit if wf is not None else None
+        if option is None:
+            # Redeclared without a rateLimit (or removed) while this start was on its way:
+            # nothing here judges it any more, the router takes it on.
+            self.router.forward(ctx, start)
+            return
+        row = _WINDOW + record.key
+        raw = ctx.store.get(row)
+        window = Window.decode(raw) if raw else Window()
+        decision = decide(window, option.limit, option.period_ms, ctx.now_ms)
+        if isinstance(decision, Drop):
+            self.router.decide(ctx, start, Outcome.dropped, key=key_text,
+                               reason=_reason(option, key_text, decision.retry_after_ms),
+                               retry_after_ms=decision.retry_after_ms)
+            return
+        ctx.store.put(row, decision.window.encode())
+        if raw is None:
+            # One timer per row's life, not per admission: it moves itself on when it fires.
+            ctx.timers.schedule(decision.window.forget_at(option.period_ms),
+                                _FORGET + record.key)
+        self.router.forward(ctx, start)
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if not key.startswith(_FORGET):
+            return
+        kafka_key = key[len(_FORGET):]
+        row = _WINDOW + kafka_key
+        raw = ctx.store.get(row)
+        if raw is None:
+            return
+        window = Window.decode(raw)
+        wf = self.app.get(_workflow(kafka_key))
+        option = wf.rate_limit if wf is not None else None
+        if option is None or window.forget_at(option.period_ms) <= ctx.now_ms:
+            ctx.store.delete(row)
+        else:
+            # Admissions came after the row was made: forget it after the newest one.
+            ctx.timers.schedule(window.forget_at(option.period_ms), key)
+
+
+def _key_text(kafka_key: bytes) -> str:
+    """The key's own text, without the budget the hop key starts with."""
+    return kafka_key.partition(b"\x1f")[2].decode(errors="replace")
+
+
+def _workflow(kafka_key: bytes) -> str:
+    # A rateLimit hop's budget is its workflow's name.
+    return kafka_key.partition(b"\x1f")[0].decode(errors="replace")
+
+
+def _reason(option: RateLimit, key: str, retry_after_ms: int) -> str:
+    return (f"rateLimit: {option.limit} per {option.period} for key {key!r} already started; "
+            f"the oldest of them leaves the window in {format_duration(retry_after_ms)}")

@@ -1,0 +1,251 @@
+"""Singleton: one active run per key (SPEC.md section 3, step 4).
+
+A start that passes this stage holds its singleton key until the engine reports its run
+ended (completed, failed, cancelled); a sleeping or suspended run still holds it. The
+hold is a slot on the start (`routing.with_slot`), so the runs stage sends the release.
+
+- `skip`: a newcomer that finds the key held stands down: `skipped`, with the holder's
+  execution id (a waiting caller gets SingletonHeld).
+- `cancel`: the newcomer evicts the holder, but only once it is admitted itself. A
+  replacement that a later control (throttle, concurrency, a pause) queues waits as a
+  *claim* on the key, and the holder keeps running until the claim's admission is
+  reported; among several claims the latest to arrive here wins, whatever order their
+  admissions are reported in (docs/decisions/singleton-cancel-timing.md).
+
+The state is one `Hold` row per key (the hop key: workflow and key text); `holder` reads
+it for operators, with no lag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.records import (
+    AdmittedStart,
+    CommandKind,
+    EngineCommand,
+    Outcome,
+    PendingStart,
+    Release,
+    ReleaseKind,
+)
+from sluicegate.streams.decisions import reject
+from sluicegate.streams.routing import Router, with_slot
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.topics import Topics
+
+NAME = "singleton"
+_HOLD = STATE_PREFIX + b"H"
+
+Mode = Literal["skip", "cancel"]
+
+# -- the pure core -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    execution_id: str
+    # Arrival order at this key: between two replacements, the later one wins.
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Who holds one key, and (cancel mode) the replacements not admitted yet."""
+
+    holder: Claim | None = None
+    claims: tuple[Claim, ...] = ()
+    next_seq: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.holder is None and not self.claims
+
+    def encode(self) -> bytes:
+        holder = None if self.holder is None else [self.holder.execution_id, self.holder.seq]
+        return json.dumps({"holder": holder, "claims": [[c.execution_id, c.seq]
+                                                         for c in self.claims],
+                           "next": self.next_seq}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Hold:
+        row = json.loads(raw)
+        holder = None if row["holder"] is None else Claim(*row["holder"])
+        return cls(holder, tuple(Claim(*c) for c in row["claims"]), row["next"])
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """The newcomer stands down; `holder` is the run that has the key."""
+
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Ask the engine to cancel `execution_id`: `replaced_by` now has the key."""
+
+    execution_id: str
+    replaced_by: str
+
+
+def arrive(hold: Hold, execution_id: str, mode: Mode,
+           admitted_now: bool) -> tuple[Hold, Skip | Cancel | None]:
+    """A start reaches the key. Anything but Skip lets it through; `admitted_now` says
+    no later control can hold it back, so it starts in this very decision."""
+    claim = Claim(execution_id, hold.next_seq)
+    counted = dataclasses.replace(hold, next_seq=hold.next_seq + 1)
+    if mode == "skip":
+        if hold.holder is not None:
+            return hold, Skip(hold.holder.execution_id)
+        return dataclasses.replace(counted, holder=claim), None
+    claimed = dataclasses.replace(counted, claims=(*hold.claims, claim))
+    if not admitted_now:
+        return claimed, None
+    return admitted(claimed, execution_id)
+
+
+def admitted(hold: Hold, execution_id: str) -> tuple[Hold, Cancel | None]:
+    """A run carrying this key's slot was admitted. Only a waiting claim reacts: it
+    evicts the holder, or, when a later claim already holds the key, is itself cancelled."""
+    claim = next((c for c in hold.claims if c.execution_id == execution_id), None)
+    if claim is None:
+        return hold, None
+    rest = tuple(c for c in hold.claims if c is not claim)
+    incumbent = hold.holder
+    if incumbent is None:
+        return dataclasses.replace(hold, holder=claim, claims=rest), None
+    if incumbent.seq > claim.seq:
+        return (dataclasses.replace(hold, claims=rest),
+                Cancel(claim.execution_id, incumbent.execution_id))
+    return (dataclasses.replace(hold, holder=claim, claims=rest),
+            Cancel(incumbent.execution_id, claim.execution_id))
+
+
+def released(hold: Hold, execution_id: str) -> Hold:
+    """A run gave the key back. A release of a run that holds nothing changes nothing."""
+    holder = hold.holder
+    if holder is not None and holder.execution_id == execution_id:
+        holder = None
+    claims = tuple(c for c in hold.claims if c.execution_id != execution_id)
+    return dataclasses.replace(hold, holder=holder, claims=claims)
+
+
+# -- reading the state (ops: "which run holds this key") -----------------------------
+
+
+class Readable(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+
+def hold_key(workflow: str, key: str) -> str:
+    """The stage's key for a workflow's singleton key text: its hop key (the singleton's
+    budget is always its own workflow), which is also the slot key its runs hold."""
+    return f"{workflow}\x1f{key}"
+
+
+def partition_of(workflow: str, key: str, partitions: int) -> int:
+    """The partition whose singleton store keeps this key."""
+    return partition_for(hold_key(workflow, key).encode(), partitions)
+
+
+def holder(store: Readable, workflow: str, key: str) -> str | None:
+    """The execution id of the run holding `workflow`'s singleton `key`, read from the
+    store of the partition that owns it (a StoreTransaction or a PartitionStore)."""
+    raw = store.get(_HOLD + hold_key(workflow, key).encode())
+    if raw is None:
+        return None
+    current = Hold.decode(raw).holder
+    return current.execution_id if current is not None else None
+
+
+# -- the stage -----------------------------------------------------------------------
+
+
+class SingletonStage(Stage):
+    name = NAME
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        try:
+            key = codec.decode_key(record.key)
+            message = codec.decode_one_of((PendingStart, Release, AdmittedStart), record.value)
+        except codec.DecodeError as exc:
+            reject(ctx, record, f"not a singleton start, release or admission: {exc}")
+            return
+        if isinstance(message, PendingStart):
+            self._arrive(ctx, key, message)
+        elif isinstance(message, AdmittedStart):
+            self._admitted(ctx, key, message)
+        elif message.kind is not ReleaseKind.suspended:
+            # A suspended run is still active: it keeps the key.
+            hold = self._load(ctx, key)
+            after = released(hold, message.execution_id)
+            if after != hold:
+                self._save(ctx, key, after)
+
+    def _arrive(self, ctx: StageContext, key: str, start: PendingStart) -> None:
+        wf = self.router.workflow(start.workflow)
+        hop = self.router.hop(start)
+        if wf is None or wf.singleton is None or wf.singleton.mode is None \
+                or hop is None or hop.stage != self.name:
+            # Its declaration changed on the way here and has no singleton now.
+            self.router.forward(ctx, start)
+            return
+        route = self.router.routes[wf.name]
+        # Every hop after this one applies to any origin that reaches it (singleton skips
+        # only `invoke`), so with none left the start is admitted by this very forward.
+        admitted_now = start.hop + 1 >= len(route.hops) and not self.router.paused(wf.name)
+        hold, decision = arrive(self._load(ctx, key), start.execution_id, wf.singleton.mode,
+                                admitted_now)
+        text = key.partition("\x1f")[2]
+        if isinstance(decision, Skip):
+            self.router.decide(ctx, start, Outcome.skipped, key=text,
+                               execution_id=decision.holder,
+                               reason=f"singleton key {text!r} is held by run {decision.holder}")
+            return
+        self._save(ctx, key, hold)
+        if decision is not None:
+            self._cancel(ctx, wf.name, text, decision)
+        self.router.forward(ctx, with_slot(start, self.name, key))
+
+    def _admitted(self, ctx: StageContext, key: str, start: AdmittedStart) -> None:
+        before = self._load(ctx, key)
+        hold, cancel = admitted(before, start.execution_id)
+        if hold != before:
+            self._save(ctx, key, hold)
+        if cancel is not None:
+            self._cancel(ctx, start.workflow, key.partition("\x1f")[2], cancel)
+
+    def _cancel(self, ctx: StageContext, workflow: str, text: str, cancel: Cancel) -> None:
+        command = EngineCommand(
+            # Named by the pair, so a replayed decision sends the same command.
+            command_id=f"singleton:{cancel.execution_id}:{cancel.replaced_by}",
+            execution_id=cancel.execution_id, workflow=workflow, kind=CommandKind.cancel,
+            issued_at_ms=ctx.now_ms,
+            reason=f"singleton key {text!r}: replaced by run {cancel.replaced_by}",
+        )
+        ctx.send(ctx.topics.commands, cancel.execution_id.encode(), codec.encode(command))
+
+    @staticmethod
+    def _load(ctx: StageContext, key: str) -> Hold:
+        raw = ctx.store.get(_HOLD + key.encode())
+        return Hold.decode(raw) if raw is not None else Hold()
+
+    @staticmethod
+    def _save(ctx: StageContext, key: str, hold: Hold) -> None:
+        if hold.empty:
+            ctx.store.delete(_HOLD + key.encode())
+        else:
+            ctx.store.put(_HOLD + key.encode(), hold.encode())

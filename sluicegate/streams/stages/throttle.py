@@ -1,0 +1,351 @@
+"""throttle: starts per key spaced evenly, one each `period/limit`, with `burst` extra at
+once after a quiet time; the excess waits its turn, none is lost (SPEC.md section 3,
+step 5; seed 003 "Throttle").
+
+The pace is GCRA (the generic cell rate algorithm, virtual scheduling form): a key keeps
+the theoretical arrival time (TAT) of its next start; a start conforms at an instant
+`t >= TAT - burst * interval`, and admitting it moves the TAT to `max(TAT, t) + interval`.
+With burst 0 that never admits more than `limit` in any `period`.
+
+Time runs in units of 1/limit ms, so the interval is exactly `period_ms` units and no
+rounding drifts the rate (100,000 a second is a hundred a millisecond, not one). A start
+seen at millisecond `m` takes the earliest instant of `m` at which it conforms.
+
+Starts that do not conform wait in the key's priority-ordered pending queue and go, head
+first, when the key's timer reaches the head's turn. `max_queued` caps a key's queue
+(over it: `dropped`, queue-full); `timeouts.start` expires a start that waited too long;
+a start of a workflow removed from the declarations fails (both into onFailure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import Outcome, PendingStart
+from sluicegate.streams.decisions import reject
+from sluicegate.streams.pending import PendingQueue
+from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.topics import Topics
+
+NAME = "throttle"
+REMOVED = "workflow removed from the declarations"
+_KEY = STATE_PREFIX + b"K"
+# Timers, one of each per key: the head's turn (or forgetting an idle key), the
+# timeouts.start sweep.
+_TURN = b"T"
+_SWEEP = b"X"
+
+# -- the pure core -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A throttle's GCRA parameters; times in units of 1/limit ms."""
+
+    limit: int
+    period_ms: int
+    burst: int = 0
+
+    @property
+    def interval(self) -> int:
+        return self.period_ms
+
+    @property
+    def tolerance(self) -> int:
+        return self.burst * self.period_ms
+
+    @classmethod
+    def of(cls, option: Throttle) -> Rate:
+        return cls(option.limit, option.period_ms, option.burst)
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """A key's TAT in units of 1/scale ms; None before its first start."""
+
+    tat: int | None = None
+    scale: int = 1
+
+    def at(self, rate: Rate) -> int | None:
+        """The TAT in `rate`'s units (a redeclared limit rescales it, rounding up)."""
+        if self.tat is None or self.scale == rate.limit:
+            return self.tat
+        return -(-self.tat * rate.limit // self.scale)
+
+
+def _first_instant(rate: Rate, ms: int) -> int:
+    return (ms - 1) * rate.limit + 1
+
+
+def take(pace: Pace, rate: Rate, now_ms: int) -> Pace | None:
+    """The pace after admitting one start at `now_ms`, or None when none conforms yet."""
+    tat = pace.at(rate)
+    instant = _first_instant(rate, now_ms)
+    if tat is not None:
+        instant = max(instant, tat - rate.tolerance)
+    if instant > now_ms * rate.limit:
+        return None
+    return Pace(max(instant, tat if tat is not None else instant) + rate.interval, rate.limit)
+
+
+def due_ms(pace: Pace, rate: Rate, position: int = 0) -> int:
+    """When the start at `position` of a waiting queue conforms (0: the head), if every
+    turn is taken on time. Only for a key whose head waits, so one that has a TAT."""
+    tat = pace.at(rate)
+    if tat is None:
+        raise ValueError("a key with no start admitted yet has nobody waiting")
+    return -(-(tat + position * rate.interval - rate.tolerance) // rate.limit)
+
+
+def forget_ms(pace: Pace, rate: Rate) -> int | None:
+    """From this millisecond on the pace is the same as a fresh key's (None: already)."""
+    tat = pace.at(rate)
+    if tat is None:
+        return None
+    # Every instant of ms `m` is >= TAT once (m - 1) * limit + 1 >= TAT.
+    return -(-(tat - 1) // rate.limit) + 1
+
+
+# -- the stage -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    """A key's row: its workflow, its pace, and the due times of its two timers."""
+
+    workflow: str
+    pace: Pace = Pace()
+    turn_ms: int | None = None
+    sweep_ms: int | None = None
+
+    def encode(self) -> bytes:
+        fields = (self.pace.tat, self.pace.scale, self.turn_ms, self.sweep_ms)
+        return "\x1f".join([self.workflow, *("" if f is None else str(f) for f in fields)]
+                           ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> KeyRow:
+        workflow, tat, scale, turn, sweep = raw.decode().split("\x1f")
+        return cls(workflow, Pace(_int(tat), int(scale)), _int(turn), _int(sweep))
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text else None
+
+
+class ThrottleStage(Stage):
+    name = NAME
+
+    def __init__(self, app: App, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        if record.key is None or record.value is None:
+            reject(ctx, record, "a throttled start needs its throttle key and a value")
+            return
+        try:
+            start = codec.decode(PendingStart, record.value)
+        except codec.DecodeError as exc:
+            reject(ctx, record, f"not a pending start: {exc}")
+            return
+        wf = self.app.get(start.workflow)
+        if wf is None:
+            # Removed while it was on its way here: it would have waited here.
+            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=_key_text(record.key))
+            return
+        if wf.throttle is None or not applies("throttle", start.origin):
+            self.router.forward(ctx, start)
+            return
+        key = record.key
+        raw = ctx.store.get(_KEY + key)
+        row = KeyRow.decode(raw) if raw else KeyRow(wf.name)
+        queue = PendingQueue(ctx.store, key)
+        # Whoever's turn has come goes before the newcomer, so the queue stays in order.
+        row = self._drain(ctx, key, row, queue)
+        row = self._arrive(ctx, key, row, queue, wf, wf.throttle, start)
+        self._settle(ctx, key, row, queue)
+
+    def _arrive(self, ctx: StageContext, key: bytes, row: KeyRow, queue: PendingQueue,
+                wf: Workflow, option: Throttle, start: PendingStart) -> KeyRow:
+        now = ctx.now_ms
+        rate = Rate.of(option)
+        if len(queue) == 0:
+            taken = take(row.pace, rate, now)
+            if taken is not None:
+                self.router.forward(ctx, start)
+                return replace(row, pace=taken)
+        key_text = _key_text(key)
+        expires = _expires_at(wf, start)
+        if expires is not None and expires <= now:
+            # It already waited its whole timeouts.start upstream (a debounce, say).
+            self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, key_text, now),
+                             key=key_text)
+            return row
+        if option.max_queued is not None and len(queue) >= option.max_queued:
+            retry_after = due_ms(row.pace, rate) - now
+            self.router.decide(
+                ctx, start, Outcome.dropped, key=key_text, retry_after_ms=retry_after,
+                reason=(f"queue-full: the throttle queue of key {key_text!r} already holds "
+                        f"{len(queue)} starts (max_queued {option.max_queued}); a place "
+                        f"frees in {format_duration(retry_after)}"))
+            return row
+        position = queue.push(start, _mode(wf))
+        self.router.queued(ctx, start, deferral="throttle", key=key_text,
+                           due_at_ms=due_ms(row.pace, rate, position), position=position)
+        if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
+            row = self._move_sweep(ctx, key, row, expires)
+        return row
+
+    # -- turns ---------------------------------------------------------------------
+
+    def _drain(self, ctx: StageContext, key: bytes, row: KeyRow,
+               queue: PendingQueue) -> KeyRow:
+        """Let go every head whose turn has come; heads no declaration judges any more
+        leave too (failed when their workflow is gone, passed on when it stopped
+        throttling)."""
+        now = ctx.now_ms
+        while (head := queue.peek()) is not None:
+            start = head.start
+            wf = self.app.get(start.workflow)
+            if wf is None or wf.throttle is None:
+                queue.remove(head)
+                self._unjudged(ctx, key, start, wf)
+                continue
+            taken = take(row.pace, Rate.of(wf.throttle), now)
+            if taken is None:
+                break
+            queue.remove(head)
+            row = replace(row, pace=taken)
+            self.router.forward(ctx, start)
+        return row
+
+    def _unjudged(self, ctx: StageContext, key: bytes, start: PendingStart,
+                  wf: Workflow | None) -> None:
+        if wf is None:
+            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=_key_text(key))
+        else:
+            self.router.forward(ctx, start)
+
+    def _settle(self, ctx: StageContext, key: bytes, row: KeyRow, queue: PendingQueue) -> None:
+        """Point the key's turn timer at the head's turn (with nobody waiting: at the
+        moment the key can be forgotten) and store the row, or drop the row once it says
+        nothing a fresh key would not."""
+        wf = self.app.get(row.workflow)
+        rate = Rate.of(wf.throttle) if wf is not None and wf.throttle is not None else None
+        turn: int | None
+        if len(queue) > 0:
+            # No declaration judges the head any more: drain it at once.
+            turn = due_ms(row.pace, rate) if rate is not None else ctx.now_ms
+        else:
+            # Nobody waits, so there is nothing to expire.
+            row = self._move_sweep(ctx, key, row, None)
+            forget = forget_ms(row.pace, rate) if rate is not None else None
+            if forget is None or forget <= ctx.now_ms:
+                if row.turn_ms is not None:
+                    ctx.timers.cancel(row.turn_ms, _TURN + key)
+                ctx.store.delete(_KEY + key)
+                return
+            # A timer already set fires soon enough and moves itself on, so admitting
+            # with an empty queue writes no timer.
+            turn = row.turn_ms if row.turn_ms is not None else forget
+        if turn != row.turn_ms:
+            if row.turn_ms is not None:
+                ctx.timers.cancel(row.turn_ms, _TURN + key)
+            ctx.timers.schedule(turn, _TURN + key)
+            row = replace(row, turn_ms=turn)
+        ctx.store.put(_KEY + key, row.encode())
+
+    # -- timeouts.start ----------------------------------------------------------------
+
+    def _move_sweep(self, ctx: StageContext, key: bytes, row: KeyRow,
+                    due: int | None) -> KeyRow:
+        if row.sweep_ms is not None:
+            ctx.timers.cancel(row.sweep_ms, _SWEEP + key)
+        if due is not None:
+            ctx.timers.schedule(due, _SWEEP + key)
+        return replace(row, sweep_ms=due)
+
+    def _sweep(self, ctx: StageContext, key: bytes, row: KeyRow, queue: PendingQueue) -> KeyRow:
+        """Expire every start that waited past its timeouts.start, let go those no
+        declaration judges any more, and aim the sweep at the next expiry."""
+        now = ctx.now_ms
+        key_text = _key_text(key)
+        following: int | None = None
+        for parked in list(queue):
+            start = parked.start
+            wf = self.app.get(start.workflow)
+            if wf is None or wf.throttle is None:
+                queue.remove(parked)
+                self._unjudged(ctx, key, start, wf)
+                continue
+            expires = _expires_at(wf, start)
+            if expires is None:
+                continue
+            if expires <= now:
+                queue.remove(parked)
+                self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, key_text, now),
+                                 key=key_text)
+            elif following is None or expires < following:
+                following = expires
+        return self._move_sweep(ctx, key, row, following)
+
+    # -- timers and restore ---------------------------------------------------------
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        kind, kafka_key = key[:1], key[1:]
+        raw = ctx.store.get(_KEY + kafka_key)
+        if raw is None:
+            return
+        row = KeyRow.decode(raw)
+        queue = PendingQueue(ctx.store, kafka_key)
+        # The runtime removed the fired timer already: the row must not cancel it again.
+        if kind == _TURN:
+            row = self._drain(ctx, kafka_key, replace(row, turn_ms=None), queue)
+        elif kind == _SWEEP:
+            row = self._sweep(ctx, kafka_key, replace(row, sweep_ms=None), queue)
+        else:
+            return
+        self._settle(ctx, kafka_key, row, queue)
+
+    def restored(self, ctx: StageContext) -> None:
+        """Keys whose workflow was removed (or stopped throttling) in the declarations
+        this worker loaded get their sweep now, which fails (or passes on) their starts.
+        A restore runs outside any transaction, so it only schedules: the sweep decides
+        in the first cycle, where the ledger rows and onFailure starts can be written."""
+        now = ctx.now_ms
+        for raw_key, raw in list(ctx.store.items(_KEY)):
+            row = KeyRow.decode(raw)
+            wf = self.app.get(row.workflow)
+            if wf is not None and wf.throttle is not None:
+                continue
+            key = raw_key[len(_KEY):]
+            row = self._move_sweep(ctx, key, row, now)
+            ctx.store.put(raw_key, row.encode())
+
+
+def _key_text(kafka_key: bytes) -> str:
+    """The key's own text, without the budget the hop key starts with."""
+    return kafka_key.partition(b"\x1f")[2].decode(errors="replace")
+
+
+def _mode(wf: Workflow) -> str:
+    return wf.priority.mode if wf.priority is not None else "strict"
+
+
+def _expires_at(wf: Workflow, start: PendingStart) -> int | None:
+    timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
+    return None if timeout is None else start.arrived_at_ms + timeout
+
+
+def _expired(wf: Workflow, start: PendingStart, key: str, now_ms: int) -> str:
+    declared = wf.timeouts.start if wf.timeouts is not None else None
+    return (f"timeouts.start: waited {format_duration(max(0, now_ms - start.arrived_at_ms))} "
+            f"for a throttle turn on key {key!r}, longer than timeouts.start {declared}")

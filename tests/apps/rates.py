@@ -1,0 +1,36 @@
+"""Declarations the rateLimit and throttle tests run against (seed 003's examples)."""
+
+from pydantic import BaseModel
+
+from sluicegate.declare import App, FailureReport, RateLimit, Throttle, Timeouts, Workflow
+
+
+class LowStock(BaseModel):
+    productId: str
+
+
+class Upload(BaseModel):
+    userId: str
+    imageId: str
+    urgent: bool = False
+
+
+# At most one alert per product every 4 hours; extra events start no run (seed 003).
+low_stock_alert = Workflow(name="lowStockAlert", payload=LowStock,
+                           rate_limit=RateLimit(limit=1, period="4h", key="productId"))
+# At most 60 a minute per user, one a second, plus 10 at once after a quiet time.
+resize_image = Workflow(name="resizeImage", payload=Upload,
+                        throttle=Throttle(limit=60, period="1m", burst=10, key="userId"))
+# One an hour in all, and no more than two waiting.
+push_partner = Workflow(name="pushPartner", payload=Upload,
+                        throttle=Throttle(limit=1, period="1h", max_queued=2))
+# One each 5 s per user; a start may wait 12 s for its turn, urgent ones first.
+sync_crm = Workflow(name="syncCrm", payload=Upload,
+                    throttle=Throttle(limit=1, period="5s", key="userId"),
+                    priority="urgent ? 100 : 0", timeouts=Timeouts(start="12s"),
+                    on_failure="throttleFailed")
+throttle_failed = Workflow(name="throttleFailed", payload=FailureReport)
+
+app = App([low_stock_alert, resize_image, push_partner, sync_crm, throttle_failed])
+# The same, after syncCrm was taken out of the declarations (its handler stays).
+without_sync_crm = App([low_stock_alert, resize_image, push_partner, throttle_failed])

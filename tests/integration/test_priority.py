@@ -1,0 +1,61 @@
+"""Priority orders the concurrency queue, on the real broker: urgent starts waiting behind
+normal ones go first; with every priority equal the queue is first come, first served."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sluicegate.config import Settings
+from sluicegate.declare import App, load_app
+from sluicegate.schemas.records import LedgerRecord, Outcome, RunEventKind
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.integration.kafka_helpers import TopicReader, WorkerThread
+from tests.integration.test_concurrency import APP, StepEngine, produce_in_order
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def app() -> App:
+    return load_app(APP)
+
+
+def _admission_order(settings: Settings, app: App, workflow: str,
+                     urgent: list[bool]) -> list[int]:
+    """Start `workflow` once per flag, in order, behind one running start; then end the
+    runs one at a time (the limit is 1) and return the admitted starts' numbers."""
+    create_topics(settings)
+    ledger = TopicReader(settings, Topics(settings).ledger, LedgerRecord)
+    engine = StepEngine(settings)
+    try:
+        with WorkerThread(app, settings):
+            produce_in_order(settings, [(workflow, {"urgent": False, "n": -1})])
+            running = engine.next_admitted()
+            produce_in_order(settings, [(workflow, {"urgent": flag, "n": i})
+                                        for i, flag in enumerate(urgent)])
+            ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows)
+                         >= len(urgent), timeout=15, what="every start queued")
+            order = []
+            for _ in urgent:
+                engine.report(running, RunEventKind.completed)
+                running = engine.next_admitted()
+                order.append(json.loads(running.payload)["n"])
+    finally:
+        engine.close()
+    return order
+
+
+def test_with_concurrency_1_urgent_starts_queued_behind_normal_ones_are_admitted_first(
+        settings: Settings, app: App) -> None:
+    flags = [False, False, False, True, False, True]
+    order = _admission_order(settings, app, "report", flags)
+    assert order == [3, 5, 0, 1, 2, 4]
+
+
+def test_with_all_default_priorities_the_queue_is_first_come_first_served(
+        settings: Settings, app: App) -> None:
+    order = _admission_order(settings, app, "plain", [False, True, False, True, False])
+    assert order == [0, 1, 2, 3, 4]

@@ -1,0 +1,215 @@
+"""The singleton stage on the real broker: skip and cancel, including cancel behind a
+debounce, and a run that ends freeing its key."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from sluicegate.client import Client, SingletonHeld
+from sluicegate.config import Settings
+from sluicegate.declare import App, load_app
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    CommandKind,
+    EngineCommand,
+    LedgerRecord,
+    Outcome,
+    RunEvent,
+    RunEventKind,
+    RunRow,
+    RunStatus,
+)
+from sluicegate.streams.clock import ManualClock
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.integration.kafka_helpers import TopicReader, WorkerThread
+
+pytestmark = pytest.mark.broker
+
+DEBOUNCE_MS = 10_000  # tests.apps.singleton's settledOnly
+
+
+@pytest.fixture
+def app() -> App:
+    return load_app("tests.apps.singleton")
+
+
+def _report(settings: Settings, execution_id: str, workflow: str, kind: RunEventKind) -> None:
+    """The engine's side: a lifecycle report on sg.run-events."""
+    # The partitioner every sluicegate client uses, so the report meets its run's row.
+    producer = Producer(settings.client_config(partitioner="murmur2_random"))
+    event = RunEvent(execution_id=execution_id, workflow=workflow, kind=kind,
+                     at_ms=int(time.time() * 1000))
+    producer.produce(Topics(settings).run_events, codec.encode(event), execution_id.encode())
+    assert producer.flush(10) == 0
+
+
+def _status(runs: TopicReader, execution_id: str, status: RunStatus) -> None:
+    runs.until(lambda rows: any(r.execution_id == execution_id and r.status is status
+                                for r in rows), timeout=30, what=f"{execution_id} {status}")
+
+
+def _outcomes(settings: Settings, count: int) -> dict[str, list[LedgerRecord]]:
+    """Every ledger row, by request, once `count` rows are in and nothing more comes."""
+    ledger = TopicReader(settings, Topics(settings).ledger, LedgerRecord)
+    ledger.until(lambda rows: len(rows) >= count, timeout=30, what=f"{count} ledger rows")
+    ledger.settle()
+    ledger.close()
+    by_request: dict[str, list[LedgerRecord]] = {}
+    for row in sorted(ledger.records, key=lambda r: r.decided_at_ms):
+        by_request.setdefault(row.request_id, []).append(row)
+    return by_request
+
+
+def test_skip_a_newcomer_stands_down_naming_the_incumbent_until_the_incumbent_ends(
+        settings: Settings, app: App) -> None:
+    create_topics(settings)
+    runs = TopicReader(settings, Topics(settings).runs, RunRow)
+    site = {"siteId": "s1"}
+    with WorkerThread(app, settings, clock=ManualClock()), \
+            Client(app=app, settings=settings) as client:
+        first = client.start("rebuildSearch", site, wait_decision=True, timeout=60)
+        assert first.status == "admitted" and first.execution_id is not None
+        with pytest.raises(SingletonHeld) as held:
+            client.start("rebuildSearch", site, wait_decision=True, timeout=30)
+        other_site = client.start("rebuildSearch", {"siteId": "s2"}, wait_decision=True)
+        # A child started by invoke is part of its parent's work: singleton does not judge it.
+        invoked = client.start("rebuildSearch", site, origin="invoke", wait_decision=True)
+
+        _report(settings, first.execution_id, "rebuildSearch", RunEventKind.started)
+        _report(settings, first.execution_id, "rebuildSearch", RunEventKind.suspended)
+        _status(runs, first.execution_id, RunStatus.suspended)
+        with pytest.raises(SingletonHeld):
+            client.start("rebuildSearch", site, wait_decision=True, timeout=30)
+
+        _report(settings, first.execution_id, "rebuildSearch", RunEventKind.completed)
+        _status(runs, first.execution_id, RunStatus.completed)
+        after = client.start("rebuildSearch", site, wait_decision=True, timeout=30)
+
+    assert held.value.execution_id == first.execution_id
+    assert held.value.handle.status == "skipped"
+    assert other_site.status == invoked.status == after.status == "admitted"
+    assert after.execution_id != first.execution_id
+    decided = _outcomes(settings, 6)
+    assert sorted(rows[0].outcome for rows in decided.values()) == sorted(
+        [Outcome.admitted] * 4 + [Outcome.skipped] * 2)
+    assert all(len(rows) == 1 for rows in decided.values())
+    skipped = [rows[0] for rows in decided.values() if rows[0].outcome is Outcome.skipped]
+    assert {row.execution_id for row in skipped} == {first.execution_id}
+    assert {row.key for row in skipped} == {"s1"}
+
+
+def test_cancel_the_newcomer_evicts_the_incumbent_and_an_old_run_ending_frees_nothing(
+        settings: Settings, app: App) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    commands = TopicReader(settings, topics.commands, EngineCommand)
+    runs = TopicReader(settings, topics.runs, RunRow)
+    site = {"siteId": "s1"}
+    with WorkerThread(app, settings, clock=ManualClock()), \
+            Client(app=app, settings=settings) as client:
+        first = client.start("latestOnly", site, wait_decision=True, timeout=60)
+        assert first.execution_id is not None
+        _report(settings, first.execution_id, "latestOnly", RunEventKind.started)
+        second = client.start("latestOnly", site, wait_decision=True, timeout=30)
+        commands.until(lambda rows: len(rows) >= 1, timeout=30, what="the cancel of run 1")
+
+        # The evicted run's end must not free the key its replacement now holds.
+        _report(settings, first.execution_id, "latestOnly", RunEventKind.cancelled)
+        _status(runs, first.execution_id, RunStatus.cancelled)
+        third = client.start("latestOnly", site, wait_decision=True, timeout=30)
+        commands.until(lambda rows: len(rows) >= 2, timeout=30, what="the cancel of run 2")
+        commands.settle()
+
+    assert first.status == second.status == third.status == "admitted"
+    assert [(c.execution_id, c.kind) for c in commands.records] == [
+        (first.execution_id, CommandKind.cancel), (second.execution_id, CommandKind.cancel)]
+    assert commands.keys == [first.execution_id.encode(), str(second.execution_id).encode()]
+    assert f"replaced by run {second.execution_id}" in (commands.records[0].reason or "")
+    decided = _outcomes(settings, 3)
+    assert [rows[0].outcome for rows in decided.values()] == [Outcome.admitted] * 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sluicegate.streams.stages.defer") is None,
+                    reason="the debounce stage (streams/stages/defer.py) is not written yet")
+def test_cancel_behind_a_debounce_evicts_the_incumbent_only_when_the_replacement_starts(
+        settings: Settings, app: App) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    commands = TopicReader(settings, topics.commands, EngineCommand)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    clock = ManualClock()
+    site = {"siteId": "s1"}
+
+    def admitted(request_id: str) -> None:
+        ledger.until(lambda rows: any(r.request_id == request_id and r.outcome is Outcome.admitted
+                                      for r in rows), timeout=30, what=f"{request_id} admitted")
+
+    with WorkerThread(app, settings, clock=clock), Client(app=app, settings=settings) as client:
+        first = client.start("settledOnly", site, wait_decision=True, timeout=60)
+        assert (first.status, first.deferral) == ("queued", "debounce")
+        clock.advance(DEBOUNCE_MS)
+        admitted(first.request_id)
+
+        second = client.start("settledOnly", site, wait_decision=True, timeout=30)
+        assert (second.status, second.deferral) == ("queued", "debounce")
+        # The whole quiet period long, the incumbent runs on.
+        clock.advance(DEBOUNCE_MS - 1)
+        commands.settle()
+        assert commands.records == []
+        clock.advance(1)
+        admitted(second.request_id)
+        commands.until(lambda rows: len(rows) >= 1, timeout=30, what="the cancel")
+        commands.settle()
+
+    first_run = next(r.execution_id for r in ledger.records
+                     if r.request_id == first.request_id and r.outcome is Outcome.admitted)
+    second_run = next(r.execution_id for r in ledger.records
+                      if r.request_id == second.request_id and r.outcome is Outcome.admitted)
+    assert [(c.execution_id, c.kind) for c in commands.records] == [
+        (first_run, CommandKind.cancel)]
+    assert f"replaced by run {second_run}" in (commands.records[0].reason or "")
+    decided = _outcomes(settings, 4)
+    assert {request: [r.outcome for r in rows] for request, rows in decided.items()} == {
+        first.request_id: [Outcome.queued, Outcome.admitted],
+        second.request_id: [Outcome.queued, Outcome.admitted],
+    }
+
+
+THROTTLE_MS = 10_000  # tests.apps.singleton's spacedLatest: one start each 10 s
+
+
+@pytest.mark.xfail(strict=True, reason="needs the runs stage to forward each admitted start "
+                   "holding a singleton slot to sg.stage.singleton "
+                   "(docs/decisions/singleton-cancel-timing.md)")
+def test_cancel_behind_a_throttle_evicts_the_incumbent_only_once_the_replacement_is_admitted(
+        settings: Settings, app: App) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    commands = TopicReader(settings, topics.commands, EngineCommand)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    clock = ManualClock()
+    site = {"siteId": "s1"}
+    with WorkerThread(app, settings, clock=clock), Client(app=app, settings=settings) as client:
+        first = client.start("spacedLatest", site, wait_decision=True, timeout=60)
+        second = client.start("spacedLatest", site, wait_decision=True, timeout=30)
+        assert (first.status, second.status, second.deferral) == ("admitted", "queued",
+                                                                  "throttle")
+        commands.settle()
+        assert commands.records == []
+        clock.advance(THROTTLE_MS)
+        ledger.until(lambda rows: any(r.request_id == second.request_id
+                                      and r.outcome is Outcome.admitted for r in rows),
+                     timeout=30, what="the replacement admitted")
+        commands.until(lambda rows: len(rows) >= 1, timeout=10, what="the cancel")
+        commands.settle()
+
+    second_run = next(r.execution_id for r in ledger.records
+                      if r.request_id == second.request_id and r.outcome is Outcome.admitted)
+    assert [(c.execution_id, c.kind) for c in commands.records] == [
+        (first.execution_id, CommandKind.cancel)]
+    assert f"replaced by run {second_run}" in (commands.records[0].reason or "")

@@ -1,0 +1,161 @@
+"""throttle on the real broker, time driven by a ManualClock: admissions follow GCRA to the
+millisecond, the excess waits and is admitted in its turn, a full queue drops, a start
+that waits too long expires into onFailure, and a removed workflow's starts fail."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from sluicegate.client import Client
+from sluicegate.config import Settings
+from sluicegate.schemas.records import AdmittedStart, LedgerRecord, Outcome
+from sluicegate.streams.clock import ManualClock
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.apps.rates import app, without_sync_crm
+from tests.integration.kafka_helpers import TopicReader, WorkerThread
+from tests.unit.test_throttle import reference_gcra
+
+pytestmark = pytest.mark.broker
+
+UPLOAD = {"userId": "u1", "imageId": "i1"}
+
+
+def _of(rows: list[AdmittedStart], workflow: str) -> list[AdmittedStart]:
+    return [row for row in rows if row.workflow == workflow]
+
+
+def test_sixty_a_minute_with_burst_ten_admits_at_exactly_the_gcra_times(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    t0 = clock.now_ms()
+    waves = [(0, 20), (70_000, 15)]  # a backlog, then a second burst after a quiet minute
+    arrivals = [at for at, count in waves for _ in range(count)]
+    expected = sorted(t0 + ms for ms in reference_gcra(60, 60_000, 10, arrivals))
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        decided = 0
+        for at, count in waves:
+            clock.set(t0 + at)
+            for _ in range(count):
+                client.submit("resizeImage", UPLOAD)
+            client.flush()
+            decided += count
+            ledger.until(lambda rows, n=decided: len(rows) >= n, what=f"{decided} decisions")
+            # Step the clock half a second at a time; wait for each step's turns to be taken
+            # before the next, so a turn is never taken late.
+            while clock.now_ms() < t0 + at + 12_000:
+                due = sum(1 for ms in expected if ms <= clock.now_ms())
+                admitted.until(lambda rows, n=due: len(rows) >= n, what=f"{due} admitted")
+                clock.advance(500)
+        admitted.until(lambda rows: len(rows) >= len(arrivals), what="every start admitted")
+        ledger.until(lambda rows: len(rows) >= len(arrivals) + 13, what="every decision")
+        admitted.settle()
+        ledger.settle()
+
+    assert sorted(a.admitted_at_ms for a in admitted.records) == expected
+    queued = [row for row in ledger.records if row.outcome is Outcome.queued]
+    assert len(queued) == 9 + 4
+    assert all(row.deferral == "throttle" and row.key == "u1" for row in queued)
+    # Each queued row promised the time its start was then admitted.
+    assert sorted(row.due_at_ms for row in queued if row.due_at_ms is not None) == [
+        ms for ms in expected if ms not in (t0, t0 + 70_000)]
+    assert sorted(row.position for row in queued if row.position is not None) == sorted(
+        [*range(9), *range(4)])
+    finals = Counter(row.outcome for row in ledger.records if row.outcome is not Outcome.queued)
+    assert finals == {Outcome.admitted: len(arrivals)}
+
+
+def test_over_max_queued_a_start_is_dropped_as_queue_full(settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    with WorkerThread(app, settings, clock=ManualClock()), \
+            Client(app=app, settings=settings, replies=False) as client:
+        for _ in range(4):
+            client.submit("pushPartner", UPLOAD)
+        client.flush()
+        ledger.until(lambda rows: len(rows) >= 4, what="four decisions")
+        ledger.settle()
+
+    assert Counter(row.outcome for row in ledger.records) == {
+        Outcome.admitted: 1, Outcome.queued: 2, Outcome.dropped: 1}
+    (drop,) = (row for row in ledger.records if row.outcome is Outcome.dropped)
+    assert drop.reason is not None and drop.reason.startswith("queue-full")
+    assert drop.retry_after_ms == 3_600_000
+
+
+def test_a_start_past_its_timeouts_start_expires_and_starts_the_on_failure_workflow(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        handles = [client.submit("syncCrm", UPLOAD) for _ in range(4)]
+        client.flush()
+        ledger.until(lambda rows: len(rows) >= 4, what="four decisions")
+        # One each 5 s: the turns at 5 s and 10 s are taken; the last would go at 15 s,
+        # but it may wait 12 s only.
+        for n in (2, 3):
+            clock.advance(5000)
+            admitted.until(lambda rows, n=n: len(_of(rows, "syncCrm")) >= n,
+                           what=f"{n} syncCrm runs")
+        clock.advance(2000)
+        admitted.until(lambda rows: len(_of(rows, "throttleFailed")) >= 1,
+                       what="the onFailure run")
+        ledger.settle()
+        admitted.settle()
+
+    (expired,) = (row for row in ledger.records if row.outcome is Outcome.expired)
+    assert expired.request_id in {h.request_id for h in handles}
+    assert expired.key == "u1"
+    assert expired.reason is not None and "timeouts.start" in expired.reason
+    assert expired.decided_at_ms == clock.now_ms()
+    assert len(_of(admitted.records, "syncCrm")) == 3
+    (failure_run,) = _of(admitted.records, "throttleFailed")
+    report = json.loads(failure_run.payload)
+    assert report["workflow"] == "syncCrm"
+    assert report["execution_id"] is None
+    assert "timeouts.start" in report["reason"]
+    assert report["payload"] == UPLOAD
+
+
+def test_starts_queued_for_a_workflow_removed_from_the_declarations_fail_into_on_failure(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        for _ in range(3):
+            client.submit("syncCrm", UPLOAD)
+        client.flush()
+        ledger.until(lambda rows: len(rows) >= 3, what="three decisions")
+    # A worker with the new declarations, restoring the throttle's store from its changelog.
+    moved = settings.with_(state_dir=settings.state_dir.parent / "state-after")
+    with WorkerThread(without_sync_crm, moved, clock=clock):
+        ledger.until(lambda rows: sum(r.outcome is Outcome.failed for r in rows) >= 2,
+                     what="two failed starts")
+        admitted.until(lambda rows: len(_of(rows, "throttleFailed")) >= 2,
+                       what="two onFailure runs")
+        ledger.settle()
+
+    failed = [row for row in ledger.records if row.outcome is Outcome.failed]
+    assert {row.reason for row in failed} == {"workflow removed from the declarations"}
+    queued = {row.request_id for row in ledger.records if row.outcome is Outcome.queued}
+    assert {row.request_id for row in failed} == queued
+    reports = [json.loads(a.payload) for a in _of(admitted.records, "throttleFailed")]
+    assert {(r["workflow"], r["reason"]) for r in reports} == {
+        ("syncCrm", "workflow removed from the declarations")}

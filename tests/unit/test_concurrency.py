@@ -1,0 +1,587 @@
+"""The concurrency stage: its pure core, and the stage itself on one partition's store with
+the routes around it played by a small harness (no broker): slots, queues, fairness,
+priority, modes, queue caps, timeouts, removed workflows."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import tempfile
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from pydantic import BaseModel
+
+from sluicegate.config import Settings
+from sluicegate.declare import App, Concurrency, Priority, Throttle, Timeouts, Workflow
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    LedgerRecord,
+    Origin,
+    Outcome,
+    PendingStart,
+    Release,
+    ReleaseKind,
+    Slot,
+)
+from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stages.concurrency import (
+    NAME,
+    REMOVED,
+    ConcurrencyStage,
+    Limit,
+    Occupancy,
+    Verdict,
+    arrive,
+    expires_at,
+    frees,
+    lane_hop,
+    shown_key,
+)
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.route import route_for
+from sluicegate.topology.topics import Topics
+
+
+class Job(BaseModel):
+    tenant: str
+    p: int = 0
+
+
+def _pending(kind: AdmittedKind = AdmittedKind.start, arrived: int = 1000) -> PendingStart:
+    return PendingStart(
+        execution_id="e", workflow="w", payload=b"{}", origin=Origin.event, kind=kind,
+        declaration_version="v", hop=1, request_id="r", request_ids=["r"],
+        requested_at_ms=arrived, arrived_at_ms=arrived, priority=0.0, slots=[])
+
+
+# -- the pure core -------------------------------------------------------------------
+
+
+def test_a_start_takes_a_free_slot_when_nobody_waits() -> None:
+    assert arrive(Occupancy(2, 0), Limit(3), holding=False, queued=False,
+                  resume=False) is Verdict.take
+
+
+def test_a_start_waits_when_the_key_is_full_or_others_wait_before_it() -> None:
+    assert arrive(Occupancy(3, 0), Limit(3), holding=False, queued=False,
+                  resume=False) is Verdict.wait
+    assert arrive(Occupancy(1, 4), Limit(3), holding=False, queued=False,
+                  resume=False) is Verdict.wait
+
+
+def test_over_max_queued_a_start_is_dropped_but_a_resume_still_waits() -> None:
+    full = Occupancy(3, 2)
+    assert arrive(full, Limit(3, max_queued=2), holding=False, queued=False,
+                  resume=False) is Verdict.full
+    assert arrive(full, Limit(3, max_queued=2), holding=False, queued=False,
+                  resume=True) is Verdict.wait
+
+
+def test_a_holder_keeps_its_slot_and_a_waiting_start_is_not_queued_twice() -> None:
+    assert arrive(Occupancy(3, 0), Limit(3), holding=True, queued=False,
+                  resume=True) is Verdict.keep
+    assert arrive(Occupancy(3, 1), Limit(3), holding=False, queued=True,
+                  resume=True) is Verdict.repeat
+
+
+def test_a_suspension_frees_a_slot_only_in_steps_mode() -> None:
+    assert frees(ReleaseKind.suspended, "steps")
+    assert not frees(ReleaseKind.suspended, "runs")
+    for mode in ("runs", "steps"):
+        assert frees(ReleaseKind.ended, mode) and frees(ReleaseKind.expired, mode)
+
+
+def test_timeouts_start_counts_from_the_first_arrival_and_never_expires_a_resume() -> None:
+    assert expires_at(_pending(arrived=1000), 60_000) == 61_000
+    assert expires_at(_pending(arrived=1000), None) is None
+    assert expires_at(_pending(AdmittedKind.resume), 60_000) is None
+
+
+def test_the_lane_is_the_narrower_limits_key_else_the_throttle_key_else_the_workflow() -> None:
+    two = Workflow(name="two", payload=Job, concurrency=[
+        Concurrency(limit=9, pool="p"), Concurrency(limit=2, key="tenant")])
+    route = route_for(two)
+    assert route.hops[2].budget == "pool:p"
+    assert lane_hop(route, 2) == route.hops[1]
+    throttled = Workflow(name="t", payload=Job, throttle=Throttle(
+        limit=5, period="1m", key="tenant"), concurrency=Concurrency(limit=2, pool="p"))
+    route = route_for(throttled, deployment_cap=10)
+    assert lane_hop(route, 2) == route.hops[1] and route.hops[1].control == "throttle"
+    assert lane_hop(route, 3) == route.hops[2]
+    alone = Workflow(name="a", payload=Job, concurrency=Concurrency(limit=2, pool="p"))
+    assert lane_hop(route_for(alone), 1) is None
+
+
+def test_the_ledger_shows_a_workflows_own_key_as_its_text_and_a_shared_one_by_budget() -> None:
+    assert shown_key("w\x1facme", "w") == "acme"
+    assert shown_key("pool:openai\x1facme", "w") == "pool:openai/acme"
+    assert shown_key("deployment\x1f", "w") == "deployment"
+
+
+# -- the stage, with the routes around it played by a harness -------------------------
+
+
+class Harness:
+    """One partition owning every key: starts come in as identity would send them, runs
+    end as the runs stage would release them, and time moves only when told."""
+
+    def __init__(self, app: App, path: Path, deployment_cap: int = 0) -> None:
+        self.app = app
+        self.path = path
+        self.topics = Topics(Settings(namespace="u."))
+        self.router = Router(app, deployment_cap, None)
+        self.stage = ConcurrencyStage(app, self.router, deployment_cap)
+        self.store = PartitionStore(path)
+        self.now = 1_000_000
+        self.inbox: deque[tuple[bytes | None, bytes]] = deque()
+        self.admitted: list[AdmittedStart] = []
+        self.ledger: list[LedgerRecord] = []
+        self.releases: list[Release] = []
+        self.ids = itertools.count()
+        self._open()
+
+    def _open(self) -> None:
+        self.tx = StoreTransaction(self.store)
+        self.timers = Timers(self.tx)
+        self.ctx = StageContext(NAME, 0, self.topics, self.tx, self.timers, self._send,
+                                lambda: self.now)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None) -> None:
+        assert value is not None
+        if topic == self.topics.stage(NAME):
+            self.inbox.append((key, value))
+        elif topic == self.topics.admitted:
+            self.admitted.append(codec.decode(AdmittedStart, value))
+        elif topic == self.topics.ledger:
+            self.ledger.append(codec.decode(LedgerRecord, value))
+        elif topic.startswith(self.topics.stage("")):
+            self.releases.append(codec.decode(Release, value))
+
+    def pump(self) -> None:
+        offsets = itertools.count()
+        while self.inbox:
+            key, value = self.inbox.popleft()
+            self.stage.process(self.ctx, InputRecord(self.topics.stage(NAME), 0,
+                                                     next(offsets), key, value, self.now))
+
+    def start(self, workflow: str, payload: dict[str, Any], *, slots: list[Slot] | None = None,
+              kind: AdmittedKind = AdmittedKind.start, execution_id: str | None = None) -> str:
+        """A start leaving identity (hop 0) for the workflow's first control."""
+        wf = self.app.workflows[workflow]
+        n = next(self.ids)
+        execution_id = execution_id or f"{workflow}-{n}"
+        start = PendingStart(
+            execution_id=execution_id, workflow=workflow, payload=json.dumps(payload).encode(),
+            origin=Origin.event, kind=kind, declaration_version=wf.version, hop=0,
+            request_id=f"req-{execution_id}" if kind is AdmittedKind.start
+            else f"resume:{execution_id}",
+            request_ids=[f"req-{execution_id}"], requested_at_ms=self.now,
+            arrived_at_ms=self.now, priority=wf.priority.value(payload) if wf.priority else 0.0,
+            slots=slots or [])
+        self.router.forward(self.ctx, start, payload)
+        self.pump()
+        return execution_id
+
+    def release(self, execution_id: str, kind: ReleaseKind = ReleaseKind.ended) -> None:
+        """The runs stage gives back every concurrency slot the run holds."""
+        run = next(a for a in reversed(self.admitted) if a.execution_id == execution_id)
+        for slot in run.slots:
+            if slot.stage == NAME:
+                self.inbox.append((slot.key.encode(), codec.encode(Release(
+                    stage=NAME, key=slot.key, execution_id=execution_id,
+                    workflow=run.workflow, kind=kind, at_ms=self.now))))
+        self.pump()
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+        for due, key, value in self.timers.due(self.now):
+            self.timers.cancel(due, key)
+            self.stage.fire(self.ctx, due, key, value)
+        self.pump()
+
+    def restart(self, app: App) -> None:
+        """Commit, and come back with other declarations (a redeploy)."""
+        self.tx.commit(self.store.changelog_offset + 1)
+        self.app = app
+        self.router = Router(app, 0, None)
+        self.stage = ConcurrencyStage(app, self.router, 0)
+        self._open()
+        self.stage.restored(self.ctx)
+        self.advance(0)
+
+    def admitted_ids(self) -> list[str]:
+        return [a.execution_id for a in self.admitted]
+
+    def outcomes(self, execution_id: str) -> list[Outcome]:
+        return [r.outcome for r in self.ledger if r.request_id == f"req-{execution_id}"]
+
+    def close(self) -> None:
+        self.store.close()
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Any:
+    made: list[Harness] = []
+
+    def build(*workflows: Workflow, deployment_cap: int = 0) -> Harness:
+        harness = Harness(App(list(workflows)), tmp_path / f"s{len(made)}", deployment_cap)
+        made.append(harness)
+        return harness
+
+    yield build
+    for harness in made:
+        harness.close()
+
+
+def test_the_excess_waits_with_its_position_and_is_admitted_as_slots_free(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=2, key="tenant")))
+    ids = [h.start("w", {"tenant": "a"}) for _ in range(5)]
+    assert h.admitted_ids() == ids[:2]
+    queued = [r for r in h.ledger if r.outcome is Outcome.queued]
+    assert [(r.deferral, r.key, r.position) for r in queued] == [
+        ("concurrency", "a", 0), ("concurrency", "a", 1), ("concurrency", "a", 2)]
+    other = h.start("w", {"tenant": "b"})
+    assert h.admitted_ids()[-1] == other, "another key has slots of its own"
+    h.release(ids[0])
+    assert h.admitted_ids()[-1] == ids[2]
+    assert h.outcomes(ids[2]) == [Outcome.queued, Outcome.admitted]
+    assert h.admitted[-1].slots == [Slot(NAME, "w\x1fa")]
+
+
+def test_a_release_for_a_run_that_holds_nothing_here_changes_nothing(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1)))
+    first, second = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
+    h.release(first)
+    h.release(first)  # releases can repeat
+    h.inbox.append((b"w\x1f", codec.encode(Release(
+        stage=NAME, key="w\x1f", execution_id="stranger", workflow="w",
+        kind=ReleaseKind.ended, at_ms=0))))
+    h.pump()
+    third = h.start("w", {"tenant": "a"})
+    assert h.admitted_ids() == [first, second]
+    assert h.stage.holders(h.ctx, "w\x1f") == [second]
+    assert h.outcomes(third) == [Outcome.queued]
+
+
+def test_strict_priority_admits_urgent_starts_first_and_ties_in_arrival_order(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=1, priority="p"))
+    running = h.start("w", {"tenant": "x"})
+    normal = [h.start("w", {"tenant": "x", "p": 0}) for _ in range(3)]
+    urgent = [h.start("w", {"tenant": "x", "p": 100}) for _ in range(2)]
+    current = running
+    for _ in range(5):
+        h.release(current)
+        current = h.admitted_ids()[-1]
+    assert h.admitted_ids() == [running, *urgent, *normal]
+
+
+def test_age_priority_counts_as_extra_waiting_time(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=1,
+                      priority=Priority(expr="p", mode="age")))
+    running = h.start("w", {"tenant": "x"})
+    old = h.start("w", {"tenant": "x", "p": 0})
+    h.advance(60_000)
+    boosted = h.start("w", {"tenant": "x", "p": 120})  # as if it came a minute before `old`
+    h.advance(1_000)
+    late = h.start("w", {"tenant": "x", "p": 30})  # only 30 s ahead: still after `old`
+    for current in (running, boosted, old):
+        h.release(current)
+    assert h.admitted_ids() == [running, boosted, old, late]
+
+
+def test_a_pool_is_one_budget_for_all_its_members(make: Any) -> None:
+    a = Workflow(name="a", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
+    b = Workflow(name="b", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
+    h = make(a, b)
+    ids = [h.start(name, {"tenant": "t"}) for name in "abab"]
+    assert h.admitted_ids() == ids[:3]
+    assert h.admitted[0].slots == [Slot(NAME, "pool:openai\x1f")]
+    h.release(ids[1])
+    assert h.admitted_ids() == [*ids[:3], ids[3]]
+
+
+def test_a_pool_serves_its_lanes_round_robin_so_a_small_tenant_is_not_starved(
+        make: Any) -> None:
+    h = make(Workflow(name="f", payload=Job, concurrency=[
+        Concurrency(limit=1000, key="tenant"), Concurrency(limit=4, pool="gpu")]))
+    big = [h.start("f", {"tenant": "A"}) for _ in range(1000)]
+    small = [h.start("f", {"tenant": "B"}) for _ in range(10)]
+    assert h.admitted_ids() == big[:4]
+    for _ in range(20):
+        h.release(h.admitted_ids()[len(h.admitted) - 4])
+    served = h.admitted_ids()[4:24]
+    assert set(small) <= set(served), "B's ten are admitted within the first twenty"
+    assert served[:4] == [big[4], small[0], big[5], small[1]]
+
+
+def test_the_deployment_cap_bounds_every_workflow_together(make: Any) -> None:
+    a = Workflow(name="a", payload=Job, concurrency=5)
+    b = Workflow(name="b", payload=Job, concurrency=5)
+    h = make(a, b, deployment_cap=3)
+    ids = [h.start(name, {"tenant": "t"}) for name in "ababa"]
+    assert h.admitted_ids() == ids[:3]
+    assert h.admitted[0].slots == [Slot(NAME, "a\x1f"), Slot(NAME, "deployment\x1f")]
+    h.release(ids[0])
+    h.release(ids[1])
+    assert sorted(h.admitted_ids()[3:]) == sorted(ids[3:])
+
+
+def test_max_queued_drops_the_excess_with_queue_full(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job,
+                      concurrency=Concurrency(limit=1, key="tenant", max_queued=2)))
+    ids = [h.start("w", {"tenant": "a"}) for _ in range(4)]
+    (dropped,) = [r for r in h.ledger if r.outcome is Outcome.dropped]
+    assert dropped.request_id == f"req-{ids[3]}"
+    assert dropped.reason is not None and dropped.reason.startswith("queue-full")
+    assert "max_queued 2" in dropped.reason and dropped.key == "a"
+    assert h.outcomes(h.start("w", {"tenant": "b"})) == [Outcome.admitted]
+
+
+def test_a_start_dropped_or_expired_gives_back_the_slots_it_took_on_the_way(
+        make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, timeouts=Timeouts(start="1m"), concurrency=[
+        Concurrency(limit=5, key="tenant"), Concurrency(limit=1, pool="p")]))
+    first = h.start("w", {"tenant": "a"}, slots=[Slot("singleton", "w\x1fa")])
+    waiting = h.start("w", {"tenant": "a"}, slots=[Slot("singleton", "w\x1fb")])
+    assert h.stage.holders(h.ctx, "w\x1fa") == [first, waiting]
+    h.advance(60_000)
+    assert h.outcomes(waiting)[-1] is Outcome.expired
+    expired = next(r for r in h.ledger if r.outcome is Outcome.expired)
+    assert expired.reason is not None and expired.reason.startswith("timeouts.start: waited 1m")
+    assert {(r.stage, r.key, r.execution_id) for r in h.releases} == {
+        ("singleton", "w\x1fb", waiting)}
+    h.pump()  # the inbox carried the release of its tenant slot
+    assert h.stage.holders(h.ctx, "w\x1fa") == [first]
+    assert h.outcomes(first) == [Outcome.admitted]
+
+
+def test_a_start_admitted_before_its_timeout_does_not_expire(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=1, timeouts=Timeouts(start="1m")))
+    first, second = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
+    h.advance(30_000)
+    h.release(first)
+    h.advance(60_000)
+    assert h.outcomes(second) == [Outcome.queued, Outcome.admitted]
+    assert h.timers.next_due is None
+
+
+def test_steps_mode_frees_the_slot_while_suspended_and_readmits_before_resuming(
+        make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, mode="steps")))
+    sleeper, other = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
+    h.release(sleeper, ReleaseKind.suspended)
+    assert h.admitted_ids() == [sleeper, other]
+    h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
+    assert len(h.admitted) == 2, "the resume waits for a slot"
+    h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)  # twice
+    h.release(other)
+    resumed = h.admitted[2:]
+    assert [(a.execution_id, a.kind) for a in resumed] == [(sleeper, AdmittedKind.resume)]
+    assert not [r for r in h.ledger if r.request_id == f"resume:{sleeper}"]
+
+
+def test_runs_mode_keeps_the_slot_of_a_suspended_run(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=1))
+    sleeper, other = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
+    h.release(sleeper, ReleaseKind.suspended)
+    assert h.admitted_ids() == [sleeper]
+    h.release(sleeper)
+    assert h.admitted_ids() == [sleeper, other]
+
+
+def test_a_resume_waiting_for_a_run_that_ended_is_forgotten(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, mode="steps")))
+    sleeper, other = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
+    h.release(sleeper, ReleaseKind.suspended)
+    h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
+    h.inbox.append((b"w\x1f", codec.encode(Release(
+        stage=NAME, key="w\x1f", execution_id=sleeper, workflow="w",
+        kind=ReleaseKind.ended, at_ms=0))))
+    h.pump()
+    h.release(other)
+    assert h.admitted_ids() == [sleeper, other]
+
+
+def test_starts_of_a_removed_workflow_fail_at_restore_and_a_raised_limit_fills_up(
+        make: Any) -> None:
+    gone = Workflow(name="gone", payload=Job, concurrency=1, on_failure="handler")
+    stays = Workflow(name="stays", payload=Job, concurrency=1)
+    from sluicegate.declare import FailureReport
+    handler = Workflow(name="handler", payload=FailureReport)
+    h = make(gone, stays, handler)
+    held = h.start("gone", {"tenant": "a"})
+    waiting = h.start("gone", {"tenant": "a"})
+    running = h.start("stays", {"tenant": "a"})
+    later = [h.start("stays", {"tenant": "a"}) for _ in range(2)]
+    h.restart(App([Workflow(name="stays", payload=Job, concurrency=3), handler]))
+    assert h.outcomes(waiting) == [Outcome.queued, Outcome.failed]
+    failed = next(r for r in h.ledger if r.outcome is Outcome.failed)
+    assert failed.reason == REMOVED
+    assert h.admitted_ids() == [held, running, *later]
+    h.release(held)  # the removed workflow's run still gives its slot back
+    assert h.stage.holders(h.ctx, "gone\x1f") == []
+
+
+# -- against a reference model ---------------------------------------------------------
+
+
+TENANTS = ("a", "b", "c")
+
+
+class OneKeyPerTenant(RuleBasedStateMachine):
+    """Limit 2 per tenant, strict priority: never more than 2 holders per tenant, the
+    waiting start admitted next is the reference queue's head (priority, then arrival),
+    and once every run ends nothing is left waiting."""
+
+    LIMIT = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp())
+        self.h = Harness(App([Workflow(
+            name="w", payload=Job, priority="p",
+            concurrency=Concurrency(limit=self.LIMIT, key="tenant"))]), self.dir / "s")
+        self.running: dict[str, set[str]] = defaultdict(set)
+        self.waiting: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+        self.arrivals = itertools.count()
+
+    def _check_new_admissions(self, seen: int) -> None:
+        for admitted in self.h.admitted[seen:]:
+            tenant = json.loads(admitted.payload)["tenant"]
+            queue = self.waiting[tenant]
+            if queue:
+                head = min(queue)
+                assert admitted.execution_id == head[2], "admitted out of order"
+                queue.remove(head)
+            self.running[tenant].add(admitted.execution_id)
+
+    @rule(tenant=st.sampled_from(TENANTS), priority=st.sampled_from((0, 0, 1, 5)))
+    def start(self, tenant: str, priority: int) -> None:
+        seen = len(self.h.admitted)
+        execution_id = self.h.start("w", {"tenant": tenant, "p": priority})
+        if len(self.h.admitted) == seen:
+            self.waiting[tenant].append((-priority, next(self.arrivals), execution_id))
+        self._check_new_admissions(seen)
+
+    @precondition(lambda self: any(self.running.values()))
+    @rule(data=st.data())
+    def end(self, data: st.DataObject) -> None:
+        tenant = data.draw(st.sampled_from(sorted(t for t, r in self.running.items() if r)))
+        execution_id = data.draw(st.sampled_from(sorted(self.running[tenant])))
+        self.running[tenant].discard(execution_id)
+        seen = len(self.h.admitted)
+        self.h.release(execution_id)
+        self._check_new_admissions(seen)
+
+    @invariant()
+    def never_more_than_the_limit(self) -> None:
+        for tenant in TENANTS:
+            holders = self.h.stage.holders(self.h.ctx, f"w\x1f{tenant}")
+            assert set(holders) == self.running[tenant]
+            assert len(holders) <= self.LIMIT
+            assert len(holders) == self.LIMIT or not self.waiting[tenant], "a free slot idles"
+
+    def teardown(self) -> None:
+        # Every waiting start is admitted once the runs end.
+        while any(self.running.values()):
+            tenant = next(t for t, r in self.running.items() if r)
+            self.end_one(tenant)
+        assert not any(self.waiting.values())
+        self.h.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def end_one(self, tenant: str) -> None:
+        execution_id = min(self.running[tenant])
+        self.running[tenant].discard(execution_id)
+        seen = len(self.h.admitted)
+        self.h.release(execution_id)
+        self._check_new_admissions(seen)
+
+
+TestOneKeyPerTenant = OneKeyPerTenant.TestCase
+TestOneKeyPerTenant.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+class SharedPool(RuleBasedStateMachine):
+    """A pool of 2 shared by tenants, one lane each: never more than 2 holders, FIFO within
+    a lane, and round-robin across lanes: while a lane waits, no other lane is served twice
+    before it."""
+
+    LIMIT = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp())
+        self.h = Harness(App([Workflow(name="f", payload=Job, concurrency=[
+            Concurrency(limit=100, key="tenant"), Concurrency(limit=self.LIMIT, pool="p")])]),
+            self.dir / "s")
+        self.running: list[str] = []
+        self.lanes: dict[str, deque[str]] = defaultdict(deque)
+        # Per waiting lane: the lanes served since it began waiting or was last served.
+        self.served_since: dict[str, list[str]] = {}
+
+    def _check_new_admissions(self, seen: int) -> None:
+        for admitted in self.h.admitted[seen:]:
+            tenant = json.loads(admitted.payload)["tenant"]
+            lane = self.lanes[tenant]
+            if lane:
+                assert admitted.execution_id == lane.popleft(), "out of order within a lane"
+                for other, served in self.served_since.items():
+                    if other != tenant:
+                        assert tenant not in served, f"{tenant} served twice before {other}"
+                        served.append(tenant)
+                self.served_since[tenant] = []
+                if not lane:
+                    del self.served_since[tenant]
+            self.running.append(admitted.execution_id)
+
+    @rule(tenant=st.sampled_from(TENANTS))
+    def start(self, tenant: str) -> None:
+        seen = len(self.h.admitted)
+        execution_id = self.h.start("f", {"tenant": tenant})
+        if len(self.h.admitted) == seen:
+            if not self.lanes[tenant]:
+                self.served_since[tenant] = []
+            self.lanes[tenant].append(execution_id)
+        self._check_new_admissions(seen)
+
+    @precondition(lambda self: bool(self.running))
+    @rule(data=st.data())
+    def end(self, data: st.DataObject) -> None:
+        execution_id = data.draw(st.sampled_from(self.running))
+        self.running.remove(execution_id)
+        seen = len(self.h.admitted)
+        self.h.release(execution_id)
+        self._check_new_admissions(seen)
+
+    @invariant()
+    def never_more_than_the_pool(self) -> None:
+        holders = self.h.stage.holders(self.h.ctx, "pool:p\x1f")
+        assert sorted(holders) == sorted(self.running)
+        assert len(holders) <= self.LIMIT
+
+    def teardown(self) -> None:
+        while self.running:
+            execution_id = self.running.pop(0)
+            seen = len(self.h.admitted)
+            self.h.release(execution_id)
+            self._check_new_admissions(seen)
+        assert not any(self.lanes.values()), "every waiting start is admitted in the end"
+        self.h.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestSharedPool = SharedPool.TestCase
+TestSharedPool.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)

@@ -1,0 +1,165 @@
+"""The runs stage's pure core: run rows after engine reports, and the backstop deadlines."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluicegate.declare import Concurrency, Workflow
+from sluicegate.schemas.records import RunEvent, RunEventKind, RunRow, RunStatus, Slot
+from sluicegate.streams.stages.runs import (
+    DEFAULT_LEASE_MS,
+    ENDED,
+    Backstop,
+    alive,
+    apply_event,
+    backstop_for,
+    failure_reason,
+    finished_late,
+    holds_lease,
+    lease_lapsed,
+    lease_of,
+)
+from tests.apps.lifecycle import Job
+
+ADMITTED_AT = 1_000_000
+
+
+def _row(slots: list[Slot] | None = None, status: RunStatus = RunStatus.admitted) -> RunRow:
+    return RunRow(execution_id="e1", workflow="w", status=status, payload=b"{}",
+                  declaration_version="v", admitted_at_ms=ADMITTED_AT,
+                  updated_at_ms=ADMITTED_AT, slots=slots or [], keys={})
+
+
+def _event(kind: RunEventKind, at: int, **more: object) -> RunEvent:
+    return RunEvent(execution_id="e1", workflow="w", kind=kind, at_ms=at, **more)  # type: ignore[arg-type]
+
+
+events = st.builds(
+    _event,
+    st.sampled_from(list(RunEventKind)),
+    st.integers(ADMITTED_AT, ADMITTED_AT + 10**9),
+    reason=st.none() | st.text(max_size=5),
+    retries_spent=st.none() | st.integers(0, 9),
+    run_id=st.none() | st.text(min_size=1, max_size=4),
+)
+CONCURRENCY = Slot("concurrency", "w\x1f")
+SINGLETON = Slot("singleton", "w\x1fk")
+
+
+# -- apply_event ------------------------------------------------------------------------
+
+
+def test_a_run_goes_admitted_running_suspended_running_completed() -> None:
+    row = _row()
+    for kind, status in [(RunEventKind.started, RunStatus.running),
+                         (RunEventKind.suspended, RunStatus.suspended),
+                         (RunEventKind.resumed, RunStatus.running),
+                         (RunEventKind.heartbeat, RunStatus.running),
+                         (RunEventKind.completed, RunStatus.completed)]:
+        row = apply_event(row, _event(kind, ADMITTED_AT + 1))
+        assert row.status is status
+    assert row.ended_at_ms == ADMITTED_AT + 1
+
+
+def test_an_engine_failure_keeps_its_message_and_retries() -> None:
+    event = _event(RunEventKind.failed, ADMITTED_AT + 5, retries_spent=3,
+                   error_message="boom", error_tag="E")
+    row = apply_event(_row(), event)
+    assert (row.status, row.last_reason, row.retries_spent) == (RunStatus.failed, "boom", 3)
+    assert failure_reason(event) == "retries exhausted (3)"
+
+
+@given(st.lists(events, max_size=12))
+def test_an_ended_run_never_changes_again(sequence: list[RunEvent]) -> None:
+    row = _row([CONCURRENCY])
+    ended: RunRow | None = None
+    for event in sequence:
+        row = apply_event(row, event)
+        if ended is not None:
+            assert row == ended
+        elif row.status in ENDED:
+            ended = row
+            assert row.ended_at_ms == event.at_ms
+        else:
+            assert row.ended_at_ms is None
+
+
+@given(st.lists(events, max_size=12), st.integers(0, 10**9))
+def test_a_finish_timeout_fails_a_live_run_and_leaves_an_ended_one(
+        sequence: list[RunEvent], now: int) -> None:
+    row = _row()
+    for event in sequence:
+        row = apply_event(row, event)
+    late = finished_late(row, now, "timeouts.finish")
+    if row.status in ENDED:
+        assert late == row
+    else:
+        assert (late.status, late.ended_at_ms, late.last_reason) == (
+            RunStatus.failed, now, "timeouts.finish")
+        # ... and then nothing the engine says afterwards changes it.
+        assert apply_event(late, _event(RunEventKind.completed, now + 1)) == late
+
+
+def test_a_lapsed_lease_drops_only_the_concurrency_slots() -> None:
+    row = lease_lapsed(_row([SINGLETON, CONCURRENCY], RunStatus.running), 7, "lease expired")
+    assert row.slots == [SINGLETON]
+    assert row.status is RunStatus.running and row.last_reason == "lease expired"
+
+
+# -- the backstop -------------------------------------------------------------------------
+
+
+def test_finish_replaces_the_lease() -> None:
+    assert backstop_for(ADMITTED_AT, 10_000, 3_600_000, True) == Backstop(
+        finish_at_ms=ADMITTED_AT + 10_000)
+
+
+def test_a_run_holding_no_concurrency_slot_has_no_lease() -> None:
+    assert backstop_for(ADMITTED_AT, None, 3_600_000, False).idle
+
+
+def test_a_suspended_steps_mode_run_holds_no_lease() -> None:
+    suspended = _row([CONCURRENCY], RunStatus.suspended)
+    assert not holds_lease(suspended, steps_mode=True)
+    assert holds_lease(suspended, steps_mode=False)
+    assert not holds_lease(_row([SINGLETON], RunStatus.running), steps_mode=False)
+
+
+def test_the_lease_is_the_shortest_of_the_limits_or_the_default() -> None:
+    wf = Workflow(name="w", payload=Job, concurrency=[
+        Concurrency(limit=5, lease="10m"), Concurrency(limit=2, key="jobId", lease="2m")])
+    assert lease_of(wf) == 120_000
+    assert lease_of(Workflow(name="v", payload=Job)) == DEFAULT_LEASE_MS
+    assert lease_of(None) == DEFAULT_LEASE_MS
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**7), st.booleans()), max_size=20),
+       st.integers(1000, 10**7))
+def test_leases_extend_on_each_report_and_finish_never_moves(
+        reports: list[tuple[int, bool]], lease_ms: int) -> None:
+    backstop = backstop_for(ADMITTED_AT, None, lease_ms, True)
+    assert backstop.lease_until_ms == ADMITTED_AT + lease_ms
+    now = ADMITTED_AT
+    for step, holding in reports:
+        now += step
+        before = backstop
+        backstop = alive(backstop, holding, now)
+        assert backstop.finish_at_ms is None and backstop.lease_ms == lease_ms
+        if not holding:
+            assert backstop.lease_until_ms is None
+        else:
+            # A report extends the lease to a full lease from now, never shortens it.
+            assert backstop.lease_until_ms == max(now + lease_ms, before.lease_until_ms or 0)
+        assert Backstop.decode(backstop.encode()) == backstop
+
+    finish = backstop_for(ADMITTED_AT, 5000, lease_ms, True)
+    assert alive(finish, True, now) == finish
+
+
+def test_a_backstop_round_trips_through_its_store_row() -> None:
+    for backstop in [Backstop(), Backstop(1, None, None), Backstop(None, 5, 9)]:
+        assert Backstop.decode(backstop.encode()) == backstop
+    assert dataclasses.replace(Backstop(None, 5, 9), lease_until_ms=None).idle is False

@@ -1,0 +1,410 @@
+"""The throttle: its GCRA core against a textbook reference, and the stage's queue, turns,
+expiries and removed workflows on a real store (no broker)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, deque
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from sluicegate.config import Settings
+from sluicegate.declare import App
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    LedgerRecord,
+    Origin,
+    Outcome,
+    PendingStart,
+    Record,
+    StartRequest,
+)
+from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stages.throttle import (
+    REMOVED,
+    Pace,
+    Rate,
+    ThrottleStage,
+    due_ms,
+    forget_ms,
+    take,
+)
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.topics import Topics
+from tests.apps import rates
+
+T = TypeVar("T", bound=Record)
+
+# -- the reference -------------------------------------------------------------------
+
+
+def reference_gcra(limit: int, period_ms: int, burst: int, arrivals: list[int]) -> list[int]:
+    """Textbook GCRA (virtual scheduling) in exact rational time, FIFO, none dropped.
+
+    Time is a grid of instants 1/limit ms apart; a start arriving at millisecond t is
+    presented from the first instant of t, (t - 1) + 1/limit, and then at every instant
+    until it conforms (x >= TAT - tau); admitting it at x sets TAT = max(TAT, x) + T. It
+    is admitted at millisecond ceil(x). Returns each arrival's admission millisecond.
+    """
+    interval = Fraction(period_ms, limit)
+    tau = burst * interval
+    step = Fraction(1, limit)
+    tat: Fraction | None = None
+    queue: deque[int] = deque()
+    out: dict[int, int] = {}
+    pending = deque(sorted(enumerate(arrivals), key=lambda pair: pair[1]))
+    x = Fraction(0)
+    while pending or queue:
+        if not queue:
+            x = max(x, pending[0][1] - 1 + step)
+        while pending and pending[0][1] - 1 + step <= x:
+            queue.append(pending.popleft()[0])
+        if tat is not None and x < tat - tau:
+            # The next grid instant at which the head conforms, or an arrival before it.
+            conforms = math.ceil((tat - tau) / step) * step
+            x = min(conforms, pending[0][1] - 1 + step) if pending else conforms
+            continue
+        out[queue.popleft()] = math.ceil(x)
+        tat = (x if tat is None else max(tat, x)) + interval
+    return [out[i] for i in range(len(arrivals))]
+
+
+def drive(rate: Rate, arrivals: list[int], late_by: list[int] | None = None
+          ) -> tuple[list[int], dict[int, int]]:
+    """Run the core the way the stage does: at each arrival, and whenever the key's turn
+    timer fires (at the head's due time, `late_by` ms late when given). Returns each
+    arrival's admission ms and the due time promised when it was queued."""
+    lateness = deque(late_by or [])
+    pace = Pace()
+    queue: deque[int] = deque()
+    admitted: dict[int, int] = {}
+    promised: dict[int, int] = {}
+    pending = deque(enumerate(arrivals))
+    while pending or queue:
+        turn = due_ms(pace, rate) + (lateness.popleft() if lateness else 0) if queue else None
+        now = min(t for t in (pending[0][1] if pending else None, turn) if t is not None)
+        drained = 0
+        while queue and (taken := take(pace, rate, now)) is not None:
+            pace = taken
+            admitted[queue.popleft()] = now
+            drained += 1
+        if turn is not None and now >= turn:
+            assert drained, "the turn timer fired before the head's turn"
+        while pending and pending[0][1] == now:
+            i, _ = pending.popleft()
+            if not queue and (taken := take(pace, rate, now)) is not None:
+                pace = taken
+                admitted[i] = now
+            else:
+                promised[i] = due_ms(pace, rate, len(queue))
+                queue.append(i)
+    return [admitted[i] for i in range(len(arrivals))], promised
+
+
+# -- the core ------------------------------------------------------------------------
+
+limits = st.integers(min_value=1, max_value=5)
+periods = st.integers(min_value=1, max_value=40)
+bursts = st.integers(min_value=0, max_value=4)
+arrival_times = st.lists(st.integers(min_value=1, max_value=120), max_size=40).map(sorted)
+
+
+@given(limits, periods, bursts, arrival_times)
+def test_admissions_follow_the_textbook_gcra_exactly(
+        limit: int, period: int, burst: int, arrivals: list[int]) -> None:
+    admitted, _ = drive(Rate(limit, period, burst), arrivals)
+    assert admitted == reference_gcra(limit, period, burst, arrivals)
+
+
+@given(limits, periods, bursts, arrival_times)
+def test_a_queued_start_is_admitted_at_the_time_its_queued_row_promised(
+        limit: int, period: int, burst: int, arrivals: list[int]) -> None:
+    admitted, promised = drive(Rate(limit, period, burst), arrivals)
+    for i, due in promised.items():
+        assert admitted[i] == due
+
+
+@given(limits, periods, arrival_times, st.lists(st.integers(min_value=0, max_value=30)))
+def test_with_no_burst_no_window_of_period_holds_more_than_limit_even_with_late_timers(
+        limit: int, period: int, arrivals: list[int], late: list[int]) -> None:
+    admitted, _ = drive(Rate(limit, period, 0), arrivals, late_by=late)
+    # Every start ran, in arrival order, never before it arrived.
+    assert all(a >= t for a, t in zip(admitted, arrivals, strict=True))
+    assert admitted == sorted(admitted)
+    for i in range(len(admitted) - limit):
+        assert admitted[i + limit] - admitted[i] >= period
+
+
+def test_sixty_a_minute_with_burst_ten_lets_eleven_go_then_one_a_second() -> None:
+    admitted, promised = drive(Rate(60, 60_000, 10), [0] * 20)
+    assert admitted == [0] * 11 + [1000 * k for k in range(1, 10)]
+    assert promised == {10 + k: 1000 * k for k in range(1, 10)}
+
+
+def test_after_a_quiet_time_the_burst_is_back() -> None:
+    arrivals = [0] * 12 + [60_000] * 12
+    admitted, _ = drive(Rate(60, 60_000, 10), arrivals)
+    assert admitted[12:] == [60_000] * 11 + [61_000]
+
+
+def test_a_fast_limit_is_not_rounded_to_one_a_millisecond() -> None:
+    admitted, _ = drive(Rate(100_000, 1000, 0), [5] * 250)
+    assert Counter(admitted) == {5: 100, 6: 100, 7: 50}
+
+
+def test_an_interval_of_a_fraction_of_a_millisecond_keeps_the_exact_rate() -> None:
+    # 7 a second is one each 142.857 ms: seven a second, not seven every 1001 ms.
+    admitted, _ = drive(Rate(7, 1000, 0), [1] * 15)
+    assert admitted == reference_gcra(7, 1000, 0, [1] * 15)
+    assert admitted[7] - admitted[0] == 1000
+    assert admitted[14] - admitted[7] == 1000
+
+
+def test_a_redeclared_limit_rescales_the_pace() -> None:
+    pace = take(Pace(), Rate(60, 60_000), 1000)
+    assert pace is not None
+    # The next turn is where the old rate put it; the new interval counts from there.
+    assert [due_ms(pace, Rate(60, 60_000), p) for p in (0, 1)] == [2000, 3000]
+    assert [due_ms(pace, Rate(120, 60_000), p) for p in (0, 1)] == [2000, 2500]
+
+
+@given(limits, periods, bursts, arrival_times, st.integers(min_value=0, max_value=200))
+def test_a_key_past_its_forget_time_behaves_as_a_fresh_one(
+        limit: int, period: int, burst: int, arrivals: list[int], later: int) -> None:
+    rate = Rate(limit, period, burst)
+    pace = Pace()
+    for now in arrivals:
+        pace = take(pace, rate, now) or pace
+    forget = forget_ms(pace, rate)
+    if forget is None:
+        return
+    assert take(pace, rate, forget + later) == take(Pace(), rate, forget + later)
+
+
+class ThrottleKey(RuleBasedStateMachine):
+    """One key, starts arriving and time passing in any pattern; the stage's way of
+    working (admit or queue on arrival, drain on the turn timer) stays the textbook GCRA."""
+
+    @initialize(limit=limits, period=periods, burst=bursts)
+    def setup(self, limit: int, period: int, burst: int) -> None:
+        self.rate = Rate(limit, period, burst)
+        self.now = 1
+        self.pace = Pace()
+        self.queue: deque[int] = deque()
+        self.arrivals: list[int] = []
+        self.admitted: dict[int, int] = {}
+
+    def _drain_until(self, end: int) -> None:
+        # Every turn timer due up to `end` fires at its due time.
+        while self.queue and (turn := due_ms(self.pace, self.rate)) <= end:
+            while self.queue and (taken := take(self.pace, self.rate, turn)) is not None:
+                self.pace = taken
+                self.admitted[self.queue.popleft()] = turn
+
+    @rule(ms=st.integers(min_value=0, max_value=25))
+    def time_passes(self, ms: int) -> None:
+        self.now += ms
+        self._drain_until(self.now)
+
+    @rule(count=st.integers(min_value=1, max_value=4))
+    def starts_arrive(self, count: int) -> None:
+        self._drain_until(self.now)
+        for _ in range(count):
+            i = len(self.arrivals)
+            self.arrivals.append(self.now)
+            if not self.queue and (taken := take(self.pace, self.rate, self.now)) is not None:
+                self.pace = taken
+                self.admitted[i] = self.now
+            else:
+                self.queue.append(i)
+
+    @invariant()
+    def every_admission_so_far_is_the_references(self) -> None:
+        expected = reference_gcra(self.rate.limit, self.rate.period_ms, self.rate.burst,
+                                  self.arrivals)
+        for i, at in self.admitted.items():
+            assert at == expected[i]
+        for i in self.queue:
+            assert expected[i] > self.now
+
+
+TestThrottleKey = ThrottleKey.TestCase
+TestThrottleKey.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+
+
+# -- the stage on a real store ---------------------------------------------------------
+
+
+class Harness:
+    """The throttle stage on one partition's store, with its clock and timers in hand."""
+
+    def __init__(self, path: Path, app: App = rates.app) -> None:
+        self.path = path
+        self.store = PartitionStore(path)
+        self.topics = Topics(Settings(namespace="u."))
+        self.now = 1_700_000_000_000
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.offset = 0
+        self.load(app)
+
+    def load(self, app: App) -> None:
+        """A worker with these declarations takes the partition over."""
+        self.tx = StoreTransaction(self.store)
+        self.timers = Timers(self.tx)
+        self.stage = ThrottleStage(app, Router(app, 0, None))
+        self.ctx = StageContext("throttle", 0, self.topics, self.tx, self.timers,
+                                lambda t, k, v, p: self.sent.append((t, k, v)),
+                                lambda: self.now)
+        self.stage.restored(self.ctx)
+
+    def commit(self) -> None:
+        self.offset += 1
+        self.tx.commit(self.offset)
+
+    def start(self, workflow: str, user: str = "u1", urgent: bool = False,
+              request_id: str | None = None) -> str:
+        request_id = request_id or f"r{len(self.sent)}-{self.now}"
+        payload = json.dumps({"userId": user, "imageId": "i", "urgent": urgent}).encode()
+        start = PendingStart(
+            execution_id=f"x-{request_id}", workflow=workflow, payload=payload,
+            origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=1,
+            request_id=request_id, request_ids=[request_id], requested_at_ms=self.now,
+            arrived_at_ms=self.now, priority=100.0 if urgent else 0.0, slots=[],
+            on_failure="throttleFailed" if workflow == "syncCrm" else None)
+        key = f"{workflow}\x1f{user if workflow != 'pushPartner' else ''}".encode()
+        self.stage.process(self.ctx, InputRecord(self.topics.stage("throttle"), 0, 0, key,
+                                                 codec.encode(start), self.now))
+        return request_id
+
+    def advance(self, ms: int) -> None:
+        """Time passes; each timer fires at its due time, as a ticking clock fires them."""
+        end = self.now + ms
+        while (due := self.timers.next_due) is not None and due <= end:
+            self.now = max(self.now, due)
+            for due_at, key, value in self.timers.due(self.now):
+                self.timers.cancel(due_at, key)
+                self.stage.fire(self.ctx, due_at, key, value)
+        self.now = end
+
+    def of(self, topic: str, cls: type[T]) -> list[T]:
+        return [codec.decode(cls, v) for t, _, v in self.sent if t == topic and v]
+
+    def ledger(self) -> list[LedgerRecord]:
+        return self.of(self.topics.ledger, LedgerRecord)
+
+    def admitted(self) -> list[AdmittedStart]:
+        return self.of(self.topics.admitted, AdmittedStart)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path / "store")
+    yield h
+    h.store.close()
+
+
+def test_urgent_starts_leave_the_queue_first_and_equals_in_arrival_order(
+        harness: Harness) -> None:
+    t0 = harness.now
+    first = harness.start("syncCrm")
+    plain = [harness.start("syncCrm") for _ in range(2)]
+    urgent = harness.start("syncCrm", urgent=True)
+    queued = [r for r in harness.ledger() if r.outcome is Outcome.queued]
+    assert [(r.request_id, r.position, r.due_at_ms, r.deferral, r.key) for r in queued] == [
+        (plain[0], 0, t0 + 5000, "throttle", "u1"), (plain[1], 1, t0 + 10_000, "throttle", "u1"),
+        (urgent, 0, t0 + 5000, "throttle", "u1")]
+    harness.advance(5000)
+    harness.advance(5000)
+    assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()] == [
+        (f"x-{first}", t0), (f"x-{urgent}", t0 + 5000), (f"x-{plain[0]}", t0 + 10_000)]
+
+
+def test_a_start_that_waits_past_timeouts_start_expires_into_its_on_failure_workflow(
+        harness: Harness) -> None:
+    t0 = harness.now
+    for _ in range(3):
+        harness.start("syncCrm")
+    late = harness.start("syncCrm")  # its turn would be at 15 s, past the 12 s it may wait
+    harness.advance(11_999)
+    assert [r.outcome for r in harness.ledger()] == [
+        Outcome.admitted, Outcome.queued, Outcome.queued, Outcome.queued,
+        Outcome.admitted, Outcome.admitted]
+    harness.advance(1)
+    expired = harness.ledger()[-1]
+    assert (expired.request_id, expired.outcome, expired.key) == (late, Outcome.expired, "u1")
+    assert expired.decided_at_ms == t0 + 12_000
+    assert "timeouts.start" in (expired.reason or "")
+    (report,) = harness.of(harness.topics.starts, StartRequest)
+    assert report.workflow == "throttleFailed"
+    assert "timeouts.start" in json.loads(report.payload)["reason"]
+    # Nobody waits any more: the next turn admits nobody.
+    harness.advance(10_000)
+    assert len(harness.admitted()) == 3
+
+
+def test_queued_starts_are_admitted_in_arrival_order_one_each_interval(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "store")
+    for i in range(11):
+        h.start("resizeImage", request_id=f"a{i}")  # the burst: eleven at once
+    h.start("resizeImage", request_id="slow")
+    h.start("resizeImage", request_id="slower")
+    assert len(h.admitted()) == 11
+    h.advance(999)
+    assert len(h.admitted()) == 11
+    h.advance(1)
+    h.advance(1000)
+    assert [a.execution_id for a in h.admitted()[11:]] == ["x-slow", "x-slower"]
+    assert [a.admitted_at_ms for a in h.admitted()[11:]] == [h.now - 1000, h.now]
+    h.store.close()
+
+
+def test_over_max_queued_a_start_is_dropped_as_queue_full_with_when_a_place_frees(
+        harness: Harness) -> None:
+    for _ in range(4):
+        harness.start("pushPartner")
+    outcomes = [r.outcome for r in harness.ledger()]
+    assert outcomes == [Outcome.admitted, Outcome.queued, Outcome.queued, Outcome.dropped]
+    dropped = harness.ledger()[-1]
+    assert "queue-full" in (dropped.reason or "")
+    assert dropped.retry_after_ms == 3_600_000
+
+
+def test_starts_of_a_workflow_removed_from_the_declarations_fail_when_a_worker_loads_them(
+        harness: Harness) -> None:
+    harness.start("syncCrm", user="u1")
+    waiting = [harness.start("syncCrm", user="u1")]
+    harness.start("syncCrm", user="u2")
+    waiting.append(harness.start("syncCrm", user="u2"))
+    harness.commit()
+    before = len(harness.ledger())
+    harness.load(rates.without_sync_crm)
+    harness.advance(0)
+    failed = harness.ledger()[before:]
+    assert sorted((r.request_id, r.outcome, r.reason) for r in failed) == sorted(
+        (request_id, Outcome.failed, REMOVED) for request_id in waiting)
+    reports = harness.of(harness.topics.starts, StartRequest)
+    assert [json.loads(r.payload)["reason"] for r in reports] == [REMOVED, REMOVED]
+    # Their keys are gone with them.
+    harness.commit()
+    assert [k for k, _ in harness.store.items(b"\x00SK")] == []
+    assert [k for k, _ in harness.store.items(b"\x00SQ")] == []
+
+
+def test_a_fresh_key_admits_and_an_idle_key_leaves_no_row_behind(harness: Harness) -> None:
+    harness.start("resizeImage")
+    harness.commit()
+    harness.advance(61_000)
+    harness.commit()
+    assert list(harness.store.items(b"")) == []
