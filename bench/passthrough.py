@@ -489,6 +489,14 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
     return result
 
 
+def py_spy_binary() -> str:
+    beside = Path(sys.executable).parent / "py-spy"
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise RuntimeError("--py-spy: no py-spy (`.venv/bin/pip install py-spy`)")
+    return found
+
+
 def start_py_spy(py_spy: Path | None, system: SystemProcess, rundir: Path
                  ) -> subprocess.Popen[bytes] | None:
     if py_spy is None:
@@ -496,7 +504,7 @@ def start_py_spy(py_spy: Path | None, system: SystemProcess, rundir: Path
     py_spy.mkdir(parents=True, exist_ok=True)
     out = py_spy / f"{rundir.name}.{system.system}.txt"
     spy = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "py-spy"), "record", "--pid", str(system.pid),
+        [py_spy_binary(), "record", "--pid", str(system.pid),
          "--format", "raw", "--rate", "250", "--nonblocking", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # py-spy attaches

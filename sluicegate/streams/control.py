@@ -8,6 +8,7 @@ two of being written (the seeds' "next drain tick, ~1 s").
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -66,7 +67,10 @@ class ControlTable:
                 continue
             workflow = key[len(PAUSE_PREFIX):]
             if msg.value() is None:
-                row = self.rows.pop(workflow, None)
+                # A deleted row means "not paused": report it as an unpause.
+                gone = self.rows.pop(workflow, None)
+                if changed is not None and gone is not None and gone.paused:
+                    changed.append(dataclasses.replace(gone, paused=False))
                 continue
             try:
                 row = codec.decode(ControlRow, msg.value())

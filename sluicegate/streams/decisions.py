@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import uuid
 
+from pydantic import ValidationError
+
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,
@@ -82,3 +84,12 @@ def reject(ctx: StageContext, record: InputRecord, reason: str,
     )
     record_decision(ctx, row, start.reply_partition if start else None)
 
+
+
+def describe_invalid(exc: Exception) -> str:
+    """A pydantic validation error (or a JSON error) in one line a person can act on."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+    return str(exc)

@@ -183,9 +183,6 @@ def test_cancel_behind_a_debounce_evicts_the_incumbent_only_when_the_replacement
 THROTTLE_MS = 10_000  # tests.apps.singleton's spacedLatest: one start each 10 s
 
 
-@pytest.mark.xfail(strict=True, reason="needs the runs stage to forward each admitted start "
-                   "holding a singleton slot to sg.stage.singleton "
-                   "(docs/decisions/singleton-cancel-timing.md)")
 def test_cancel_behind_a_throttle_evicts_the_incumbent_only_once_the_replacement_is_admitted(
         settings: Settings, app: App) -> None:
     create_topics(settings)

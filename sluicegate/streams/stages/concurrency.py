@@ -33,14 +33,13 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import FairQueue, Parked
-from sluicegate.streams.routing import Router, with_slot
+from sluicegate.streams.routing import REMOVED, Router, with_slot
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 from sluicegate.topology.topics import Topics
 
 NAME = "concurrency"
-REMOVED = "workflow removed from the declarations"
 
 # Rows of this stage (the FairQueue rows have letters of their own in streams/pending.py).
 _HOLDER = STATE_PREFIX + b"H"   # + key + execution id -> workflow \x1f limit index
@@ -275,7 +274,7 @@ class ConcurrencyStage(Stage):
                       f"slot of {self._described(key, wf)} (max_queued {limit.max_queued})")
             self.router.decide(ctx, start, Outcome.dropped, key=shown_key(key, wf.name),
                                reason=reason)
-            self._give_back(ctx, start, reason)
+            self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue)
             if has_room(occupancy, limit):
@@ -424,18 +423,6 @@ class ConcurrencyStage(Stage):
     def _fail(self, ctx: StageContext, key: str, start: PendingStart, outcome: Outcome,
               reason: str) -> None:
         self.router.fail(ctx, start, outcome, reason, key=shown_key(key, start.workflow))
-        self._give_back(ctx, start, reason)
-
-    @staticmethod
-    def _give_back(ctx: StageContext, start: PendingStart, reason: str) -> None:
-        """A start that will never run gives back the holds it took on its way (an
-        earlier limit's slot, a singleton hold, an identity key with a ttl)."""
-        for slot in start.slots:
-            ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(Release(
-                stage=slot.stage, key=slot.key, execution_id=start.execution_id,
-                workflow=start.workflow, kind=ReleaseKind.ended, at_ms=ctx.now_ms,
-                reason=reason,
-            )))
 
     def _described(self, key: str, wf: Workflow | None) -> str:
         budget, _, text = key.partition("\x1f")

@@ -33,17 +33,15 @@ from pydantic import ValidationError
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import IdentityAlias, Outcome, PendingStart, Slot
-from sluicegate.streams.decisions import reject
+from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.pending import PendingQueue, rank_key
-from sluicegate.streams.routing import Router
+from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import identity
-from sluicegate.streams.stages.identity import _brief
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.topology.topics import Topics
 
 NAME = "defer"
-REMOVED = "workflow removed from the declarations"
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -422,7 +420,7 @@ class DeferStage(Stage):
             self._fail_batch(
                 ctx, members, Outcome.failed,
                 f"workflow {wf.name}: the batch of {len(members)} items does not validate "
-                f"against the workflow's payload: {_brief(exc)}", text)
+                f"against the workflow's payload: {describe_invalid(exc)}", text)
             return
         run = dataclasses.replace(
             first, payload=payload,

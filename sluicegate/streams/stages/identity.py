@@ -35,7 +35,13 @@ from sluicegate.schemas.records import (
     Slot,
     StartRequest,
 )
-from sluicegate.streams.decisions import admit, execution_id_for, record_decision, reject
+from sluicegate.streams.decisions import (
+    admit,
+    describe_invalid,
+    execution_id_for,
+    record_decision,
+    reject,
+)
 from sluicegate.streams.pending import rank_key
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
@@ -159,7 +165,8 @@ class IdentityStage(Stage):
             payload = json.loads(start.payload)
             wf.start_model.model_validate(payload)
         except (ValueError, ValidationError) as exc:
-            reject(ctx, record, f"workflow {wf.name}: payload does not validate: {_brief(exc)}",
+            reject(ctx, record,
+                   f"workflow {wf.name}: payload does not validate: {describe_invalid(exc)}",
                    start)
             return
 
@@ -265,13 +272,3 @@ class IdentityStage(Stage):
             waited_ms=max(0, now - start.requested_at_ms), key=key, stage=self.name,
             reason=reason, execution_id=execution_id, declaration_version=wf.version,
         ), start.reply_partition)
-
-
-def _brief(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
-        )
-    return str(exc)
-
-

@@ -260,6 +260,11 @@ class RunsStage(Stage):
         row = admitted_row(admitted)
         self.save(ctx, row)
         self._arm(ctx, row)
+        # A singleton `cancel` replacement evicts its incumbent only once it is admitted
+        # (it may have waited behind throttle, concurrency or a pause).
+        for slot in admitted.slots:
+            if slot.stage == "singleton":
+                ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(admitted))
         early = _EARLY + admitted.execution_id.encode() + b"\x1f"
         for key, value in list(ctx.store.items(early)):
             ctx.store.delete(key)

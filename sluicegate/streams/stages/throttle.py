@@ -26,13 +26,12 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import PendingQueue
-from sluicegate.streams.routing import Router
+from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 
 NAME = "throttle"
-REMOVED = "workflow removed from the declarations"
 _KEY = STATE_PREFIX + b"K"
 # Timers, one of each per key: the head's turn (or forgetting an idle key), the
 # timeouts.start sweep.
