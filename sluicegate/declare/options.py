@@ -191,7 +191,7 @@ class Debounce(_Keyed):
     duration_fields = ("period", "timeout")
     period: DurationValue
     timeout: DurationValue | None = None
-    max_queued: int | None = None
+    # No max_queued: a debounce key holds one pending start, whatever arrives.
 
     @cached_property
     def period_ms(self) -> int:
@@ -216,7 +216,7 @@ class Batch(_Keyed):
     timeout: DurationValue
     if_: str | None = Field(default=None, validation_alias=AliasChoices("if", "if_"))
     max_bytes: int = 4 * 1024 * 1024
-    max_queued: int | None = None
+    # No max_queued: a batch key holds at most max_size items before it runs.
 
     def bind(self, model: type[BaseModel]) -> Self:
         # The batch's own expressions are over the item, whatever the workflow passes.

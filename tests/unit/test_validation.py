@@ -197,8 +197,13 @@ def test_throttle_burst_cannot_be_negative() -> None:
 
 
 def test_max_queued_must_be_at_least_1_when_set() -> None:
-    assert only_problem(debounce=Debounce(period="1m", max_queued=0)) == (
-        "workflow f: debounce max_queued must be at least 1 when set (got 0)")
+    assert only_problem(throttle=Throttle(limit=5, period="1m", max_queued=0)) == (
+        "workflow f: throttle max_queued must be at least 1 when set (got 0)")
+
+
+def test_debounce_and_batch_take_no_queue_cap_since_each_key_holds_one_bounded_group() -> None:
+    assert only_problem(debounce=Debounce(period="1m", max_queued=3)) == (
+        "workflow f: debounce max_queued: Extra inputs are not permitted")
 
 
 def test_a_duration_that_does_not_parse_is_a_load_error() -> None:
