@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import (
@@ -27,6 +28,11 @@ from sluicegate.ops.localkafka.broker import (
     port_in_use,
     stop_broker,
 )
+
+# The suite shares two cores with a broker and workers: a per-example deadline would fail
+# on the machine's load, not on the code.
+hypothesis_settings.register_profile("sluicegate", deadline=None)
+hypothesis_settings.load_profile("sluicegate")
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 # Fixed ports make a leftover test broker easy to find; another run already holding them

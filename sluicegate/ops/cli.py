@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from sluicegate.config import Settings
+from sluicegate.ops.inspect import app as inspect_app
 from sluicegate.ops.ledger_cli import app as ledger_app
 from sluicegate.ops.localkafka.cli import app as kafka_app
 from sluicegate.ops.workflows import app as workflows_app
@@ -28,6 +29,7 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(topology_app, name="topology")
 app.add_typer(workflows_app, name="workflows")
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(inspect_app, name="inspect")
 
 Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
                                                envvar="SLUICEGATE_BOOTSTRAP")]
@@ -83,13 +85,16 @@ def worker(
     namespace: Namespace = None,
     state_dir: Annotated[Path | None, typer.Option(help="This worker's state directory.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Serve Prometheus metrics on this port (/metrics).")] = None,
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
     from sluicegate.ops.worker import run_worker
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir))
+    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
+               metrics_port=metrics_port)
 
 
 @app.command("demo")

@@ -15,11 +15,17 @@ from sluicegate.streams.runtime import Worker
 log = logging.getLogger(__name__)
 
 
-def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None) -> Worker:
+def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None,
+               metrics_port: int | None = None) -> Worker:
     """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group."""
     stop = stop or threading.Event()
     app = load_app(app_spec, settings)
     worker = Worker.for_app(app, settings, clock=clock_from_env())
+    if metrics_port is not None:
+        from sluicegate.ops.metrics import serve_worker_metrics
+
+        worker.metrics = serve_worker_metrics(metrics_port)
+        log.info("metrics on :%d/metrics", metrics_port)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the current cycle", signum)

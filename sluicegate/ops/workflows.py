@@ -10,19 +10,23 @@ workers drain on seeing the change, and the row keeps who lifted the pause and w
 from __future__ import annotations
 
 import getpass
+import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from confluent_kafka import KafkaError, Producer
 
 from sluicegate.config import Settings
+from sluicegate.ops import bulk
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import ControlRow
+from sluicegate.schemas.records import ControlRow, RunStatus
 from sluicegate.streams.control import pause_key
 from sluicegate.topology.topics import Topics
 
-app = typer.Typer(help="Operate on workflows: pause and unpause their starts.",
+app = typer.Typer(help="Operate on workflows: pause and unpause their starts, see their flow.",
                   no_args_is_help=True)
 
 Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
@@ -114,3 +118,136 @@ def unpause(
                                        at_ms=int(time.time() * 1000), reason=reason,
                                        by=_who(by)))
     typer.echo(f"unpaused {name}; its collected starts drain in priority order")
+
+
+@app.command("flow")
+def flow(
+    workflow: Annotated[str | None, typer.Option(help="Only this workflow.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    app_spec: Annotated[str | None, typer.Option(
+        "--app", help="Module with the declarations: list every declared workflow, also "
+                      "those with nothing to show.")] = None,
+    db: Annotated[Path | None, typer.Option(
+        "--db", help="The ledger's DuckDB file (default: the one `sluicegate ledger` "
+                     "uses).")] = None,
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+) -> None:
+    """Per workflow and key: queued, waiting=, collapsed, dropped, expired, in flight,
+    paused (the same JSON as GET /inspect/workflows/flow-control)."""
+    from sluicegate.ops.flow import FlowReader
+    from sluicegate.ops.ledger import LedgerDb, LedgerSqlError, default_db_path
+
+    if fmt not in ("text", "json"):
+        typer.echo(f"--format must be text or json, not {fmt!r}", err=True)
+        raise typer.Exit(2)
+    settings = _settings(bootstrap, namespace)
+    declared: list[str] = []
+    if app_spec is not None:
+        from sluicegate.declare import load_app
+
+        declared = sorted(load_app(app_spec, settings).workflows)
+    try:
+        with LedgerDb(db or default_db_path(settings)) as ledger:
+            reader = FlowReader(settings, ledger, declared)
+            try:
+                view = reader.view(workflow)
+            finally:
+                reader.close()
+    except LedgerSqlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(json.dumps(view.to_json(), indent=2) if fmt == "json" else view.text())
+
+
+# -- bulk cancel and replay (sluicegate/ops/bulk.py) ------------------------------------
+
+Limit = Annotated[int, typer.Option(
+    "--limit", min=1, help="At most this many runs (required: the blast radius; no 'all').")]
+Commit = Annotated[bool, typer.Option(
+    "--commit", help="Act. Without it this is a dry run that changes nothing.")]
+BulkFormat = Annotated[str, typer.Option("--format", help="text or json.")]
+
+
+def _report(result: bulk.BulkResult, fmt: str) -> None:
+    if fmt == "json":
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    head = "done" if result.committed else "dry run (pass --commit to act)"
+    typer.echo(f"{result.verb}: {head}: {len(result.succeeded)} "
+               f"{'succeeded' if result.committed else 'eligible'}, {len(result.failed)} "
+               f"failed, {result.ineligible} skipped"
+               + (f"; truncated: {result.eligible} were eligible, --limit {result.limit}"
+                  if result.truncated else ""))
+    for label, runs in (("ok", result.succeeded), ("FAILED", result.failed),
+                        ("skipped", result.skipped)):
+        for run in runs:
+            typer.echo(f"  {label:8} {run.execution_id} {run.workflow} [{run.status}] "
+                       f"{run.detail or ''}")
+
+
+def _with_progress(fmt: str, act: Callable[[bulk.Progress | None], bulk.BulkResult]
+                   ) -> bulk.BulkResult:
+    """A progress bar on stderr while a long apply sends its records."""
+    from rich.progress import Progress
+
+    if fmt == "json":
+        return act(None)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("sending", total=None)
+        return act(lambda done, total: bar.update(task, completed=done, total=total))
+
+
+@app.command("cancel-many")
+def cancel_many(
+    workflow: Annotated[str, typer.Option("--workflow", help="The workflow whose runs stop.")],
+    reason: Annotated[str, typer.Option(
+        "--reason", help="Why (required: recorded on every cancelled run).")],
+    limit: Limit,
+    commit: Commit = False,
+    fmt: BulkFormat = "text",
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+) -> None:
+    """Cancel live runs (admitted, running, suspended) of a workflow, at most --limit."""
+    settings = _settings(bootstrap, namespace)
+    if not reason.strip():
+        typer.echo("--reason must say why: it is recorded on every cancelled run", err=True)
+        raise typer.Exit(2)
+    if commit:
+        result = _with_progress(fmt, lambda progress: bulk.apply_cancel(
+            settings, workflow, reason, limit, progress=progress))
+    else:
+        result = bulk.preview_cancel(settings, workflow, limit)
+    _report(result, fmt)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+@app.command("replay-many")
+def replay_many(
+    status: Annotated[RunStatus, typer.Option("--status", help="Which runs to replay.")],
+    mode: Annotated[str, typer.Option(
+        "--mode", help="redrive (failed runs resume from the failed step) or retry (failed "
+                       "and cancelled runs start afresh); no default.")],
+    limit: Limit,
+    workflow: Annotated[str | None, typer.Option("--workflow", help="Only this one.")] = None,
+    commit: Commit = False,
+    fmt: BulkFormat = "text",
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+) -> None:
+    """Redrive or retry runs of a status, at most --limit."""
+    if mode not in ("redrive", "retry"):
+        typer.echo("--mode must be redrive or retry", err=True)
+        raise typer.Exit(2)
+    chosen: bulk.Mode = "redrive" if mode == "redrive" else "retry"
+    settings = _settings(bootstrap, namespace)
+    if commit:
+        result = _with_progress(fmt, lambda progress: bulk.apply_replay(
+            settings, status, chosen, limit, workflow=workflow, progress=progress))
+    else:
+        result = bulk.preview_replay(settings, status, chosen, limit, workflow=workflow)
+    _report(result, fmt)
+    if result.failed:
+        raise typer.Exit(1)

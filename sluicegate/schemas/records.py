@@ -280,11 +280,24 @@ class IdentityAlias:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class CancelSweep:
+    """sg.stage.cancelon and sg.stage.defer (one per partition, key: source): a cancelOn
+    event that decoded, fanned out so each partition judges its live runs and queued starts."""
+
+    event: str
+    body: bytes
+    event_at_ms: int
+    source: str
+    workflows: list[str]
+
+
 Record = (
     StartRequest
     | PendingStart
     | Release
     | IdentityAlias
+    | CancelSweep
     | AdmittedStart
     | LedgerRecord
     | RunEvent

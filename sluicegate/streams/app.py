@@ -10,6 +10,7 @@ from sluicegate.declare import App
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import Stage
+from sluicegate.streams.stages.cancelon import CancelOnStage
 from sluicegate.streams.stages.concurrency import ConcurrencyStage
 from sluicegate.streams.stages.defer import DeferStage
 from sluicegate.streams.stages.identity import IdentityStage
@@ -39,5 +40,6 @@ def build_pipeline(app: App, settings: Settings) -> Pipeline:
         RateLimitStage(app, router),
         ThrottleStage(app, router),
         RunsStage(app, router),
+        CancelOnStage(app),
     ]
     return Pipeline(stages, router, control)

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -30,6 +30,9 @@ from sluicegate.streams.recovery import restore_task
 from sluicegate.streams.stage import InputRecord, Stage
 from sluicegate.streams.task import Task
 from sluicegate.topology.topics import Topics
+
+if TYPE_CHECKING:
+    from sluicegate.ops.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,8 @@ class Worker:
         self._cycle_records = 0
         self.processed = 0
         self.commits = 0
+        # Set by `sluicegate worker --metrics-port`; counted per commit, not per record.
+        self.metrics: WorkerMetrics | None = None
 
         self.producer = Producer(settings.client_config(**{
             "transactional.id": f"{settings.namespace}worker-{self.worker_id}",
@@ -253,6 +258,7 @@ class Worker:
     # -- commit, abort, recover ------------------------------------------------------
 
     def _commit(self) -> None:
+        started = time.monotonic()
         self._changelog_offsets.clear()
         for task in self.tasks.values():
             for state in task.stateful():
@@ -280,6 +286,8 @@ class Worker:
                 if state.tx.changes:
                     changelog = (self.topics.changelog(state.stage.name), task.partition)
                     state.tx.commit(self._changelog_offsets[changelog])
+        if self.metrics is not None:
+            self.metrics.committed(self, time.monotonic() - started)
 
     def _produce_changelog(self, topic: str, partition: int, key: bytes,
                            value: bytes | None) -> None:
@@ -297,6 +305,8 @@ class Worker:
                 self.producer.poll(0.05)
 
     def _abort(self) -> None:
+        if self.metrics is not None:
+            self.metrics.aborted()
         try:
             self.producer.abort_transaction(30.0)
         finally:

@@ -14,11 +14,13 @@ from sluicegate.config import Settings
 # The stages that keep state, in SPEC.md's order of evaluation. `runs` keeps the runs table.
 STATEFUL_STAGES = (
     "identity", "ratelimit", "defer", "singleton", "throttle", "concurrency", "pause", "runs",
+    "cancelon",
 )
 # Stages fed through a topic of their own: starts on their way, and releases of the slots
 # runs hold (identity's also takes starts a producer keyed differently than sluicegate).
 ROUTED_STAGES = (
     "identity", "ratelimit", "defer", "singleton", "throttle", "concurrency", "pause",
+    "cancelon",
 )
 
 _COMPACT = {"cleanup.policy": "compact"}
@@ -60,6 +62,17 @@ class Topics:
 
     def changelog(self, stage: str) -> str:
         return f"{self.settings.namespace}changelog.{stage}"
+
+    def event(self, name: str) -> str:
+        """The topic a cancelOn `event` is published to: `<namespace>events.<name>`
+        (docs/decisions/cancelon-correlator.md)."""
+        return f"{self.settings.namespace}events.{name}"
+
+    def event_specs(self, names: list[str]) -> list[TopicSpec]:
+        """The event topics of the declared cancelOn events, with the stage topics'
+        partition count (so a worker's tasks line up with them)."""
+        return [TopicSpec(self.event(name), self.settings.partitions, dict(_WEEK),
+                          f"cancelOn events {name!r}") for name in sorted(set(names))]
 
     @property
     def group(self) -> str:

@@ -50,6 +50,7 @@ RECORD_CLASSES = sorted(RECORD_TYPES, key=lambda c: c.__name__)
 # records. Update the table only together with docs/wire-format.md.
 PINNED_FINGERPRINTS = {
     "AdmittedStart": "0c1c2e8302038724",
+    "CancelSweep": "a84268df03602e6b",
     "ControlRow": "169fc12db8a32c7d",
     "DeadLetter": "41bf56937f62f2fd",
     "EngineCommand": "0d0500815e3a9f47",

@@ -32,12 +32,12 @@ from pydantic import ValidationError
 
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import IdentityAlias, Outcome, PendingStart, Slot
+from sluicegate.schemas.records import CancelSweep, IdentityAlias, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.pending import PendingQueue, rank_key
 from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
-from sluicegate.streams.stages import identity
+from sluicegate.streams.stages import cancelon, identity
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.topology.topics import Topics
 
@@ -272,9 +272,12 @@ class DeferStage(Stage):
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
-            start = codec.decode(PendingStart, record.value)
+            start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
         except codec.DecodeError as exc:
             reject(ctx, record, f"not a pending start: {exc}")
+            return
+        if isinstance(start, CancelSweep):
+            self._cancel_queued(ctx, start)
             return
         wf = self.app.get(start.workflow)
         if wf is None:
@@ -442,6 +445,25 @@ class DeferStage(Stage):
         self.router.fail(ctx, run, outcome, reason, key=text)
         for member in members[1:]:
             self.router.decide(ctx, member, outcome, key=text, reason=reason)
+
+    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+        """cancelOn discards this partition's debounced starts that match the event
+        (seed 000: a queued duplicate must not start against the row just deleted)."""
+        for skey, raw in list(ctx.store.items(_BURST)):
+            held = _Held.decode(raw)
+            c = held.carrier
+            # The latest arrival is the one whose payload would run.
+            reason = cancelon.queued_reason(self.app, sweep, c.workflow, held.last_ms,
+                                            c.payload)
+            if reason is None:
+                continue
+            key = skey[len(_BURST):]
+            ctx.timers.cancel(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
+            ctx.store.delete(skey)
+            self.router.decide(ctx, c, Outcome.cancelled, key=_key_text(key),
+                               reason=f"{reason}: event {sweep.event!r} at {sweep.source} "
+                                      "matched the queued start")
+            self.router.give_back(ctx, c, reason)
 
     # -- both ----------------------------------------------------------------------------
 

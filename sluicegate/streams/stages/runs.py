@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 NAME = "runs"
 _RUN = STATE_PREFIX + b"R"
 _EARLY = STATE_PREFIX + b"E"
+_EARLY_MARK = STATE_PREFIX + b"e"
 _BACKSTOP = STATE_PREFIX + b"B"
 # Timer keys, by kind, then the execution id.
 _FINISH = b"F"
@@ -223,6 +224,7 @@ class RunsStage(Stage):
             # keep it until the run's row exists.
             ctx.store.put(_EARLY + event.execution_id.encode() + b"\x1f"
                           + str(record.offset).encode().rjust(20, b"0"), record.value or b"")
+            ctx.store.put(_EARLY_MARK + event.execution_id.encode(), b"")
             return
         self._event(ctx, row, event)
 
@@ -265,6 +267,12 @@ class RunsStage(Stage):
         for slot in admitted.slots:
             if slot.stage == "singleton":
                 ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(admitted))
+        # A point lookup first: a prefix scan per admitted start would cost a walk of the
+        # whole cycle's write buffer.
+        mark = _EARLY_MARK + admitted.execution_id.encode()
+        if ctx.store.get(mark) is None:
+            return
+        ctx.store.delete(mark)
         early = _EARLY + admitted.execution_id.encode() + b"\x1f"
         for key, value in list(ctx.store.items(early)):
             ctx.store.delete(key)

@@ -1,0 +1,300 @@
+"""Bulk cancel and bulk replay (SPEC.md section 4, seed 000 "Bulk cancel and bulk replay").
+
+Functions, so the CLI (`sluicegate workflows cancel-many|replay-many`) and an HTTP
+dashboard share them: `preview_*` reads the runs table and says what `apply_*` would do;
+`apply_*` does it. Both take a required `limit` (the blast radius: there is no "all"), and
+report per run: `succeeded`, `failed` (with the reason), `skipped` (with what made the run
+ineligible), and `truncated` when more runs were eligible than `limit`.
+
+The runs come from `sg.runs`, read to its end (the latest row per execution id), in a
+fixed order (oldest admission first), so a preview and the apply that follows it pick the
+same runs when nothing changed in between; `only` restricts an apply to the execution ids
+a preview returned, for a dashboard that must act on exactly what it showed.
+
+Eligibility is fixed by the verb (docs/decisions/bulk-operations.md):
+cancel acts on live runs (admitted, running, suspended); `redrive` on failed runs only
+(an engine command: resume from the step that died); `retry` on failed and cancelled runs
+(a fresh execution: a `direct` start of the same workflow and payload whose explicit id is
+`retry:<execution id>`, so applying twice starts one retry, not two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from sluicegate.config import Settings
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    CommandKind,
+    EngineCommand,
+    Origin,
+    RunRow,
+    RunStatus,
+    StartRequest,
+)
+from sluicegate.streams.stages.identity import store_key
+from sluicegate.topology.topics import Topics
+
+Verb = Literal["cancel", "redrive", "retry"]
+Mode = Literal["redrive", "retry"]
+# (done, total) after each run is acted on; the CLI draws a progress bar with it.
+Progress = Callable[[int, int], None]
+
+# -- the pure core -------------------------------------------------------------------
+
+ELIGIBLE: dict[Verb, frozenset[RunStatus]] = {
+    # An admitted run is one the engine has been handed: leaving it out would let it start
+    # after the operator stopped "all" of them.
+    "cancel": frozenset({RunStatus.admitted, RunStatus.running, RunStatus.suspended}),
+    "redrive": frozenset({RunStatus.failed}),
+    "retry": frozenset({RunStatus.failed, RunStatus.cancelled}),
+}
+
+_WHY_NOT: dict[Verb, str] = {
+    "cancel": "only live runs (admitted, running, suspended) can be cancelled",
+    "redrive": "redrive resumes from the step that failed, which only a failed run has",
+    "retry": "retry starts failed and cancelled runs afresh",
+}
+
+
+def ineligible(verb: Verb, row: RunRow) -> str | None:
+    """Why `verb` does not apply to this run, or None when it does."""
+    if row.status in ELIGIBLE[verb]:
+        return None
+    return f"the run is {row.status.value}: {_WHY_NOT[verb]}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    execution_id: str
+    workflow: str
+    status: str  # the run's status when it was selected
+    detail: str | None = None  # why it failed, why it was skipped, what was done
+
+
+@dataclass(slots=True)
+class BulkResult:
+    """What a bulk operation did (or, as a preview, would do), per run."""
+
+    verb: Verb
+    committed: bool
+    limit: int
+    # In a preview, `succeeded` lists the runs the apply would act on.
+    succeeded: list[RunResult] = field(default_factory=list)
+    failed: list[RunResult] = field(default_factory=list)
+    skipped: list[RunResult] = field(default_factory=list)
+    truncated: bool = False  # more runs were eligible than `limit`
+    eligible: int = 0  # how many were eligible in all
+    ineligible: int = 0  # how many were selected but ineligible (`skipped` lists `limit`)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def plan(rows: Iterable[RunRow], verb: Verb, limit: int,
+         only: Collection[str] | None = None) -> tuple[list[RunRow], BulkResult]:
+    """The runs to act on (oldest admission first, at most `limit`), and the result so far:
+    the ineligible ones skipped with why (at most `limit` of them listed), `truncated`."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1 (there is no 'all')")
+    result = BulkResult(verb=verb, committed=False, limit=limit)
+    chosen: list[RunRow] = []
+    for row in sorted(rows, key=lambda r: (r.admitted_at_ms, r.execution_id)):
+        if only is not None and row.execution_id not in only:
+            continue
+        why = ineligible(verb, row)
+        if why is not None:
+            result.ineligible += 1
+            if len(result.skipped) < limit:
+                result.skipped.append(RunResult(row.execution_id, row.workflow,
+                                                row.status.value, why))
+            continue
+        result.eligible += 1
+        if len(chosen) < limit:
+            chosen.append(row)
+    result.truncated = result.eligible > limit
+    return chosen, result
+
+
+def selected(rows: Iterable[RunRow], *, workflow: str | None = None,
+             status: RunStatus | None = None) -> list[RunRow]:
+    return [r for r in rows if (workflow is None or r.workflow == workflow)
+            and (status is None or r.status is status)]
+
+
+def retry_id(execution_id: str) -> str:
+    """The explicit id of a retry's start: one retry per failed execution, however often
+    the apply is repeated (identity answers `existing` to a repeat)."""
+    return f"retry:{execution_id}"
+
+
+# -- reading the runs table ------------------------------------------------------------
+
+
+def read_runs(settings: Settings, timeout_s: float = 60.0) -> list[RunRow]:
+    """Every run's latest row: `sg.runs` read from its start to its end (read_committed)."""
+    topic = Topics(settings).runs
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"sluicegate-bulk-{time.monotonic_ns()}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 20,
+    }))
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        pending = set(partitions)
+        latest: dict[str, RunRow] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to its end within {timeout_s}s")
+            for msg in consumer.consume(5000, timeout=0.2):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    continue
+                key = msg.key()
+                if key is None:
+                    continue
+                if msg.value() is None:  # a tombstone: the row is gone
+                    latest.pop(key.decode(), None)
+                    continue
+                row = codec.decode(RunRow, msg.value())
+                latest[row.execution_id] = row
+        return list(latest.values())
+    finally:
+        consumer.close()
+
+
+# -- acting ----------------------------------------------------------------------------
+
+
+class _Sender:
+    """One idempotent producer; each record's delivery decides its run's outcome."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.producer = Producer(settings.client_config(**{
+            "enable.idempotence": True, "partitioner": "murmur2_random", "linger.ms": 5}))
+        self.errors: dict[str, str] = {}
+        self.delivered: set[str] = set()
+
+    def send(self, ident: str, topic: str, key: bytes, value: bytes) -> None:
+        def done(err: KafkaError | None, _msg: object) -> None:
+            if err is None:
+                self.delivered.add(ident)
+            else:
+                self.errors[ident] = f"not delivered: {err.str()}"
+
+        while True:
+            try:
+                self.producer.produce(topic, value, key, on_delivery=done)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def finish(self, timeout_s: float) -> None:
+        self.producer.flush(timeout_s)
+
+
+def _apply(settings: Settings, chosen: list[RunRow], result: BulkResult,
+           record_for: Callable[[RunRow, int], tuple[str, bytes, bytes, str]],
+           progress: Progress | None, timeout_s: float) -> BulkResult:
+    result.committed = True
+    sender = _Sender(settings)
+    done: list[tuple[RunRow, str]] = []
+    for i, row in enumerate(chosen, 1):
+        topic, key, value, what = record_for(row, int(time.time() * 1000))
+        sender.send(row.execution_id, topic, key, value)
+        done.append((row, what))
+        if progress is not None:
+            progress(i, len(chosen))
+    sender.finish(timeout_s)
+    for row, what in done:
+        error = sender.errors.get(row.execution_id)
+        if row.execution_id in sender.delivered:
+            result.succeeded.append(RunResult(row.execution_id, row.workflow,
+                                              row.status.value, what))
+        else:
+            result.failed.append(RunResult(
+                row.execution_id, row.workflow, row.status.value,
+                error or f"not delivered within {timeout_s:g}s"))
+    return result
+
+
+def _preview(chosen: list[RunRow], result: BulkResult, what: str) -> BulkResult:
+    result.succeeded = [RunResult(r.execution_id, r.workflow, r.status.value, what)
+                        for r in chosen]
+    return result
+
+
+def _command(kind: CommandKind, reason: str | None, topics: Topics) -> Callable[
+        [RunRow, int], tuple[str, bytes, bytes, str]]:
+    def record(row: RunRow, now: int) -> tuple[str, bytes, bytes, str]:
+        command = EngineCommand(
+            command_id=f"bulk-{kind.value}:{row.execution_id}", execution_id=row.execution_id,
+            workflow=row.workflow, kind=kind, issued_at_ms=now, reason=reason)
+        return (topics.commands, row.execution_id.encode(), codec.encode(command),
+                f"{kind.value} command sent" + (f": {reason}" if reason else ""))
+    return record
+
+
+def _retry(topics: Topics) -> Callable[[RunRow, int], tuple[str, bytes, bytes, str]]:
+    def record(row: RunRow, now: int) -> tuple[str, bytes, bytes, str]:
+        ident = retry_id(row.execution_id)
+        start = StartRequest(request_id=ident, workflow=row.workflow, payload=row.payload,
+                             origin=Origin.direct, requested_at_ms=now, idempotency_id=ident)
+        return (topics.starts, store_key(row.workflow, ident), codec.encode(start),
+                f"retry requested as {ident}")
+    return record
+
+
+def _require_reason(reason: str) -> str:
+    if not reason.strip():
+        raise ValueError("a bulk cancel needs a reason: it is recorded on every run it stops")
+    return reason
+
+
+def preview_cancel(settings: Settings, workflow: str, limit: int,
+                   runs: list[RunRow] | None = None) -> BulkResult:
+    rows = selected(runs if runs is not None else read_runs(settings), workflow=workflow)
+    chosen, result = plan(rows, "cancel", limit)
+    return _preview(chosen, result, "would be cancelled")
+
+
+def apply_cancel(settings: Settings, workflow: str, reason: str, limit: int, *,
+                 only: Collection[str] | None = None, progress: Progress | None = None,
+                 timeout_s: float = 30.0) -> BulkResult:
+    reason = _require_reason(reason)
+    rows = selected(read_runs(settings), workflow=workflow)
+    chosen, result = plan(rows, "cancel", limit, only)
+    return _apply(settings, chosen, result,
+                  _command(CommandKind.cancel, reason, Topics(settings)), progress, timeout_s)
+
+
+def preview_replay(settings: Settings, status: RunStatus, mode: Mode, limit: int, *,
+                   workflow: str | None = None, runs: list[RunRow] | None = None) -> BulkResult:
+    rows = selected(runs if runs is not None else read_runs(settings),
+                    workflow=workflow, status=status)
+    chosen, result = plan(rows, mode, limit)
+    return _preview(chosen, result, f"would be {'redriven' if mode == 'redrive' else 'retried'}")
+
+
+def apply_replay(settings: Settings, status: RunStatus, mode: Mode, limit: int, *,
+                 workflow: str | None = None, only: Collection[str] | None = None,
+                 progress: Progress | None = None, timeout_s: float = 30.0) -> BulkResult:
+    rows = selected(read_runs(settings), workflow=workflow, status=status)
+    chosen, result = plan(rows, mode, limit, only)
+    topics = Topics(settings)
+    record = (_command(CommandKind.redrive, None, topics) if mode == "redrive"
+              else _retry(topics))
+    return _apply(settings, chosen, result, record, progress, timeout_s)

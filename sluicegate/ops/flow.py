@@ -1,0 +1,339 @@
+"""The flow view: per workflow and key, what is waiting and for how long, what folded,
+what was dropped or expired, what runs, and whether the workflow is paused (SPEC.md
+section 4; seed 000, "Seeing what happened").
+
+Three sources, each read the way its owner writes it:
+
+- the admissions ledger, through the incremental DuckDB copy of `sluicegate.ops.ledger`:
+  `queued` counts the starts whose latest row is `queued`; `collapsed`, `dropped` and
+  `expired` count final outcomes;
+- the compacted runs table `sg.runs` (`RunsTable`), read to its end: a live run counts
+  once under each concurrency slot it holds (`in_flight`), or under no key when it holds
+  none;
+- the control table `sg.control` (`ControlTable`): the pause row of each workflow.
+
+`compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
+counts. The text and JSON forms are `FlowView.text()` and `FlowView.to_json()`; the CLI
+and `GET /inspect/workflows/flow-control` print the same JSON. See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from sluicegate.config import Settings
+from sluicegate.kafkautil import watermarks
+from sluicegate.ops.ledger import _LATEST, LedgerDb, ledger_consumer, refresh
+from sluicegate.ops.ledger_cli import _duration
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import ControlRow, RunRow
+from sluicegate.streams.control import ControlTable
+from sluicegate.streams.stages.concurrency import NAME as CONCURRENCY
+from sluicegate.streams.stages.concurrency import shown_key
+from sluicegate.streams.stages.runs import ENDED
+from sluicegate.topology.topics import Topics
+
+FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
+
+# Per workflow and key, from the ledger. `run:` request ids are rows about runs (a lapsed
+# lease, timeouts.finish), not starts. A queued row's `decided_at - waited_ms` is when its
+# group began waiting (for a debounce, the burst's first start), as in `ledger ask stuck`.
+FLOW_SQL = f"""
+WITH {_LATEST},
+queued AS (
+    SELECT workflow, key, count(*) AS queued,
+           epoch_ms(min(least(requested_at, decided_at - to_milliseconds(waited_ms))))
+               AS oldest_ms
+    FROM latest
+    WHERE outcome = 'queued' AND NOT starts_with(request_id, 'run:')
+    GROUP BY workflow, key
+), finals AS (
+    SELECT workflow, key,
+           count(DISTINCT request_id) FILTER (WHERE outcome = 'collapsed') AS collapsed,
+           count(DISTINCT request_id) FILTER (WHERE outcome = 'dropped') AS dropped,
+           count(DISTINCT request_id) FILTER (WHERE outcome = 'expired') AS expired
+    FROM ledger
+    WHERE outcome IN ('collapsed', 'dropped', 'expired')
+      AND NOT starts_with(request_id, 'run:')
+    GROUP BY workflow, key
+)
+SELECT coalesce(q.workflow, f.workflow) AS workflow, coalesce(q.key, f.key) AS key,
+       coalesce(q.queued, 0), q.oldest_ms, coalesce(f.collapsed, 0),
+       coalesce(f.dropped, 0), coalesce(f.expired, 0)
+FROM queued q
+FULL OUTER JOIN finals f ON q.workflow = f.workflow AND q.key IS NOT DISTINCT FROM f.key
+WHERE $workflow IS NULL OR coalesce(q.workflow, f.workflow) = $workflow
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerCounts:
+    queued: int = 0
+    oldest_queued_ms: int | None = None
+    collapsed: int = 0
+    dropped: int = 0
+    expired: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFlow:
+    key: str | None
+    queued: int = 0
+    # When the oldest queued start began waiting, and how long ago that is.
+    oldest_queued_at_ms: int | None = None
+    waiting_ms: int | None = None
+    collapsed: int = 0
+    dropped: int = 0
+    expired: int = 0
+    in_flight: int = 0
+
+    @property
+    def waiting(self) -> str | None:
+        """`12m00s`: the age of the oldest queued start, as `waiting=` prints it."""
+        if self.waiting_ms is None:
+            return None
+        return _duration_ms(self.waiting_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "queued": self.queued, "waiting": self.waiting,
+                "waiting_ms": self.waiting_ms, "oldest_queued_at_ms": self.oldest_queued_at_ms,
+                "collapsed": self.collapsed, "dropped": self.dropped, "expired": self.expired,
+                "in_flight": self.in_flight}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowFlow:
+    workflow: str
+    paused: bool = False
+    pause: ControlRow | None = None  # the latest pause row, paused or lifted
+    keys: tuple[KeyFlow, ...] = ()
+
+    def total(self) -> KeyFlow:
+        """The workflow as one line: sums, and the oldest wait of any key."""
+        waits = [k for k in self.keys if k.waiting_ms is not None]
+        oldest = max(waits, key=lambda k: k.waiting_ms or 0, default=None)
+        return KeyFlow(
+            key=None, queued=sum(k.queued for k in self.keys),
+            oldest_queued_at_ms=oldest.oldest_queued_at_ms if oldest else None,
+            waiting_ms=oldest.waiting_ms if oldest else None,
+            collapsed=sum(k.collapsed for k in self.keys),
+            dropped=sum(k.dropped for k in self.keys),
+            expired=sum(k.expired for k in self.keys),
+            in_flight=sum(k.in_flight for k in self.keys))
+
+    def to_json(self) -> dict[str, Any]:
+        total = self.total().to_json()
+        del total["key"]
+        pause = None if self.pause is None else {
+            "paused": self.pause.paused, "at_ms": self.pause.at_ms,
+            "reason": self.pause.reason, "by": self.pause.by}
+        return {"workflow": self.workflow, "paused": self.paused, "pause": pause,
+                "total": total, "keys": [k.to_json() for k in self.keys]}
+
+
+@dataclass(frozen=True, slots=True)
+class FlowView:
+    now_ms: int
+    workflows: tuple[WorkflowFlow, ...] = ()
+
+    def get(self, workflow: str) -> WorkflowFlow | None:
+        return next((w for w in self.workflows if w.workflow == workflow), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"now_ms": self.now_ms, "workflows": [w.to_json() for w in self.workflows]}
+
+    def text(self) -> str:
+        """One line per workflow, then one indented line per key."""
+        if not self.workflows:
+            return "no workflow has any start, run or pause row yet"
+        lines: list[str] = []
+        for wf in self.workflows:
+            state = "PAUSED" if wf.paused else "running"
+            if wf.paused and wf.pause is not None and wf.pause.reason:
+                state += f" ({wf.pause.reason})"
+            lines.append(f"{wf.workflow}  {state}  {_line(wf.total())}")
+            for key in wf.keys:
+                lines.append(f"  key={_key_text(key.key)}  {_line(key)}")
+        return "\n".join(lines)
+
+
+def _line(k: KeyFlow) -> str:
+    waiting = f" waiting={k.waiting}" if k.waiting is not None else ""
+    return (f"queued={k.queued}{waiting} collapsed={k.collapsed} dropped={k.dropped} "
+            f"expired={k.expired} in_flight={k.in_flight}")
+
+
+def _key_text(key: str | None) -> str:
+    return "(none)" if key is None else repr(key) if key == "" or " " in key else key
+
+
+def _duration_ms(ms: int) -> str:
+    return _duration(timedelta(milliseconds=ms))
+
+
+# -- the pure part ---------------------------------------------------------------------
+
+
+def in_flight(runs: Iterable[RunRow]) -> Counter[FlowKey]:
+    """Live runs per (workflow, key): one per concurrency slot a run holds, keyed as the
+    ledger shows that limit's key; a run holding no concurrency slot counts under None."""
+    counts: Counter[FlowKey] = Counter()
+    for run in runs:
+        if run.status in ENDED:
+            continue
+        slots = [s for s in run.slots if s.stage == CONCURRENCY]
+        if not slots:
+            counts[(run.workflow, None)] += 1
+        for slot in slots:
+            counts[(run.workflow, shown_key(slot.key, run.workflow))] += 1
+    return counts
+
+
+def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, int],
+            control: Mapping[str, ControlRow], now_ms: int, *, workflow: str | None = None,
+            declared: Iterable[str] = ()) -> FlowView:
+    """The view from its three sources' figures. Every workflow any source names is
+    listed (and each of `declared`, even with nothing to show), keys sorted by name."""
+    names = {w for w, _ in ledger} | {w for w, _ in running} | set(control) | set(declared)
+    if workflow is not None:
+        names &= {workflow}
+    flows = []
+    for name in sorted(names):
+        keys = sorted({k for w, k in ledger if w == name} | {k for w, k in running if w == name},
+                      key=lambda k: (k is not None, k or ""))
+        rows = []
+        for key in keys:
+            counts = ledger.get((name, key), LedgerCounts())
+            oldest = counts.oldest_queued_ms
+            rows.append(KeyFlow(
+                key=key, queued=counts.queued, oldest_queued_at_ms=oldest,
+                waiting_ms=None if oldest is None else max(0, now_ms - oldest),
+                collapsed=counts.collapsed, dropped=counts.dropped, expired=counts.expired,
+                in_flight=running.get((name, key), 0)))
+        row = control.get(name)
+        flows.append(WorkflowFlow(name, paused=row is not None and row.paused, pause=row,
+                                  keys=tuple(rows)))
+    return FlowView(now_ms, tuple(flows))
+
+
+# -- the sources -----------------------------------------------------------------------
+
+
+def ledger_counts(db: LedgerDb, workflow: str | None = None) -> dict[FlowKey, LedgerCounts]:
+    result = db.query(FLOW_SQL, {"workflow": workflow})
+    return {(wf, key): LedgerCounts(int(q), None if oldest is None else int(oldest),
+                                    int(c), int(d), int(e))
+            for wf, key, q, oldest, c, d, e in result.rows}
+
+
+def flow_view(db: LedgerDb, runs: Iterable[RunRow], control: Mapping[str, ControlRow],
+              now_ms: int, *, workflow: str | None = None,
+              declared: Iterable[str] = ()) -> FlowView:
+    return compute(ledger_counts(db, workflow), in_flight(runs), control, now_ms,
+                   workflow=workflow, declared=declared)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class RunsTable:
+    """The live runs of the compacted `sg.runs`: the latest row of every execution id,
+    kept while the run has not ended. `refresh` reads on from where the last one stopped
+    to the end each partition had when it began (read_committed)."""
+
+    settings: Settings
+    live: dict[str, RunRow] = field(default_factory=dict)
+    _consumer: Consumer | None = None
+    _next: dict[int, int] = field(default_factory=dict)
+
+    def refresh(self, timeout_s: float = 10.0) -> None:
+        topic = Topics(self.settings).runs
+        if self._consumer is None:
+            self._consumer = Consumer(self.settings.client_config(**{
+                # assign() only, never a commit: the group id is a formality of the client.
+                "group.id": f"{self.settings.namespace}flow-runs",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 20,
+            }))
+            meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
+            self._next = dict.fromkeys(meta.partitions, 0)
+            self._consumer.assign([TopicPartition(topic, p, 0) for p in self._next])
+        ends = {p: watermarks(self._consumer, TopicPartition(topic, p))[1] for p in self._next}
+        behind = {p for p, end in ends.items() if self._next[p] < end}
+        deadline = time.monotonic() + timeout_s
+        # A transaction still open at the end holds its partition short of it: after
+        # `timeout_s` the view shows what is committed so far.
+        while behind and time.monotonic() < deadline:
+            for msg in self._consumer.consume(5000, timeout=0.2):
+                partition, offset = msg.partition(), msg.offset()
+                if partition is None or offset is None:
+                    continue
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        self._next[partition] = max(self._next[partition], offset)
+                else:
+                    self._apply(msg.key(), msg.value())
+                    self._next[partition] = offset + 1
+                if self._next[partition] >= ends[partition]:
+                    behind.discard(partition)
+
+    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            if key is not None:
+                self.live.pop(key.decode(errors="replace"), None)
+            return
+        try:
+            row = codec.decode(RunRow, value)
+        except codec.DecodeError:
+            return  # not a run row; the runs stage never writes one
+        if row.status in ENDED:
+            self.live.pop(row.execution_id, None)
+        else:
+            self.live[row.execution_id] = row
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+class FlowReader:
+    """The three sources, kept open: each `view` reads only what is new since the last.
+    The CLI makes one for a single view; `inspect serve` keeps one for its life."""
+
+    def __init__(self, settings: Settings, db: LedgerDb, declared: Iterable[str] = ()) -> None:
+        self.settings = settings
+        self.db = db
+        self.declared = tuple(declared)
+        self.runs = RunsTable(settings)
+        self.control = ControlTable(settings)
+        self._ledger_consumer = ledger_consumer(settings)
+        self._caught_up = False
+
+    def view(self, workflow: str | None = None, timeout_s: float = 10.0) -> FlowView:
+        refresh(self.db, self.settings, consumer=self._ledger_consumer, timeout_s=timeout_s)
+        self.runs.refresh(timeout_s)
+        if self._caught_up:
+            self.control.poll()
+        else:
+            self.control.catch_up(timeout_s)
+            self._caught_up = True
+        return flow_view(self.db, self.runs.live.values(), self.control.rows, now_ms(),
+                         workflow=workflow, declared=self.declared)
+
+    def close(self) -> None:
+        self.runs.close()
+        self.control.close()
+        self._ledger_consumer.close()

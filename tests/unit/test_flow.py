@@ -1,0 +1,138 @@
+"""The flow view from hand-made ledger rows, run rows and pause rows: exact counts, and
+`waiting=` as the age of the oldest queued start at a fixed now."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluicegate.ops.flow import compute, flow_view, in_flight
+from sluicegate.ops.ledger import LedgerDb, fill
+from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome, RunRow, RunStatus, Slot
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+MIN = 60_000
+NOW = T0 + 60 * MIN
+
+
+def rec(request_id: str, outcome: Outcome, at_ms: int, workflow: str = "tourNarration",
+        **more: object) -> LedgerRecord:
+    fields: dict[str, object] = {"requested_at_ms": at_ms, "decided_at_ms": at_ms}
+    fields.update(more)
+    return LedgerRecord(request_id=request_id, workflow=workflow, outcome=outcome,
+                        **fields)  # type: ignore[arg-type]
+
+
+def run(execution_id: str, workflow: str, status: RunStatus, *slots: Slot) -> RunRow:
+    return RunRow(execution_id=execution_id, workflow=workflow, status=status, payload=b"{}",
+                  declaration_version="v1", admitted_at_ms=T0, updated_at_ms=T0,
+                  slots=list(slots), keys={s.stage: s.key for s in slots})
+
+
+@pytest.fixture
+def db() -> LedgerDb:
+    return LedgerDb(":memory:")
+
+
+def test_queued_counts_starts_whose_latest_row_is_queued_and_waiting_is_the_oldest(
+        db: LedgerDb) -> None:
+    fill(db, [
+        # r1 waits since T0 + 12 min: the oldest wait is 48 minutes at NOW.
+        rec("r1", Outcome.queued, T0 + 12 * MIN, key="tour:a", deferral="debounce"),
+        rec("r2", Outcome.queued, T0 + 30 * MIN, key="tour:a", deferral="debounce"),
+        # r3 was queued, then collapsed: no longer queued, counted once as collapsed.
+        rec("r3", Outcome.queued, T0, key="tour:a", deferral="debounce"),
+        rec("r3", Outcome.collapsed, T0 + 1 * MIN, key="tour:a", execution_id="e1"),
+        # r4 was queued then admitted: its key has nothing to show and is left out.
+        rec("r4", Outcome.queued, T0, key="tour:b"),
+        rec("r4", Outcome.admitted, T0 + 15 * MIN, key="tour:b", execution_id="e2"),
+    ])
+    view = flow_view(db, [], {}, NOW)
+    (wf,) = view.workflows
+    (a,) = wf.keys
+    assert (a.key, a.queued, a.collapsed, a.oldest_queued_at_ms, a.waiting_ms) == (
+        "tour:a", 2, 1, T0 + 12 * MIN, 48 * MIN)
+    assert a.waiting == "48m00s"
+    assert wf.total().queued == 2 and wf.total().waiting_ms == 48 * MIN
+
+
+def test_a_debounced_row_waits_from_the_first_start_of_its_burst(db: LedgerDb) -> None:
+    # The carrier's row is decided at +20 min, having waited 20 min since the burst began.
+    fill(db, [rec("r9", Outcome.queued, T0 + 20 * MIN, key="k", waited_ms=20 * MIN,
+                  requested_at_ms=T0 + 20 * MIN)])
+    (key,) = flow_view(db, [], {}, NOW).workflows[0].keys
+    assert (key.oldest_queued_at_ms, key.waiting) == (T0, "1h00m00s")
+
+
+def test_dropped_expired_and_collapsed_are_counted_per_workflow_and_key(db: LedgerDb) -> None:
+    fill(db, [
+        rec("d1", Outcome.dropped, T0, workflow="sync", key="acct-1", retry_after_ms=500),
+        rec("d2", Outcome.dropped, T0, workflow="sync", key="acct-1", retry_after_ms=500),
+        rec("d3", Outcome.dropped, T0, workflow="sync", key="acct-2", retry_after_ms=500),
+        rec("x1", Outcome.queued, T0, workflow="sync", key="acct-2"),
+        rec("x1", Outcome.expired, T0 + MIN, workflow="sync", key="acct-2"),
+        rec("c1", Outcome.collapsed, T0, workflow="tour", key="t"),
+        # A row about a run (a lapsed lease) is not a start and counts nowhere.
+        rec("run:e1:lease:1", Outcome.expired, T0, workflow="sync", key="acct-1"),
+    ])
+    view = flow_view(db, [], {}, NOW)
+    sync = view.get("sync")
+    assert sync is not None
+    assert [(k.key, k.queued, k.dropped, k.expired) for k in sync.keys] == [
+        ("acct-1", 0, 2, 0), ("acct-2", 0, 1, 1)]
+    tour = view.get("tour")
+    assert tour is not None and [(k.key, k.collapsed) for k in tour.keys] == [("t", 1)]
+    only = flow_view(db, [], {}, NOW, workflow="tour")
+    assert [w.workflow for w in only.workflows] == ["tour"]
+
+
+def test_in_flight_counts_live_runs_per_concurrency_slot_as_the_ledger_shows_its_key() -> None:
+    runs = [
+        run("e1", "perTenant", RunStatus.running, Slot("concurrency", "perTenant\x1facme")),
+        run("e2", "perTenant", RunStatus.admitted, Slot("concurrency", "perTenant\x1facme")),
+        run("e3", "perTenant", RunStatus.suspended, Slot("concurrency", "perTenant\x1fzeta")),
+        run("e4", "perTenant", RunStatus.completed, Slot("concurrency", "perTenant\x1facme")),
+        # A pool slot shows as the pool; a run with two limits counts under each.
+        run("e5", "fairJob", RunStatus.running, Slot("concurrency", "fairJob\x1facme"),
+            Slot("concurrency", "pool:gpu\x1f"), Slot("singleton", "fairJob\x1fx")),
+        # No concurrency slot: one run under no key.
+        run("e6", "note", RunStatus.running),
+        run("e7", "note", RunStatus.failed),
+    ]
+    assert in_flight(runs) == {
+        ("perTenant", "acme"): 2, ("perTenant", "zeta"): 1,
+        ("fairJob", "acme"): 1, ("fairJob", "pool:gpu"): 1, ("note", None): 1,
+    }
+
+
+def test_paused_comes_from_the_control_row_and_declared_workflows_are_listed() -> None:
+    control = {
+        "tour": ControlRow(workflow="tour", paused=True, at_ms=T0, reason="deploying a fix",
+                           by="ana"),
+        "sync": ControlRow(workflow="sync", paused=False, at_ms=T0 + MIN, by="ana"),
+    }
+    view = compute({}, {("perTenant", "acme"): 3}, control, NOW, declared=["quiet"])
+    assert [(w.workflow, w.paused) for w in view.workflows] == [
+        ("perTenant", False), ("quiet", False), ("sync", False), ("tour", True)]
+    tour = view.get("tour")
+    assert tour is not None
+    assert tour.to_json()["pause"] == {"paused": True, "at_ms": T0, "reason": "deploying a fix",
+                                       "by": "ana"}
+    per_tenant = view.get("perTenant")
+    assert per_tenant is not None
+    assert per_tenant.to_json()["keys"] == [{
+        "key": "acme", "queued": 0, "waiting": None, "waiting_ms": None,
+        "oldest_queued_at_ms": None, "collapsed": 0, "dropped": 0, "expired": 0,
+        "in_flight": 3}]
+    assert "tour  PAUSED (deploying a fix)" in view.text()
+    assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3" in view.text()
+
+
+def test_a_key_with_queued_starts_and_running_runs_is_one_line(db: LedgerDb) -> None:
+    fill(db, [rec("q1", Outcome.queued, T0 + 48 * MIN, workflow="perTenant", key="acme",
+                  deferral="concurrency")])
+    runs = [run(f"e{i}", "perTenant", RunStatus.running, Slot("concurrency", "perTenant\x1facme"))
+            for i in range(5)]
+    view = flow_view(db, runs, {}, NOW)
+    (key,) = view.workflows[0].keys
+    assert (key.key, key.queued, key.in_flight, key.waiting) == ("acme", 1, 5, "12m00s")
+    assert "queued=1 waiting=12m00s" in view.text()
