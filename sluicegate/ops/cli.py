@@ -49,11 +49,18 @@ def _settings(bootstrap: str | None, namespace: str | None, **more: object) -> S
 
 
 @topics_app.command("create")
-def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = None) -> None:
+def topics_create(
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+    app_spec: Annotated[str | None, typer.Option(
+        "--app", help="Also the event topics this app's cancelOn entries read.")] = None,
+) -> None:
     """Create every topic (idempotent) and say what was created."""
+    from sluicegate.declare import load_app
     from sluicegate.topology.admin import create_topics
 
-    report = create_topics(_settings(bootstrap, namespace))
+    settings = _settings(bootstrap, namespace)
+    report = create_topics(settings, load_app(app_spec, settings) if app_spec else None)
     for spec in report.created:
         kind = " (compacted)" if spec.compacted else ""
         typer.echo(f"created  {spec.name}  partitions={spec.partitions}{kind}")

@@ -72,9 +72,9 @@ def run_demo(port: int, app_module: str, per_second: float) -> None:
     broker = ensure_broker(port=port, controller_port=port + 1)
     settings = Settings().with_(bootstrap=broker.bootstrap,
                                 state_dir=Path.cwd() / ".sluicegate" / "demo-worker")
-    report = create_topics(settings)
-    console.print(f"topics: {len(report.created)} created, {len(report.existing)} already there")
     module = importlib.import_module(app_module)
+    report = create_topics(settings, module.app)
+    console.print(f"topics: {len(report.created)} created, {len(report.existing)} already there")
     for route in routes(module.app):
         console.print(f"  route {route.describe()}", markup=False, highlight=False)
 

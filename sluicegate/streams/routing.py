@@ -78,8 +78,13 @@ class Router:
             return
         nxt = start.hop + 1
         while nxt < len(route.hops) and not applies(_CONTROL[route.hops[nxt].control],
-                                                        start.origin):
-                nxt += 1
+                                                    start.origin):
+            if route.hops[nxt].control == "batch":
+                # A start that batching does not apply to runs as a batch of one, so the
+                # run's payload still has the workflow's own shape.
+                payload = {"items": [json.loads(start.payload) if payload is None else payload]}
+                start = dataclasses.replace(start, payload=codec.dump_payload(payload))
+            nxt += 1
         last = nxt >= len(route.hops)
         if self.paused(start.workflow) and ctx.stage != PAUSE_STAGE and (
                 last or route.hops[nxt].stage in _BUDGET_STAGES):

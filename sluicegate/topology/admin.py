@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluicegate.config import Settings
+from sluicegate.declare import App
 from sluicegate.topology.topics import Topics, TopicSpec
 
 
@@ -25,9 +26,15 @@ class CreateReport:
     mismatched: list[tuple[TopicSpec, int]]
 
 
-def create_topics(settings: Settings, timeout_s: float = 30.0) -> CreateReport:
+def create_topics(settings: Settings, app: App | None = None,
+                  timeout_s: float = 30.0) -> CreateReport:
+    """Every sluicegate topic, and with `app` the event topics its cancelOn entries read."""
     admin = AdminClient(settings.client_config())
-    specs = Topics(settings).specs()
+    topics = Topics(settings)
+    specs = topics.specs()
+    if app is not None:
+        specs += topics.event_specs(
+            [entry.event for wf in app.workflows.values() for entry in wf.cancel_on])
     present = admin.list_topics(timeout=timeout_s).topics
     existing: list[TopicSpec] = []
     mismatched: list[tuple[TopicSpec, int]] = []

@@ -5,6 +5,7 @@ from pydantic import BaseModel
 
 from sluicegate.declare import (
     App,
+    Batch,
     Concurrency,
     Debounce,
     FailureReport,
@@ -55,5 +56,15 @@ expiring = Workflow(name="expiringJob", payload=Job, concurrency=1,
 limited = Workflow(name="limitedJob", payload=Job,
                    rate_limit=RateLimit(limit=1, period="1m", key="jobId"))
 
+
+
+class Jobs(BaseModel):
+    items: list[Job]
+
+
+# Batches of up to 10 jobs, or what came in 10 seconds.
+batched = Workflow(name="batchedJobs", payload=Jobs,
+                   batch=Batch(item=Job, max_size=10, timeout="10s"))
+
 app = App([job_failed, slow, solo, flaky, ranked, gated, debounced, throttled, leased,
-           expiring, limited])
+           expiring, limited, batched])

@@ -5,6 +5,7 @@ its explicit id."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -88,3 +89,15 @@ def test_concurrency_applies_to_every_origin(client: Client) -> None:
     assert _statuses(handles) == [("admitted", None), ("admitted", None),
                                   ("queued", "concurrency"), ("queued", "concurrency"),
                                   ("queued", "concurrency")]
+
+
+def test_a_direct_start_of_a_batch_workflow_runs_at_once_as_a_batch_of_one(
+        client: Client, settings: Settings) -> None:
+    admitted = TopicReader(settings, Topics(settings).admitted, AdmittedStart)
+    assert _statuses([_start(client, "batchedJobs", "j1", "event")]) == [("queued", "batch")]
+    handle = _start(client, "batchedJobs", "j2", "direct", id="d1")
+    assert handle.status == "admitted"
+    runs = admitted.until(lambda rows: any(r.execution_id == handle.execution_id for r in rows),
+                          what="the direct start's run")
+    run = next(r for r in runs if r.execution_id == handle.execution_id)
+    assert json.loads(run.payload) == {"items": [{"jobId": "j2"}]}
