@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.kafkautil import check_access
 from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import dead_letter
@@ -128,6 +129,7 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
+        check_access(self.settings)
         if self.control is not None:
             self.control.catch_up()
         self.producer.init_transactions(30.0)
@@ -139,8 +141,8 @@ class Worker:
         )
 
     def run(self, should_stop: Callable[[], bool]) -> None:
-        self.start()
         try:
+            self.start()
             while not should_stop():
                 self.run_once()
             if self._in_txn:
