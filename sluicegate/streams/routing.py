@@ -10,7 +10,6 @@ that waits) written in the same transaction as its effect.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from sluicegate.declare import App, ExpressionError, FailureReport, Workflow, applies
@@ -18,6 +17,7 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    IdentityAlias,
     LedgerRecord,
     Origin,
     Outcome,
@@ -29,6 +29,7 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, record_decision
+from sluicegate.streams.payloads import Payloads
 from sluicegate.streams.stage import StageContext
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
 
@@ -48,6 +49,7 @@ class Router:
     def __init__(self, app: App, deployment_cap: int, control: ControlTable | None) -> None:
         self.app = app
         self.control = control
+        self.payloads = Payloads.of(app.settings)
         self.routes: dict[str, Route] = {
             wf.name: route_for(wf, deployment_cap) for wf in app.workflows.values()
         }
@@ -82,8 +84,9 @@ class Router:
             if route.hops[nxt].control == "batch":
                 # A start that batching does not apply to runs as a batch of one, so the
                 # run's payload still has the workflow's own shape.
-                payload = {"items": [json.loads(start.payload) if payload is None else payload]}
-                start = dataclasses.replace(start, payload=codec.dump_payload(payload))
+                payload = {"items": [self.payloads.open(start.payload) if payload is None
+                                     else payload]}
+                start = dataclasses.replace(start, payload=self.payloads.seal(wf, payload))
             nxt += 1
         last = nxt >= len(route.hops)
         if self.paused(start.workflow) and ctx.stage != PAUSE_STAGE and (
@@ -97,7 +100,7 @@ class Router:
             return
         hop = route.hops[nxt]
         if payload is None:
-            payload = json.loads(start.payload)
+            payload = self.payloads.open(start.payload)
         moved = dataclasses.replace(start, hop=nxt)
         ctx.send(ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode(),
                  codec.encode(moved))
@@ -172,6 +175,17 @@ class Router:
                             tag=f"{outcome.value}:{start.request_id}")
 
     @staticmethod
+    def alias(ctx: StageContext, start: PendingStart, execution_id: str) -> None:
+        """`start` will not run as itself but as `execution_id` (folded into another run, or
+        skipped for the singleton holder): a repeat of its idempotency key must answer with
+        that run (SPEC.md section 3, step 1), so tell the identity stage."""
+        if start.identity_key is None or start.execution_id == execution_id:
+            return
+        skey = identity_store_key(start.workflow, start.identity_key)
+        ctx.send(ctx.topics.stage("identity"), skey, codec.encode(IdentityAlias(
+            key=skey.decode(), execution_id=execution_id, request_id=start.request_id)))
+
+    @staticmethod
     def give_back(ctx: StageContext, start: PendingStart, reason: str) -> None:
         """A start that will never run gives back the holds it took on its way (an earlier
         limit's slot, a singleton hold, an identity key with a ttl)."""
@@ -191,7 +205,8 @@ class Router:
             return
         now = ctx.now_ms
         report = FailureReport(
-            workflow=workflow, payload=json.loads(payload), error_tag=error_tag,
+            workflow=workflow, payload=self.payloads.for_report(payload, handler),
+            error_tag=error_tag,
             error_message=error_message, run_id=run_id, execution_id=execution_id,
             reason=reason, failed_at=now,
         )
@@ -199,13 +214,18 @@ class Router:
         request_id = f"failure:{workflow}:{tag}"
         request = StartRequest(
             request_id=request_id, workflow=on_failure,
-            payload=codec.dump_payload(report.model_dump(mode="json")),
+            payload=self.payloads.seal(handler, report.model_dump(mode="json")),
             origin=Origin.event, requested_at_ms=now,
         )
         ctx.send(ctx.topics.starts, request_id.encode(), codec.encode(request))
 
     def is_failure_handler(self, workflow: str) -> bool:
         return any(wf.on_failure == workflow for wf in self.app.workflows.values())
+
+
+def identity_store_key(workflow: str, key: str) -> bytes:
+    """Where the identity stage keeps an idempotency key (also its Kafka key)."""
+    return f"{workflow}\x1f{key}".encode()
 
 
 def release_slots(ctx: StageContext, execution_id: str, workflow: str, slots: list[Slot],

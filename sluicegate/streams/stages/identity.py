@@ -14,7 +14,6 @@ that at `at` they arrive at the controls as ordinary starts judged as of that mo
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    CancelSweep,
     IdentityAlias,
     LedgerRecord,
     Outcome,
@@ -42,10 +42,12 @@ from sluicegate.streams.decisions import (
     record_decision,
     reject,
 )
+from sluicegate.streams.payloads import SealError
 from sluicegate.streams.pending import rank_key
-from sluicegate.streams.routing import Router
+from sluicegate.streams.routing import Router, identity_store_key
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.streams.stages import cancelon
+from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.topology.topics import Topics
 
 NAME = "identity"
@@ -115,8 +117,7 @@ def identity_key(wf: Workflow, start: StartRequest, payload: Any) -> str | None:
     return None
 
 
-def store_key(workflow: str, key: str) -> bytes:
-    return f"{workflow}\x1f{key}".encode()
+store_key = identity_store_key
 
 
 # -- the stage -----------------------------------------------------------------------
@@ -142,10 +143,13 @@ class IdentityStage(Stage):
                 start = codec.decode(StartRequest, record.value)
             else:
                 # Its own topic carries re-keyed starts and the releases of ttl keys.
-                message = codec.decode_one_of((StartRequest, Release, IdentityAlias),
-                                              record.value)
+                message = codec.decode_one_of(
+                    (StartRequest, Release, IdentityAlias, CancelSweep), record.value)
                 if isinstance(message, Release):
                     self._release(ctx, message)
+                    return
+                if isinstance(message, CancelSweep):
+                    self._cancel_delayed(ctx, message)
                     return
                 if isinstance(message, IdentityAlias):
                     # Collapsed by debounce or batch: a repeat of the key names the run
@@ -161,9 +165,19 @@ class IdentityStage(Stage):
         if wf is None:
             reject(ctx, record, f"unknown workflow {start.workflow!r}", start)
             return
+        payloads = self.router.payloads
+        kept = payloads.seal_bytes(wf, start.payload)
+        if kept is not start.payload:
+            # A producer that does not seal: every copy from here on is sealed, a dead
+            # letter's too.
+            start = dataclasses.replace(start, payload=kept)
+            record = dataclasses.replace(record, value=codec.encode(start))
         try:
-            payload = json.loads(start.payload)
+            payload = payloads.open(start.payload)
             wf.start_model.model_validate(payload)
+        except SealError as exc:
+            reject(ctx, record, f"workflow {wf.name}: payload cannot be opened: {exc}", start)
+            return
         except (ValueError, ValidationError) as exc:
             reject(ctx, record,
                    f"workflow {wf.name}: payload does not validate: {describe_invalid(exc)}",
@@ -239,6 +253,21 @@ class IdentityStage(Stage):
                 row = IdentityRow.decode(raw)
                 if row.expires_at_ms is not None and row.expires_at_ms <= due_ms:
                     ctx.store.delete(STATE_PREFIX + skey)
+
+    def _cancel_delayed(self, ctx: StageContext, sweep: CancelSweep) -> None:
+        """cancelOn discards this partition's delayed starts that match the event (each
+        is a timer whose value is the parked start)."""
+        for raw, value in list(ctx.store.items(TIMER_PREFIX)):
+            due_ms, key = parse_timer_key(raw)
+            if not key.startswith(_DELAYED):
+                continue
+            pending = codec.decode(PendingStart, value)
+            reason = cancelon.queued_reason(self.app, sweep, pending.workflow,
+                                            pending.arrived_at_ms, pending.payload)
+            if reason is not None:
+                ctx.timers.cancel(due_ms, key)
+                cancelon.discard(ctx, self.router, pending, sweep, reason,
+                                 pending.identity_key)
 
     # -- ttl ---------------------------------------------------------------------------
 

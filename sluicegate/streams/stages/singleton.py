@@ -211,9 +211,13 @@ class SingletonStage(Stage):
                                 admitted_now)
         text = key.partition("\x1f")[2]
         if isinstance(decision, Skip):
+            reason = f"singleton key {text!r} is held by run {decision.holder}"
             self.router.decide(ctx, start, Outcome.skipped, key=text,
-                               execution_id=decision.holder,
-                               reason=f"singleton key {text!r} is held by run {decision.holder}")
+                               execution_id=decision.holder, reason=reason)
+            # The skipped start never runs: its key answers with the holder from now on,
+            # and whatever it held on its way is given back.
+            self.router.alias(ctx, start, decision.holder)
+            self.router.give_back(ctx, start, reason)
             return
         self._save(ctx, key, hold)
         if decision is not None:
