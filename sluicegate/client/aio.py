@@ -13,6 +13,7 @@ from sluicegate.client.errors import DecisionTimeout
 from sluicegate.client.producer import Client, Handle, _raise_synchronous_answer
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
+from sluicegate.schemas.records import RunRow
 
 
 class AsyncClient:
@@ -29,8 +30,13 @@ class AsyncClient:
         at: datetime | int | None = None,
         origin: str | Origin = "event",
         wait_decision: bool = False,
+        wait: bool = False,
         timeout: float = 30.0,
     ) -> Handle:
+        if wait:
+            # Blocking for the run's end is the sync client's own loop, off the event loop.
+            return await asyncio.to_thread(self._client.start, workflow, payload, id=id, at=at,
+                                           origin=origin, wait=True, timeout=timeout)
         # Producing never blocks (librdkafka queues it); only the decision is awaited.
         handle = self._client.submit(workflow, payload, id=id, at=at, origin=origin,
                                      wait_decision=wait_decision)
@@ -38,6 +44,19 @@ class AsyncClient:
             await self.wait(handle, timeout)
             _raise_synchronous_answer(handle)
         return handle
+
+    async def run(
+        self,
+        workflow: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        id: str | None = None,
+        origin: str | Origin = "event",
+        timeout: float = 30.0,
+    ) -> RunRow:
+        """The asyncio twin of `Client.run`: the ended run's row in the runs table."""
+        return await asyncio.to_thread(self._client.run, workflow, payload, id=id,
+                                       origin=origin, timeout=timeout)
 
     async def wait(self, handle: Handle, timeout: float = 30.0) -> Handle:
         if handle.decided:

@@ -4,12 +4,14 @@ still answer at once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from sluicegate.client import (
+    AsyncClient,
     BlockingCallerRefused,
     Client,
     Engine,
@@ -124,3 +126,16 @@ def test_a_delayed_start_cannot_be_waited_on(settings: Settings) -> None:
     with Client(app=app, settings=settings) as client, \
             pytest.raises(BlockingCallerRefused, match="delayed start"):
         client.start("flakyJob", {"jobId": "x"}, at=2_000_000_000_000, wait=True)
+
+
+def test_the_asyncio_client_runs_and_waits_like_the_sync_one(running: Client) -> None:
+    async def go() -> tuple[RunStatus, str, bool]:
+        async with AsyncClient(app=app, settings=running.settings) as client:
+            row = await client.run("flakyJob", {"jobId": "ok-async"})
+            handle = await client.start("flakyJob", {"jobId": "fail-async"}, wait=True)
+            with pytest.raises(BlockingCallerRefused):
+                await client.run("gatedJob", {"jobId": "x"})
+            assert handle.result is not None
+            return row.status, handle.status, handle.result.status is RunStatus.failed
+
+    assert asyncio.run(go()) == (RunStatus.completed, "admitted", True)
