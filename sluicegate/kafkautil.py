@@ -2,9 +2,84 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from sluicegate.config import Settings
+
+# librdkafka reports a refused login or a failed TLS handshake only through the error
+# callback; its blocking calls just time out with "all brokers down". These codes are the
+# ones no retry can fix.
+_AUTH_CODES = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL)
+# "sasl_plaintext://127.0.0.1:9094/bootstrap: SASL authentication error: ..." -> the address
+_BROKER_PREFIX = re.compile(r"^\w+://(?P<broker>[^/\s]+)(?:/\S*)?:\s*")
+
+# The probe's own refused connections are reported as a KafkaAuthError; librdkafka need not
+# also log each one.
+_QUIET = logging.getLogger("sluicegate.kafkautil.probe")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+class KafkaAuthError(RuntimeError):
+    """The broker refused this client's credentials, or the TLS handshake with it failed."""
+
+    def __init__(self, message: str, error: KafkaError) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+def _auth_message(settings: Settings, error: KafkaError) -> str:
+    reason = error.str()
+    match = _BROKER_PREFIX.match(reason)
+    broker = match.group("broker") if match else settings.bootstrap
+    if match:
+        reason = reason[match.end():]
+    kafka = settings.kafka
+    protocol = kafka.get("security.protocol", "PLAINTEXT")
+    if error.code() == KafkaError._SSL:
+        return (
+            f"TLS handshake with Kafka broker {broker} failed ({reason}). Check that "
+            "ssl.ca.location (SLUICEGATE_KAFKA_SSL_CA_LOCATION) names the CA that signed the "
+            f"broker's certificate, and that {broker} is a TLS listener "
+            f"(security.protocol is {protocol})."
+        )
+    mechanism = kafka.get("sasl.mechanism", kafka.get("sasl.mechanisms", "GSSAPI"))
+    user = kafka.get("sasl.username", "(none)")
+    return (
+        f"Kafka authentication failed for user {user!r} with SASL {mechanism} at broker "
+        f"{broker} ({reason}). Check sasl.username and sasl.password "
+        "(SLUICEGATE_KAFKA_SASL_USERNAME / SLUICEGATE_KAFKA_SASL_PASSWORD), and that the "
+        f"listener at {broker} expects {protocol} with {mechanism}."
+    )
+
+
+def check_access(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Fail fast with a KafkaAuthError if the broker refuses these settings' credentials.
+
+    Called where a sluicegate process first talks to Kafka (Client, Engine, Worker.start,
+    create_topics), so a wrong password is one clear error within a second, not a raw
+    librdkafka error after a 30 s timeout. A broker that does not answer at all is left
+    to the caller's own timeouts, as before: it may still be starting.
+    """
+    errors: list[KafkaError] = []
+    admin = AdminClient(settings.client_config(error_cb=errors.append), logger=_QUIET)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+            return
+        except KafkaException:
+            admin.poll(0)  # serves the error callback
+        refused = next((e for e in errors if e.code() in _AUTH_CODES), None)
+        if refused is not None:
+            raise KafkaAuthError(_auth_message(settings, refused), refused)
+        if time.monotonic() >= deadline:
+            return
 
 
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from sluicegate.config import Settings
+from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
+from sluicegate.streams.payloads import Payloads
 from sluicegate.topology.topics import Topics
 
 
@@ -29,6 +32,13 @@ class Delivery:
     admitted: AdmittedStart | None = None
     command: EngineCommand | None = None
     _position: TopicPartition | None = None
+    _payloads: Payloads | None = None
+
+    def payload(self) -> Any:
+        """The admitted start's payload as data, opened if sealed (`admitted.payload`
+        stays the bytes as kept)."""
+        assert self.admitted is not None
+        return (self._payloads or Payloads(None)).open(self.admitted.payload)
 
 
 class Engine:
@@ -39,6 +49,8 @@ class Engine:
             settings = settings.with_(bootstrap=bootstrap)
         self.settings = settings
         self.topics = Topics(settings)
+        self._payloads = Payloads.of(settings)
+        check_access(settings)
         self._consumer = Consumer(settings.client_config(**{
             "group.id": group,
             "isolation.level": "read_committed",
@@ -65,7 +77,8 @@ class Engine:
         assert topic is not None and partition is not None and offset is not None
         position = TopicPartition(topic, partition, offset + 1)
         if msg.topic() == self.topics.admitted:
-            return Delivery(admitted=codec.decode(AdmittedStart, msg.value()), _position=position)
+            return Delivery(admitted=codec.decode(AdmittedStart, msg.value()),
+                            _position=position, _payloads=self._payloads)
         self._consumer.store_offsets(offsets=[position])
         return Delivery(command=codec.decode(EngineCommand, msg.value()))
 

@@ -33,11 +33,12 @@ from sluicegate.client.errors import (
 )
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin, load_app
-from sluicegate.kafkautil import watermarks
+from sluicegate.kafkautil import check_access, watermarks
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import Outcome, Reply, RunRow, StartRequest
 from sluicegate.streams.decisions import execution_id_for
+from sluicegate.streams.payloads import Payloads
 from sluicegate.streams.stages.identity import identity_key, store_key
 from sluicegate.streams.stages.runs import ENDED
 from sluicegate.topology.topics import Topics
@@ -208,6 +209,8 @@ class Client:
         self.settings = settings
         self.app = load_app(app, settings) if isinstance(app, str) else app
         self.topics = Topics(settings)
+        self._payloads = Payloads.of(settings)
+        check_access(settings)
         self._producer = Producer(settings.client_config(**{
             "partitioner": "murmur2_random",
             "enable.idempotence": True,
@@ -332,7 +335,7 @@ class Client:
         start = StartRequest(
             request_id=uuid.uuid4().hex,
             workflow=workflow,
-            payload=codec.dump_payload(data),
+            payload=self._payloads.seal(wf, data),
             origin=origin,
             requested_at_ms=int(time.time() * 1000),
             idempotency_id=id,

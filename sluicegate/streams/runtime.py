@@ -109,6 +109,9 @@ class Worker:
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1000,
             "fetch.wait.max.ms": 20,
+            # An input topic created after the worker started (a cancelOn event topic)
+            # is noticed within seconds, not at the default five minutes.
+            "topic.metadata.refresh.interval.ms": 10000,
         }))
         self.restorer = Consumer(settings.client_config(**{
             "group.id": f"{self.topics.group}-restore",

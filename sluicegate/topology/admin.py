@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.kafkautil import check_access
 from sluicegate.topology.topics import Topics, TopicSpec
 
 
@@ -29,6 +30,7 @@ class CreateReport:
 def create_topics(settings: Settings, app: App | None = None,
                   timeout_s: float = 30.0) -> CreateReport:
     """Every sluicegate topic, and with `app` the event topics its cancelOn entries read."""
+    check_access(settings)
     admin = AdminClient(settings.client_config())
     topics = Topics(settings)
     specs = topics.specs()

@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
@@ -34,14 +33,9 @@ pytestmark = pytest.mark.broker
 
 
 def _setup(settings: Settings) -> Topics:
-    create_topics(settings)
-    topics = Topics(settings)
-    admin = AdminClient(settings.client_config())
-    futures = admin.create_topics([NewTopic(s.name, s.partitions, settings.replication)
-                                   for s in topics.event_specs([ISSUE_DELETED])])
-    for future in futures.values():
-        future.result(30)
-    return topics
+    # With the app, the cancelOn event topics too, waited for until they have leaders.
+    create_topics(settings, app)
+    return Topics(settings)
 
 
 def _produce(settings: Settings, topic: str, key: bytes, value: bytes,

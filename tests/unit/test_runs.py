@@ -21,6 +21,7 @@ from sluicegate.streams.stages.runs import (
     holds_lease,
     lease_lapsed,
     lease_of,
+    redriven,
 )
 from tests.apps.lifecycle import Job
 
@@ -73,18 +74,40 @@ def test_an_engine_failure_keeps_its_message_and_retries() -> None:
 
 
 @given(st.lists(events, max_size=12))
-def test_an_ended_run_never_changes_again(sequence: list[RunEvent]) -> None:
+def test_an_ended_run_changes_again_only_when_a_failed_run_is_redriven(
+        sequence: list[RunEvent]) -> None:
     row = _row([CONCURRENCY])
-    ended: RunRow | None = None
     for event in sequence:
-        row = apply_event(row, event)
-        if ended is not None:
-            assert row == ended
+        before, row = row, apply_event(row, event)
+        if before.status in ENDED:
+            reopens = (before.status is RunStatus.failed
+                       and event.kind in (RunEventKind.started, RunEventKind.resumed)
+                       and event.at_ms > (before.ended_at_ms or 0))
+            assert redriven(before, event) is reopens
+            if reopens:
+                # Its holds went back when it failed: the redriven run holds none.
+                assert (row.status, row.slots, row.ended_at_ms) == (RunStatus.running, [],
+                                                                    None)
+            else:
+                assert row == before
         elif row.status in ENDED:
-            ended = row
             assert row.ended_at_ms == event.at_ms
         else:
             assert row.ended_at_ms is None
+
+
+def test_a_completed_or_cancelled_run_is_never_reopened() -> None:
+    for end in (RunEventKind.completed, RunEventKind.cancelled):
+        ended = apply_event(_row(), _event(end, ADMITTED_AT + 1))
+        for kind in (RunEventKind.started, RunEventKind.resumed):
+            assert apply_event(ended, _event(kind, ADMITTED_AT + 2)) == ended
+
+
+def test_a_report_from_before_the_failure_does_not_reopen_it() -> None:
+    failed = apply_event(_row(), _event(RunEventKind.failed, ADMITTED_AT + 10))
+    assert apply_event(failed, _event(RunEventKind.started, ADMITTED_AT + 10)) == failed
+    again = apply_event(failed, _event(RunEventKind.resumed, ADMITTED_AT + 11))
+    assert again.status is RunStatus.running
 
 
 @given(st.lists(events, max_size=12), st.integers(0, 10**9))

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -33,6 +34,8 @@ DEFAULT_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 HOST = "127.0.0.1"
 MIN_JAVA = 17  # kafka_2.13 4.x is compiled for Java 17 (minNonClientJavaVersion)
+
+CA_FILE = "ca.pem"  # in <data-dir>/tls: the CA that signed the TLS listener's certificate
 
 _PACKAGE = "sluicegate.ops.localkafka"
 _LOG_TAIL_LINES = 30
@@ -79,6 +82,20 @@ class SaslPlain:
 
 
 @dataclass(frozen=True, slots=True)
+class Tls:
+    """An extra SSL listener whose certificate a CA of the data dir's own signed."""
+
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    ca: Path  # PEM: what clients set as `ssl.ca.location`
+    keystore: Path  # PKCS12: the broker's key and certificate chain
+    password: str
+
+
+@dataclass(frozen=True, slots=True)
 class LocalBroker:
     port: int
     controller_port: int
@@ -87,6 +104,7 @@ class LocalBroker:
     kafka_version: str
     already_running: bool = False
     sasl_port: int | None = None
+    tls_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -95,6 +113,14 @@ class LocalBroker:
     @property
     def sasl_bootstrap(self) -> str | None:
         return None if self.sasl_port is None else f"{HOST}:{self.sasl_port}"
+
+    @property
+    def tls_bootstrap(self) -> str | None:
+        return None if self.tls_port is None else f"{HOST}:{self.tls_port}"
+
+    @property
+    def ca_path(self) -> Path | None:
+        return None if self.tls_port is None else tls_dir(self.data_dir) / CA_FILE
 
     @property
     def log_path(self) -> Path:
@@ -123,6 +149,10 @@ def jar_cache_dir(kafka_version: str) -> Path:
 
 def log_path(data_dir: Path) -> Path:
     return data_dir / "broker.log"
+
+
+def tls_dir(data_dir: Path) -> Path:
+    return data_dir / "tls"
 
 
 def _pid_path(data_dir: Path) -> Path:
@@ -295,19 +325,74 @@ def fetch_jars(kafka_version: str = DEFAULT_KAFKA_VERSION) -> Path:
     return lib
 
 
+def _openssl(*args: str) -> None:
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BrokerError(f"openssl {args[0]} failed (exit {result.returncode}):\n"
+                          + _tail(result.stdout + result.stderr))
+
+
+def tls_files(data_dir: Path) -> TlsFiles:
+    """The data dir's CA and broker keystore, generated with openssl on first use.
+
+    Kept across starts, so a client that already trusts `ca.pem` keeps working after a
+    restart; delete `<data-dir>/tls` to get new ones.
+    """
+    folder = tls_dir(data_dir)
+    ca_file, keystore, password_file = (folder / n for n in
+                                        (CA_FILE, "broker.p12", "keystore.password"))
+    if ca_file.exists() and keystore.exists() and password_file.exists():
+        return TlsFiles(ca_file, keystore, password_file.read_text().strip())
+    if shutil.which("openssl") is None:
+        raise BrokerError("`openssl` not found on PATH: it generates the TLS listener's CA")
+    # Generated in a private dir and renamed at the end, so an interrupted run never leaves
+    # a CA that does not match the keystore.
+    staging = folder.with_name(f"tls.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    password = secrets.token_hex(16)
+    ca_key, ca, key, csr, cert = (staging / n for n in
+                                  ("ca.key", CA_FILE, "broker.key", "broker.csr", "broker.pem"))
+    days = "3650"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", days,
+             "-subj", "/CN=sluicegate local Kafka CA", "-keyout", str(ca_key), "-out", str(ca))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={HOST}",
+             "-keyout", str(key), "-out", str(csr))
+    # librdkafka checks the broker's name against the certificate by default
+    # (ssl.endpoint.identification.algorithm=https): the listener's address must be in it.
+    ext = staging / "san.ext"
+    ext.write_text(f"subjectAltName=IP:{HOST},DNS:localhost\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", days, "-extfile", str(ext), "-out", str(cert))
+    _openssl("pkcs12", "-export", "-in", str(cert), "-inkey", str(key), "-certfile", str(ca),
+             "-name", "broker", "-out", str(staging / keystore.name),
+             "-passout", f"pass:{password}")
+    (staging / password_file.name).write_text(password + "\n")
+    for leftover in (ca_key, key, csr, cert, ext):
+        leftover.unlink(missing_ok=True)  # only the CA's certificate and the keystore are needed
+    (staging / "ca.srl").unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return TlsFiles(ca_file, keystore, password)
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration
 
 
 def server_properties(
-    port: int, controller_port: int, data_dir: Path, sasl: SaslPlain | None = None
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    sasl: SaslPlain | None = None,
+    tls: Tls | None = None,
 ) -> str:
     listeners = [f"PLAINTEXT://{HOST}:{port}", f"CONTROLLER://{HOST}:{controller_port}"]
     advertised = [f"PLAINTEXT://{HOST}:{port}"]
     protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
     extra: list[str] = []
     if sasl is not None:
-        # Further listeners (TLS, SCRAM) slot in the same way: one name, one protocol, and
+        # Further listeners (TLS below, SCRAM) slot in the same way: one name, one protocol, and
         # listener.name.<name>.* settings; clients between brokers stay on PLAINTEXT.
         listeners.append(f"SASL_PLAINTEXT://{HOST}:{sasl.port}")
         advertised.append(f"SASL_PLAINTEXT://{HOST}:{sasl.port}")
@@ -321,6 +406,17 @@ def server_properties(
             "sasl.enabled.mechanisms=PLAIN",
             "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
             f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
+        ]
+    if tls is not None:
+        files = tls_files(data_dir)
+        listeners.append(f"SSL://{HOST}:{tls.port}")
+        advertised.append(f"SSL://{HOST}:{tls.port}")
+        protocols.append("SSL:SSL")
+        extra += [
+            "listener.name.ssl.ssl.keystore.type=PKCS12",
+            f"listener.name.ssl.ssl.keystore.location={files.keystore}",
+            f"listener.name.ssl.ssl.keystore.password={files.password}",
+            f"listener.name.ssl.ssl.key.password={files.password}",
         ]
     lines = [
         "# Written by `sluicegate kafka up` on every start; edits here are overwritten.",
@@ -434,6 +530,7 @@ def ensure_broker(
     kafka_version: str = DEFAULT_KAFKA_VERSION,
     timeout: float = 90.0,
     sasl: SaslPlain | None = None,
+    tls: Tls | None = None,
 ) -> LocalBroker:
     """Start a broker on 127.0.0.1:`port` unless ours already runs there; return once it answers.
 
@@ -443,7 +540,7 @@ def ensure_broker(
     data_dir = (data_dir or default_data_dir(port)).resolve()
     bootstrap = f"{HOST}:{port}"
     deadline = time.monotonic() + timeout
-    ports = [port, controller_port] + ([sasl.port] if sasl else [])
+    ports = [port, controller_port] + [x.port for x in (sasl, tls) if x is not None]
     if len(set(ports)) != len(ports):
         raise BrokerError(f"the broker's ports must differ, got {ports}")
 
@@ -451,9 +548,8 @@ def ensure_broker(
     if pid is not None:
         # Possibly still starting (a concurrent `up`): wait for it rather than start another.
         _wait_until_answers(bootstrap, deadline, None, data_dir)
-        return LocalBroker(
-            port, controller_port, data_dir, pid, kafka_version, True, sasl.port if sasl else None
-        )
+        return LocalBroker(port, controller_port, data_dir, pid, kafka_version, True,
+                           sasl.port if sasl else None, tls.port if tls else None)
 
     for p in ports:
         if port_in_use(p):
@@ -471,7 +567,7 @@ def ensure_broker(
         resources.files(_PACKAGE).joinpath("log4j2.properties").read_text()
     )
     props = _props_path(data_dir)
-    props.write_text(server_properties(port, controller_port, data_dir, sasl))
+    props.write_text(server_properties(port, controller_port, data_dir, sasl, tls))
 
     fmt = [
         *_java_cmd(java, lib, data_dir, TOOL_JVM_OPTS),
@@ -506,9 +602,8 @@ def ensure_broker(
         _terminate(proc.pid, 10.0)
         _pid_path(data_dir).unlink(missing_ok=True)
         raise
-    return LocalBroker(
-        port, controller_port, data_dir, proc.pid, kafka_version, False, sasl.port if sasl else None
-    )
+    return LocalBroker(port, controller_port, data_dir, proc.pid, kafka_version, False,
+                       sasl.port if sasl else None, tls.port if tls else None)
 
 
 def _alive(pid: int) -> bool:

@@ -14,6 +14,7 @@ from sluicegate.ops.localkafka.broker import (
     DEFAULT_PORT,
     BrokerError,
     SaslPlain,
+    Tls,
     broker_status,
     ensure_broker,
     stop_broker,
@@ -50,13 +51,20 @@ def up(
     sasl_port: Annotated[
         int | None, typer.Option("--sasl-port", help="Port of that listener; default port+2.")
     ] = None,
+    tls: Annotated[
+        bool, typer.Option("--tls", help="Add an SSL listener; its CA is made for the data dir.")
+    ] = False,
+    tls_port: Annotated[
+        int | None, typer.Option("--tls-port", help="Port of that listener; default port+3.")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker.")] = 90.0,
 ) -> None:
     """Start a single-node KRaft broker (no-op if ours already runs on that port)."""
     started = time.monotonic()
     try:
         sasl = SaslPlain.parse(sasl_plain, sasl_port or port + 2) if sasl_plain else None
-        broker = ensure_broker(port, controller_port, data_dir, kafka_version, timeout, sasl)
+        ssl = Tls(tls_port or port + 3) if tls or tls_port else None
+        broker = ensure_broker(port, controller_port, data_dir, kafka_version, timeout, sasl, ssl)
     except BrokerError as err:
         raise _fail(err) from None
     if broker.already_running:
@@ -68,6 +76,8 @@ def up(
         )
     if broker.sasl_bootstrap:
         typer.echo(f"SASL_PLAINTEXT (PLAIN) on {broker.sasl_bootstrap}")
+    if broker.tls_bootstrap:
+        typer.echo(f"SSL on {broker.tls_bootstrap}; clients set ssl.ca.location={broker.ca_path}")
     typer.echo(f"data: {broker.data_dir}\nlog:  {broker.log_path}")
 
 

@@ -8,13 +8,15 @@ The correlator therefore works in two steps, both on the exactly-once runtime
    (`<namespace>events.<event>`). An event is decoded with each declaring workflow's
    schema; one that does not decode for a workflow is dead-lettered with a `rejected`
    ledger row and never matched for it. An event that decoded becomes a `CancelSweep`
-   sent to every partition of `sg.stage.cancelon` and of `sg.stage.defer`.
+   sent to every partition of `sg.stage.cancelon` and of each stage holding queued
+   starts (`QUEUE_STAGES`).
 2. **Judge per partition.** Partition p of `sg.stage.cancelon` shares its task with
    partition p of `sg.runs` (both keyed by execution id), from which the stage keeps its
    own table of the live runs of declaring workflows. A sweep cancels each live run that
    started at or before the event (and within `within` of it) and whose payload matches,
-   with an `EngineCommand(cancel)` and a `cancelled` ledger row about the run. The defer
-   stage discards its queued starts that match the same way (`queued_reason`).
+   with an `EngineCommand(cancel)` and a `cancelled` ledger row about the run. Each
+   queue stage discards its queued starts that match the same way (`queued_reason`,
+   `discard`).
 
 A run row can be read after the sweep that should have cancelled it (two topics, no
 order between them), so a sweep is kept for `SWEEP_GRACE_MS` and a run first seen in
@@ -38,9 +40,12 @@ from sluicegate.schemas.records import (
     EngineCommand,
     LedgerRecord,
     Outcome,
+    PendingStart,
     RunRow,
 )
 from sluicegate.streams.decisions import describe_invalid, record_decision, reject
+from sluicegate.streams.payloads import Payloads
+from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages.runs import LIVE
 from sluicegate.streams.timers import STATE_PREFIX
@@ -50,7 +55,7 @@ NAME = "cancelon"
 # How long a sweep waits for run rows still on their way from the runs stage.
 SWEEP_GRACE_MS = 10 * 60_000
 # The stages that hold queued starts and accept a sweep on their own topic.
-QUEUE_STAGES = ("defer",)
+QUEUE_STAGES = ("defer", "throttle", "concurrency", "pause", "identity")
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -100,7 +105,17 @@ def queued_reason(app: App, sweep: CancelSweep, workflow: str, arrived_at_ms: in
     if wf is None or workflow not in sweep.workflows:
         return None
     return cancel_reason(wf, sweep.event, json.loads(sweep.body), sweep.event_at_ms,
-                         arrived_at_ms, json.loads(payload))
+                         arrived_at_ms, Payloads.of(app.settings).open(payload))
+
+
+def discard(ctx: StageContext, router: Router, start: PendingStart, sweep: CancelSweep,
+            reason: str, key: str | None) -> None:
+    """A queued start the sweep discards: `cancelled` with the reason, and the holds it
+    took on its way given back. No onFailure: a cancel is not a failure."""
+    router.decide(ctx, start, Outcome.cancelled, key=key,
+                  reason=f"{reason}: event {sweep.event!r} at {sweep.source} matched the "
+                         "queued start")
+    router.give_back(ctx, start, reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +223,7 @@ class CancelOnStage(Stage):
         if wf is None:
             return False
         reason = cancel_reason(wf, sweep.event, data, sweep.event_at_ms, row.admitted_at_ms,
-                               json.loads(row.payload))
+                               Payloads.of(self.app.settings).open(row.payload))
         if reason is None:
             return False
         self._cancel(ctx, row, sweep, reason)

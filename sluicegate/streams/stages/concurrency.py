@@ -17,7 +17,6 @@ workflow left the declarations while it waited fails.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +25,7 @@ from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
+    CancelSweep,
     Outcome,
     PendingStart,
     Release,
@@ -35,6 +35,7 @@ from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import FairQueue, Parked
 from sluicegate.streams.routing import REMOVED, Router, with_slot
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 from sluicegate.topology.topics import Topics
@@ -222,12 +223,15 @@ class ConcurrencyStage(Stage):
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
-            message = codec.decode_one_of((PendingStart, Release), record.value)
+            message = codec.decode_one_of((PendingStart, Release, CancelSweep), record.value)
         except codec.DecodeError as exc:
             reject(ctx, record, f"not a pending start or a release: {exc}")
             return
         if isinstance(message, Release):
             self._release(ctx, message)
+            return
+        if isinstance(message, CancelSweep):
+            self._cancel_queued(ctx, message)
             return
         if record.key is None:
             self._rekey(ctx, message)
@@ -241,7 +245,7 @@ class ConcurrencyStage(Stage):
         if wf is None or hop is None or hop.stage != NAME:
             self.router.forward(ctx, start)
             return
-        key = Router.key_for(wf, hop, json.loads(start.payload))
+        key = Router.key_for(wf, hop, self.router.payloads.open(start.payload))
         ctx.send(ctx.topics.stage(self.name), key.encode(), codec.encode(start))
 
     def _arrive(self, ctx: StageContext, key: str, start: PendingStart) -> None:
@@ -291,7 +295,8 @@ class ConcurrencyStage(Stage):
               queue: FairQueue) -> None:
         route = self.router.routes[wf.name]
         by = lane_hop(route, start.hop)
-        lane = wf.name if by is None else Router.key_for(wf, by, json.loads(start.payload))
+        lane = wf.name if by is None else Router.key_for(
+            wf, by, self.router.payloads.open(start.payload))
         parked, position = queue.park(lane, start)
         ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
                       _prefixed(lane) + parked.row)
@@ -366,6 +371,26 @@ class ConcurrencyStage(Stage):
             queue.take(lane, parked)
             self._unpark(ctx, key, start)
             self._take(ctx, key, start, hop)
+
+    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+        """cancelOn discards this partition's waiting starts that match the event. A
+        waiting resume is left alone: its run exists, and the correlator cancels runs.
+        No slot frees, so nothing drains."""
+        for row, _ in list(ctx.store.items(_WAITING)):
+            key, execution_id = _unprefix(row[len(_WAITING):])
+            found = self._waiting(ctx, key, execution_id.decode())
+            if found is None or found[1].start.kind is not AdmittedKind.start:
+                continue
+            lane, parked = found
+            start = parked.start
+            reason = cancelon.queued_reason(self.app, sweep, start.workflow,
+                                            start.arrived_at_ms, start.payload)
+            if reason is None:
+                continue
+            self.queue(ctx, key).remove(lane, parked)
+            self._unpark(ctx, key, start)
+            cancelon.discard(ctx, self.router, start, sweep, reason,
+                             shown_key(key, start.workflow))
 
     # -- timers ----------------------------------------------------------------------------
 

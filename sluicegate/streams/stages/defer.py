@@ -34,6 +34,7 @@ from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, IdentityAlias, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
+from sluicegate.streams.payloads import is_sealed
 from sluicegate.streams.pending import PendingQueue, rank_key
 from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
@@ -353,7 +354,8 @@ class DeferStage(Stage):
         now = ctx.now_ms
         text = _key_text(key)
         condition = wf.batch.if_expr
-        if condition is not None and not condition.matches(json.loads(start.payload)):
+        if condition is not None and not condition.matches(
+                self.router.payloads.open(start.payload)):
             self._run_batch(ctx, wf, text, [start])
             return
         raw = ctx.store.get(_BATCH + key)
@@ -415,7 +417,7 @@ class DeferStage(Stage):
     def _run_batch(self, ctx: StageContext, wf: Workflow, text: str,
                    members: list[PendingStart]) -> None:
         first = members[0]
-        payload = batch_payload([m.payload for m in members])
+        payload = self._batch_bytes(members)
         data = json.loads(payload)
         try:
             wf.payload.model_validate(data)
@@ -426,7 +428,7 @@ class DeferStage(Stage):
                 f"against the workflow's payload: {describe_invalid(exc)}", text)
             return
         run = dataclasses.replace(
-            first, payload=payload,
+            first, payload=self.router.payloads.seal_bytes(wf, payload),
             request_ids=[rid for m in members for rid in m.request_ids],
             slots=merged_slots(*(m.slots for m in members)),
             priority=wf.priority.value(data) if wf.priority is not None else 0.0)
@@ -437,18 +439,24 @@ class DeferStage(Stage):
                        f"with {len(members)} items")
         self.router.forward(ctx, run, data)
 
+    def _batch_bytes(self, members: list[PendingStart]) -> bytes:
+        """The run's payload JSON, from its items opened."""
+        return batch_payload([self.router.payloads.open_bytes(m.payload) for m in members])
+
     def _fail_batch(self, ctx: StageContext, members: list[PendingStart], outcome: Outcome,
                     reason: str, text: str) -> None:
         """The batch will never run: one failure report for the would-be run (under the
         oldest item's request), and the same outcome for every item."""
-        run = dataclasses.replace(members[0], payload=batch_payload([m.payload for m in members]))
+        run = dataclasses.replace(members[0], payload=self.router.payloads.seal_bytes(
+            is_sealed(members[0].payload), self._batch_bytes(members)))
         self.router.fail(ctx, run, outcome, reason, key=text)
         for member in members[1:]:
             self.router.decide(ctx, member, outcome, key=text, reason=reason)
 
     def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards this partition's debounced starts that match the event
-        (seed 000: a queued duplicate must not start against the row just deleted)."""
+        """cancelOn discards this partition's debounced starts and batch items that match
+        the event (seed 000: a queued duplicate must not start against the row just
+        deleted)."""
         for skey, raw in list(ctx.store.items(_BURST)):
             held = _Held.decode(raw)
             c = held.carrier
@@ -460,10 +468,52 @@ class DeferStage(Stage):
             key = skey[len(_BURST):]
             ctx.timers.cancel(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
             ctx.store.delete(skey)
-            self.router.decide(ctx, c, Outcome.cancelled, key=_key_text(key),
-                               reason=f"{reason}: event {sweep.event!r} at {sweep.source} "
-                                      "matched the queued start")
-            self.router.give_back(ctx, c, reason)
+            cancelon.discard(ctx, self.router, c, sweep, reason, _key_text(key))
+        for hkey, raw in list(ctx.store.items(_BATCH)):
+            self._cancel_batched(ctx, sweep, hkey[len(_BATCH):], _Header.decode(raw))
+
+    def _cancel_batched(self, ctx: StageContext, sweep: CancelSweep, key: bytes,
+                        header: _Header) -> None:
+        """Discard the matching items of one pending batch (each judged as the batch of
+        one it would be alone); the others still run as one batch, whose id and deadline
+        are then its oldest remaining item's."""
+        queue = PendingQueue(ctx.store, _members(key))
+        kept: list[PendingStart] = []
+        members = list(queue)
+        for parked in members:
+            item = parked.start
+            # `match` reads the run's payload: an item is judged as a batch of one.
+            reason = cancelon.queued_reason(self.app, sweep, item.workflow,
+                                            item.arrived_at_ms, self._batch_bytes([item]))
+            if reason is None:
+                kept.append(item)
+                continue
+            queue.remove(parked)
+            cancelon.discard(ctx, self.router, item, sweep, reason, _key_text(key))
+        if len(kept) == len(members):
+            return
+        old_timer = self._timer(header.rank, _BATCHED, key)
+        if not kept:
+            ctx.timers.cancel(header.wake_ms, old_timer)
+            ctx.store.delete(_BATCH + key)
+            return
+        wf = self.app.get(kept[0].workflow)
+        rule = batch_rule(wf) if wf is not None else None
+        if wf is None or rule is None:
+            # Its timer still comes and settles the rest (fails or passes them on).
+            return
+        ctx.timers.cancel(header.wake_ms, old_timer)
+        first = kept[0]
+        batch = OpenBatch(first.execution_id, first.arrived_at_ms, len(kept),
+                          len(batch_payload([m.payload for m in kept])))
+        rest = _Header(batch, batch.wake_ms(rule), rank_key(first, self._mode(wf)))
+        ctx.store.put(_BATCH + key, rest.encode())
+        ctx.timers.schedule(rest.wake_ms, self._timer(rest.rank, _BATCHED, key))
+        if first.execution_id != header.batch.execution_id:
+            # The run is now the oldest remaining item's: a repeat of another item's key
+            # must name it.
+            for item in kept[1:]:
+                self._alias(ctx, wf, item, first.execution_id)
 
     # -- both ----------------------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from sluicegate.declare import App
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.records import ControlRow, PendingStart
+from sluicegate.schemas.records import CancelSweep, ControlRow, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import PendingQueue
 from sluicegate.streams.routing import PAUSE_STAGE, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stages import cancelon
 from sluicegate.topology.topics import Topics
 
 
@@ -40,9 +41,12 @@ class PauseStage(Stage):
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
-            start = codec.decode(PendingStart, record.value)
+            start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
         except codec.DecodeError as exc:
             reject(ctx, record, f"not a pending start: {exc}")
+            return
+        if isinstance(start, CancelSweep):
+            self._cancel_queued(ctx, start)
             return
         if self.router.paused(start.workflow):
             queue = PendingQueue(ctx.store, queue_name(start.workflow))
@@ -50,6 +54,19 @@ class PauseStage(Stage):
             return
         # Unpaused while it was on its way here.
         self.router.forward(ctx, start)
+
+    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+        """cancelOn discards the paused starts that match the event (a queue per
+        workflow, on the partition that owns the workflow's name)."""
+        for workflow in sweep.workflows:
+            queue = PendingQueue(ctx.store, queue_name(workflow))
+            for parked in list(queue):
+                start = parked.start
+                reason = cancelon.queued_reason(self.app, sweep, workflow,
+                                                start.arrived_at_ms, start.payload)
+                if reason is not None:
+                    queue.remove(parked)
+                    cancelon.discard(ctx, self.router, start, sweep, reason, workflow)
 
     def control_changed(self, ctx: StageContext, row: ControlRow) -> None:
         if row.paused or partition_for(row.workflow.encode(), self.partitions) != ctx.partition:

@@ -21,7 +21,6 @@ An engine-reported failure starts the onFailure workflow too.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 
@@ -91,10 +90,22 @@ def admitted_row(admitted: AdmittedStart) -> RunRow:
     )
 
 
+def redriven(row: RunRow, event: RunEvent) -> bool:
+    """Whether the report reopens an ended run: only a failed run comes back (a redrive
+    resumes it from the failed step), when the engine reports it started or resumed after
+    its end; a completed or cancelled run never does (docs/decisions/redrive.md)."""
+    return (row.status is RunStatus.failed
+            and event.kind in (RunEventKind.started, RunEventKind.resumed)
+            and event.at_ms > (row.ended_at_ms or 0))
+
+
 def apply_event(row: RunRow, event: RunEvent) -> RunRow:
-    """The run row after an engine report; an ended run does not change again."""
+    """The run row after an engine report; an ended run does not change again, unless a
+    failed run is redriven (it then holds nothing: its holds went back when it failed)."""
     if row.status in ENDED:
-        return row
+        if not redriven(row, event):
+            return row
+        row = dataclasses.replace(row, slots=[])
     status = _STATUS_OF.get(event.kind, row.status)
     if event.kind is RunEventKind.resumed:
         status = RunStatus.running
@@ -281,13 +292,15 @@ class RunsStage(Stage):
             self._event(ctx, current, codec.decode(RunEvent, value))
 
     def _event(self, ctx: StageContext, row: RunRow, event: RunEvent) -> None:
-        if row.status in ENDED:
+        if row.status in ENDED and not redriven(row, event):
             return
         if event.kind is RunEventKind.heartbeat:
             self.heartbeat(ctx, row, event)
             return
         updated = apply_event(row, event)
-        if event.kind is RunEventKind.resumed and self._needs_readmission(row):
+        # A redriven run was resumed by the engine on an operator's command: not re-admitted.
+        if (event.kind is RunEventKind.resumed and row.status not in ENDED
+                and self._needs_readmission(row)):
             self._ask_readmission(ctx, row)
             return
         self.save(ctx, updated)
@@ -452,7 +465,8 @@ class RunsStage(Stage):
             declaration_version=row.declaration_version, hop=first - 1,
             request_id=f"resume:{row.execution_id}", request_ids=[],
             requested_at_ms=ctx.now_ms, arrived_at_ms=ctx.now_ms,
-            priority=wf.priority.value(json.loads(row.payload)) if wf.priority else 0.0,
+            priority=(wf.priority.value(self.router.payloads.open(row.payload)) if wf.priority
+                      else 0.0),
             slots=kept,
         )
         updated = dataclasses.replace(row, slots=kept, updated_at_ms=ctx.now_ms)

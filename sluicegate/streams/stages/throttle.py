@@ -23,11 +23,12 @@ from dataclasses import dataclass, replace
 
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import Outcome, PendingStart
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import PendingQueue
 from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 
@@ -151,9 +152,12 @@ class ThrottleStage(Stage):
             reject(ctx, record, "a throttled start needs its throttle key and a value")
             return
         try:
-            start = codec.decode(PendingStart, record.value)
+            start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
         except codec.DecodeError as exc:
             reject(ctx, record, f"not a pending start: {exc}")
+            return
+        if isinstance(start, CancelSweep):
+            self._cancel_queued(ctx, start)
             return
         wf = self.app.get(start.workflow)
         if wf is None:
@@ -261,6 +265,23 @@ class ThrottleStage(Stage):
             ctx.timers.schedule(turn, _TURN + key)
             row = replace(row, turn_ms=turn)
         ctx.store.put(_KEY + key, row.encode())
+
+    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+        """cancelOn discards this partition's waiting starts that match the event."""
+        for raw_key, raw in list(ctx.store.items(_KEY)):
+            key = raw_key[len(_KEY):]
+            queue = PendingQueue(ctx.store, key)
+            discarded = False
+            for parked in list(queue):
+                start = parked.start
+                reason = cancelon.queued_reason(self.app, sweep, start.workflow,
+                                                start.arrived_at_ms, start.payload)
+                if reason is not None:
+                    queue.remove(parked)
+                    cancelon.discard(ctx, self.router, start, sweep, reason, _key_text(key))
+                    discarded = True
+            if discarded:
+                self._settle(ctx, key, KeyRow.decode(raw), queue)
 
     # -- timeouts.start ----------------------------------------------------------------
 

@@ -1,0 +1,35 @@
+"""Declarations for cancelOn discarding queued starts: one workflow per queue a start can
+wait in (concurrency, throttle, batch, pause, a delayed `at`), all cancelled by seed 000's
+`jira.issue.deleted`."""
+
+from pydantic import BaseModel
+
+from sluicegate.declare import App, Batch, CancelOn, Concurrency, Throttle, Workflow
+from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour
+
+
+class Tours(BaseModel):
+    items: list[Tour]
+
+
+_on_delete = CancelOn(event=ISSUE_DELETED, schema=JiraIssueDeleted,
+                      match="event.issueKey == payload.issueKey")
+
+# One run at a time: the second start waits for the slot.
+slot_tour = Workflow(name="slotTour", payload=Tour, concurrency=Concurrency(limit=1),
+                     cancel_on=[_on_delete])
+# One start a minute: the second waits for its turn.
+pace_tour = Workflow(name="paceTour", payload=Tour,
+                     throttle=Throttle(limit=1, period="1m"), cancel_on=[_on_delete])
+# Items of a row batch for a minute; `match` reads the run's payload, so an item is
+# judged as a batch of one.
+batch_tour = Workflow(
+    name="batchTour", payload=Tours, batch=Batch(item=Tour, key="rowId", max_size=10,
+                                                 timeout="1m"),
+    cancel_on=[CancelOn(event=ISSUE_DELETED, schema=JiraIssueDeleted,
+                        match="event.issueKey == payload.items[0].issueKey")])
+# No control: its starts wait only while it is paused, or for their `at`.
+paused_tour = Workflow(name="pausedTour", payload=Tour, cancel_on=[_on_delete])
+later_tour = Workflow(name="laterTour", payload=Tour, cancel_on=[_on_delete])
+
+app = App([slot_tour, pace_tour, batch_tour, paused_tour, later_tour])
