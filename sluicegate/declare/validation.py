@@ -259,6 +259,12 @@ def _on_failure(wf: Workflow, by_name: dict[str, Workflow]) -> list[str]:
             f"on_failure {handler.on_failure!r} itself; there is no onFailure for an onFailure "
             "(a failing handler is logged, not re-notified)"
         )
+    if wf.encrypt_payloads and not handler.encrypt_payloads:
+        problems.append(
+            f"workflow {wf.name}: encrypt_payloads is set but its on_failure handler "
+            f"{handler.name!r} does not set it; the failure report carries the payload, so "
+            "the handler must keep it encrypted too"
+        )
     return problems
 
 

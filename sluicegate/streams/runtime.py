@@ -166,6 +166,7 @@ class Worker:
             if self.control is not None:
                 self.control.close()
             self.producer.flush(5.0)
+            self._lock.close()  # releases the state directory for the next worker
 
     # -- the loop --------------------------------------------------------------------
 

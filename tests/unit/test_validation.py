@@ -352,6 +352,17 @@ def test_an_on_failure_handler_declaring_on_failure_is_a_load_error() -> None:
                      "logged, not re-notified)"]
 
 
+def test_an_encrypted_workflow_whose_failure_handler_is_not_encrypted_is_a_load_error() -> None:
+    found = problems(
+        Workflow(name="f", payload=P, on_failure="g", encrypt_payloads=True),
+        Workflow(name="g", payload=FailureReport),
+        settings=WITH_KEY,
+    )
+    assert found == ["workflow f: encrypt_payloads is set but its on_failure handler 'g' does "
+                     "not set it; the failure report carries the payload, so the handler must "
+                     "keep it encrypted too"]
+
+
 # --- names, types, and collecting everything ------------------------------------------------
 
 

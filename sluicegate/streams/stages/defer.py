@@ -32,13 +32,13 @@ from pydantic import ValidationError
 
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import CancelSweep, IdentityAlias, Outcome, PendingStart, Slot
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.payloads import is_sealed
 from sluicegate.streams.pending import PendingQueue, rank_key
 from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
-from sluicegate.streams.stages import cancelon, identity
+from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.topology.topics import Topics
 
@@ -325,7 +325,7 @@ class DeferStage(Stage):
                 ctx, old, Outcome.collapsed, key=text, execution_id=old.execution_id,
                 reason=f"superseded by a later start with debounce key {text!r}; the latest "
                        f"payload runs as {old.execution_id}")
-            self._alias(ctx, wf, start, old.execution_id)
+            self.router.alias(ctx, start, old.execution_id)
         burst = arrival.burst
         rank = rank_key(carrier, self._mode(wf))
         stored = _Held(now, burst.wake_ms(rule), rank, carrier)
@@ -377,7 +377,7 @@ class DeferStage(Stage):
         # out when the batch runs): zeroed, the queue keeps the items in arrival order.
         item = dataclasses.replace(start, priority=0.0)
         PendingQueue(ctx.store, _members(key)).push(item)
-        self._alias(ctx, wf, start, added.batch.execution_id)
+        self.router.alias(ctx, start, added.batch.execution_id)
         if added.full:
             if header is not None:
                 ctx.timers.cancel(header.wake_ms, self._timer(header.rank, _BATCHED, key))
@@ -513,19 +513,9 @@ class DeferStage(Stage):
             # The run is now the oldest remaining item's: a repeat of another item's key
             # must name it.
             for item in kept[1:]:
-                self._alias(ctx, wf, item, first.execution_id)
+                self.router.alias(ctx, item, first.execution_id)
 
     # -- both ----------------------------------------------------------------------------
-
-    def _alias(self, ctx: StageContext, wf: Workflow, start: PendingStart,
-               execution_id: str) -> None:
-        """A start folded into a run with another id: a repeat of its idempotency key must
-        answer with that run (SPEC.md section 3, step 1), so tell the identity stage."""
-        if start.identity_key is None or start.execution_id == execution_id:
-            return
-        skey = identity.store_key(wf.name, start.identity_key)
-        ctx.send(ctx.topics.stage(identity.NAME), skey, codec.encode(IdentityAlias(
-            key=skey.decode(), execution_id=execution_id, request_id=start.request_id)))
 
     @staticmethod
     def _timer(rank: bytes, kind: bytes, key: bytes) -> bytes:
