@@ -60,6 +60,11 @@ def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high:
         changes: dict[bytes, bytes | None] = {}
         last = -1
         for msg in messages:
+            # One consumer restores every store in turn: an end-of-partition event or a
+            # record fetched for the changelog before this one may still arrive, and must
+            # not end (or feed) this replay.
+            if msg.topic() != tp.topic or msg.partition() != tp.partition:
+                continue
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
