@@ -20,6 +20,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from sluicegate.declare import Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import PendingStart
 from sluicegate.streams.store import StoreTransaction
@@ -39,6 +40,11 @@ def _sortable(value: float) -> bytes:
     (bits,) = struct.unpack(">Q", struct.pack(">d", value))
     bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits & (1 << 63) else bits | (1 << 63)
     return struct.pack(">Q", bits)
+
+
+def priority_mode(wf: Workflow | None) -> str:
+    """How a workflow's pending starts rank: its declared mode, `strict` by default."""
+    return wf.priority.mode if wf is not None and wf.priority is not None else "strict"
 
 
 def rank(start: PendingStart, mode: str) -> float:

@@ -32,7 +32,7 @@ from sluicegate.schemas.records import (
     ReleaseKind,
 )
 from sluicegate.streams.decisions import reject
-from sluicegate.streams.pending import FairQueue, Parked
+from sluicegate.streams.pending import FairQueue, Parked, priority_mode
 from sluicegate.streams.routing import REMOVED, Router, with_slot
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
@@ -160,7 +160,7 @@ class ConcurrencyStage(Stage):
         modes: dict[str, set[str]] = {}
         for route in router.routes.values():
             wf = app.workflows[route.workflow]
-            mode = wf.priority.mode if wf.priority is not None else "strict"
+            mode = priority_mode(wf)
             for hop in route.hops:
                 if hop.stage == NAME:
                     modes.setdefault(hop.budget, set()).add(mode)

@@ -35,7 +35,7 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.payloads import is_sealed
-from sluicegate.streams.pending import PendingQueue, rank_key
+from sluicegate.streams.pending import PendingQueue, priority_mode, rank_key
 from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
@@ -268,9 +268,6 @@ class DeferStage(Stage):
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.stage(self.name),)
 
-    def _mode(self, wf: Workflow | None) -> str:
-        return wf.priority.mode if wf is not None and wf.priority is not None else "strict"
-
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
             start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
@@ -327,7 +324,7 @@ class DeferStage(Stage):
                        f"payload runs as {old.execution_id}")
             self.router.alias(ctx, start, old.execution_id)
         burst = arrival.burst
-        rank = rank_key(carrier, self._mode(wf))
+        rank = rank_key(carrier, priority_mode(wf))
         stored = _Held(now, burst.wake_ms(rule), rank, carrier)
         ctx.store.put(_BURST + key, stored.encode())
         ctx.timers.schedule(stored.wake_ms, self._timer(rank, _DEBOUNCE, key))
@@ -384,7 +381,7 @@ class DeferStage(Stage):
             self._settle_batch(ctx, wf, rule, key, "run")
             return
         if header is None:
-            rank = rank_key(item, self._mode(wf))
+            rank = rank_key(item, priority_mode(wf))
             header = _Header(added.batch, added.batch.wake_ms(rule), rank)
             ctx.timers.schedule(header.wake_ms, self._timer(rank, _BATCHED, key))
         else:
@@ -506,7 +503,7 @@ class DeferStage(Stage):
         first = kept[0]
         batch = OpenBatch(first.execution_id, first.arrived_at_ms, len(kept),
                           len(batch_payload([m.payload for m in kept])))
-        rest = _Header(batch, batch.wake_ms(rule), rank_key(first, self._mode(wf)))
+        rest = _Header(batch, batch.wake_ms(rule), rank_key(first, priority_mode(wf)))
         ctx.store.put(_BATCH + key, rest.encode())
         ctx.timers.schedule(rest.wake_ms, self._timer(rest.rank, _BATCHED, key))
         if first.execution_id != header.batch.execution_id:

@@ -43,7 +43,7 @@ from sluicegate.streams.decisions import (
     reject,
 )
 from sluicegate.streams.payloads import SealError
-from sluicegate.streams.pending import rank_key
+from sluicegate.streams.pending import priority_mode, rank_key
 from sluicegate.streams.routing import Router, identity_store_key
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
@@ -235,8 +235,7 @@ class IdentityStage(Stage):
     def _park_delayed(self, ctx: StageContext, pending: PendingStart, at_ms: int,
                       wf: Workflow) -> None:
         # Each delayed start is its own row; at equal due times, priority orders them.
-        mode = wf.priority.mode if wf.priority is not None else "strict"
-        timer = _DELAYED + rank_key(pending, mode) + pending.request_id.encode()
+        timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
         ctx.timers.schedule(at_ms, timer, codec.encode(pending))
         self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
                            due_at_ms=at_ms)

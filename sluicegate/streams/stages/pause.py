@@ -13,7 +13,7 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import CancelSweep, ControlRow, PendingStart
 from sluicegate.streams.decisions import reject
-from sluicegate.streams.pending import PendingQueue
+from sluicegate.streams.pending import PendingQueue, priority_mode
 from sluicegate.streams.routing import PAUSE_STAGE, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
@@ -35,10 +35,6 @@ class PauseStage(Stage):
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.stage(self.name),)
 
-    def _mode(self, workflow: str) -> str:
-        wf = self.app.get(workflow)
-        return wf.priority.mode if wf is not None and wf.priority is not None else "strict"
-
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
             start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
@@ -50,7 +46,7 @@ class PauseStage(Stage):
             return
         if self.router.paused(start.workflow):
             queue = PendingQueue(ctx.store, queue_name(start.workflow))
-            queue.push(start, self._mode(start.workflow))
+            queue.push(start, priority_mode(self.app.get(start.workflow)))
             return
         # Unpaused while it was on its way here.
         self.router.forward(ctx, start)

@@ -25,7 +25,7 @@ from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
-from sluicegate.streams.pending import PendingQueue
+from sluicegate.streams.pending import PendingQueue, priority_mode
 from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
@@ -200,7 +200,7 @@ class ThrottleStage(Stage):
                         f"{len(queue)} starts (max_queued {option.max_queued}); a place "
                         f"frees in {format_duration(retry_after)}"))
             return row
-        position = queue.push(start, _mode(wf))
+        position = queue.push(start, priority_mode(wf))
         self.router.queued(ctx, start, deferral="throttle", key=key_text,
                            due_at_ms=due_ms(row.pace, rate, position), position=position)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
@@ -354,10 +354,6 @@ class ThrottleStage(Stage):
 def _key_text(kafka_key: bytes) -> str:
     """The key's own text, without the budget the hop key starts with."""
     return kafka_key.partition(b"\x1f")[2].decode(errors="replace")
-
-
-def _mode(wf: Workflow) -> str:
-    return wf.priority.mode if wf.priority is not None else "strict"
 
 
 def _expires_at(wf: Workflow, start: PendingStart) -> int | None:
