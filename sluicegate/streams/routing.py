@@ -30,8 +30,9 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, record_decision
 from sluicegate.streams.payloads import Payloads
-from sluicegate.streams.stage import StageContext
+from sluicegate.streams.stage import Stage, StageContext
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
+from sluicegate.topology.topics import Topics
 
 PAUSE_STAGE = "pause"
 REMOVED = "workflow removed from the declarations"
@@ -221,6 +222,18 @@ class Router:
 
     def is_failure_handler(self, workflow: str) -> bool:
         return any(wf.on_failure == workflow for wf in self.app.workflows.values())
+
+
+class ControlStage(Stage):
+    """A stage fed by its own topic (`sg.stage.<name>`) that moves starts on through the
+    router: what every control stage shares."""
+
+    def __init__(self, app: App, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return (topics.stage(self.name),)
 
 
 def identity_store_key(workflow: str, key: str) -> bytes:

@@ -33,12 +33,11 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import FairQueue, Parked, priority_mode
-from sluicegate.streams.routing import REMOVED, Router, with_slot
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.routing import REMOVED, ControlStage, Router, with_slot
+from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
-from sluicegate.topology.topics import Topics
 
 NAME = "concurrency"
 
@@ -148,12 +147,11 @@ def _unprefix(raw: bytes) -> tuple[str, bytes]:
     return raw[4:4 + size].decode(), raw[4 + size:]
 
 
-class ConcurrencyStage(Stage):
+class ConcurrencyStage(ControlStage):
     name = NAME
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
-        self.app = app
-        self.router = router
+        super().__init__(app, router)
         self.deployment_cap = deployment_cap
         # One priority mode per budget: `age` only when every member ranks by age, since
         # one queue cannot mix the two scales (docs/decisions/fairness-across-keys.md).
@@ -166,9 +164,6 @@ class ConcurrencyStage(Stage):
                     modes.setdefault(hop.budget, set()).add(mode)
         self.modes = {budget: "age" if found == {"age"} else "strict"
                       for budget, found in modes.items()}
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     # -- declarations --------------------------------------------------------------------
 

@@ -30,17 +30,16 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.declare import Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.payloads import is_sealed
 from sluicegate.streams.pending import PendingQueue, priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.routing import REMOVED, ControlStage
+from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
-from sluicegate.topology.topics import Topics
 
 NAME = "defer"
 
@@ -258,15 +257,8 @@ def _members(key: bytes) -> bytes:
     return b"batch\x1f" + key
 
 
-class DeferStage(Stage):
+class DeferStage(ControlStage):
     name = NAME
-
-    def __init__(self, app: App, router: Router) -> None:
-        self.app = app
-        self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:

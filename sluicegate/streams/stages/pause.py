@@ -14,26 +14,21 @@ from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import CancelSweep, ControlRow, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import PendingQueue, priority_mode
-from sluicegate.streams.routing import PAUSE_STAGE, Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.routing import PAUSE_STAGE, ControlStage, Router
+from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
-from sluicegate.topology.topics import Topics
 
 
 def queue_name(workflow: str) -> bytes:
     return workflow.encode()
 
 
-class PauseStage(Stage):
+class PauseStage(ControlStage):
     name = PAUSE_STAGE
 
     def __init__(self, app: App, partitions: int, router: Router) -> None:
-        self.app = app
+        super().__init__(app, router)
         self.partitions = partitions
-        self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:

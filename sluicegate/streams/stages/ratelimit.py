@@ -13,14 +13,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from sluicegate.declare import App, RateLimit, format_duration
+from sluicegate.declare import RateLimit, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, PendingStart
 from sluicegate.streams.decisions import reject
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.routing import ControlStage
+from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.topics import Topics
 
 NAME = "ratelimit"
 _WINDOW = STATE_PREFIX + b"W"
@@ -78,15 +77,8 @@ def decide(window: Window, limit: int, period_ms: int, now_ms: int) -> Admit | D
 # -- the stage -----------------------------------------------------------------------
 
 
-class RateLimitStage(Stage):
+class RateLimitStage(ControlStage):
     name = NAME
-
-    def __init__(self, app: App, router: Router) -> None:
-        self.app = app
-        self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.key is None or record.value is None:

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
+from sluicegate.declare import Throttle, Workflow, applies, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import PendingQueue, priority_mode
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.routing import REMOVED, ControlStage
+from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.topics import Topics
 
 NAME = "throttle"
 _KEY = STATE_PREFIX + b"K"
@@ -137,15 +136,8 @@ def _int(text: str) -> int | None:
     return int(text) if text else None
 
 
-class ThrottleStage(Stage):
+class ThrottleStage(ControlStage):
     name = NAME
-
-    def __init__(self, app: App, router: Router) -> None:
-        self.app = app
-        self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.key is None or record.value is None:
