@@ -11,32 +11,16 @@ import argparse
 import cProfile
 import pstats
 import time
-from typing import Any
 
 from bench.apps import WORKFLOW, app
-from bench.records import make_starts
-from sluicegate.config import Settings
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, StageContext
-from sluicegate.streams.stages.identity import IdentityStage
-from sluicegate.topology.topics import Topics
+from bench.records import InMemoryIdentity, make_starts
 
 
 def run(starts: int, profile: bool) -> float:
-    settings = Settings(namespace="bench.")
-    # The worker's identity stage, with no pause table (it would need a broker).
-    stage = IdentityStage(app, settings.partitions, Router(app, 0, None))
-    sent: list[Any] = []
-
-    def send(topic: str, key: bytes | None, value: bytes | None, partition: int | None) -> None:
-        sent.append(value)
-
-    ctx = StageContext(stage.name, 0, Topics(settings), None, None, send,
-                       lambda: int(time.time() * 1000))
-    values = [value for _key, value in make_starts(app, WORKFLOW, starts)]
-    topic = Topics(settings).starts
-    records = [InputRecord(topic, 0, i, None, v, 0) for i, v in enumerate(values)]
-    process = stage.process
+    identity = InMemoryIdentity(app)
+    sent, ctx = identity.sent, identity.ctx
+    records = identity.records([value for _key, value in make_starts(app, WORKFLOW, starts)])
+    process = identity.stage.process
     for record in records[:1000]:  # warm up
         process(ctx, record)
     sent.clear()

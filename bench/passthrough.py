@@ -7,8 +7,12 @@ encodes them), one system at a time (the machine has 2 cores):
 
   (a) raw     `bench.rawpipe`: confluent-kafka consume -> produce, transactional, the
               worker's client settings and commit interval, one output per input;
+  (a') raw-io the same pipe writing, per input, the records an admission writes: one to
+              the admitted topic, one to the ledger, one to the runs table, each of the
+              size the worker writes (the I/O any passthrough must do);
   (b) worker  `python -m sluicegate worker --app bench.apps`: identity -> passthrough,
-              exactly once (an admitted record and a ledger record per start);
+              exactly once (an admitted record, a ledger record and a runs-table row per
+              start; the phase ends when all three exist);
   (c) faust   `bench.faust_pipe`: the same pipe as a faust-streaming agent, exactly once,
               in its own virtualenv (`--faust-python`; skipped when it is missing).
 
@@ -22,7 +26,8 @@ Each measurement runs a fresh process against fresh topics (a namespace of its o
      record's CreateTime, both from the broker's records;
   3. throughput: `--starts` starts are produced inside one open transaction (invisible to
      read_committed consumers) and then committed at once, so the warmed system finds its
-     whole input waiting; starts/s = outputs / (last output CreateTime - first).
+     whole input waiting; starts/s = starts / (the last output's CreateTime - the first
+     output's), over every output the system writes per start.
 
 Every measurement is repeated `--repeats` times (interleaved a, b, c, a, b, c, ...) and
 the median is reported. The broker is `SLUICEGATE_BOOTSTRAP` if set; otherwise a local
@@ -55,7 +60,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bench.apps import WORKFLOW, app
-from bench.records import StartMaker
+from bench.records import StartMaker, admission_sizes
 from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import ensure_broker, free_ports, stop_broker
 from sluicegate.streams.decisions import execution_id_for
@@ -63,7 +68,7 @@ from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("raw", "worker", "worker-base", "faust")
+SYSTEMS = ("raw", "raw-io", "worker", "worker-base", "faust")
 # Where a faust-streaming virtualenv is looked for (bench/README.md says how to make one).
 FAUST_PYTHONS = (ROOT / "bench" / ".venv-faust" / "bin" / "python",
                  Path("/tmp/venv-faust/bin/python"))
@@ -115,7 +120,8 @@ class SystemProcess:
     """One system under test, in its own process, on its own namespace's topics."""
 
     def __init__(self, system: str, settings: Settings, workdir: Path, faust_python: Path,
-                 py_spy: Path | None, baseline_tree: Path | None = None) -> None:
+                 py_spy: Path | None, baseline_tree: Path | None = None,
+                 sizes: dict[str, int] | None = None) -> None:
         self.system = system
         self.settings = settings
         self.topics = Topics(settings)
@@ -126,9 +132,14 @@ class SystemProcess:
         self.log = workdir / f"{system}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.output = self.topics.admitted
+        # Every topic the system writes per start, each with its size for raw-io.
+        self.sizes = sizes or {}
+        self.outputs = [self.output]
+        if system.startswith("worker") or system == "raw-io":
+            self.outputs = [self.topics.admitted, self.topics.ledger, self.topics.runs]
         if system.startswith("worker"):
             self.group = self.topics.group
-        elif system == "raw":
+        elif system.startswith("raw"):
             self.group = f"{settings.namespace}rawpipe"
         else:
             self.group = f"{settings.namespace}faust"
@@ -153,10 +164,13 @@ class SystemProcess:
             })
             return [sys.executable, "-m", "sluicegate", "worker", "--app", "bench.apps",
                     "--log-level", "WARNING"], env
-        if self.system == "raw":
+        if self.system.startswith("raw"):
+            outputs = [self.output] if self.system == "raw" else [
+                f"{topic}:{self.sizes[kind]}" for topic, kind in zip(
+                    self.outputs, ("admitted", "ledger", "runs"), strict=True)]
             return [sys.executable, "-m", "bench.rawpipe", "--bootstrap", s.bootstrap,
-                    "--input", self.topics.starts, "--output", self.output,
-                    "--group", self.group], env
+                    "--input", self.topics.starts, "--group", self.group,
+                    *(arg for out in outputs for arg in ("--output", out))], env
         env.update({
             "BENCH_BOOTSTRAP": s.bootstrap,
             "BENCH_INPUT": self.topics.starts,
@@ -201,9 +215,9 @@ class SystemProcess:
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
-    def output_key(self, request_id: bytes) -> bytes:
-        """The key the system writes a start's output under."""
-        if self.system.startswith("worker"):
+    def output_key(self, request_id: bytes, topic: str | None = None) -> bytes:
+        """The key the system writes a start's output under (on `topic`, else the first)."""
+        if self.system.startswith("worker") and topic != self.topics.ledger:
             return execution_id_for(WORKFLOW, request_id.decode()).encode()
         return request_id
 
@@ -269,6 +283,31 @@ def wait_committed(settings: Settings, group: str, topic: str, ends: dict[int, i
             system.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{system.system}: committed {committed}, want {ends}")
+            time.sleep(step)
+    finally:
+        consumer.close()
+
+
+def wait_caught_up(settings: Settings, group: str, topic: str, system: SystemProcess,
+                   timeout: float, step: float = 0.02) -> float:
+    """Wait until `group` has committed everything on `topic` (transactional: the last
+    record of each partition is a commit marker, one below the high watermark)."""
+    consumer = Consumer(settings.client_config(**{"group.id": group,
+                                                  "enable.auto.commit": False}))
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            highs = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1]
+                     for tp in tps}
+            committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
+            if all(high == 0 or committed.get(p, -1) >= high - 1 for p, high in highs.items()):
+                return time.monotonic()
+            system.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{system.system}: {topic} committed {committed}, "
+                                   f"ends {highs}")
             time.sleep(step)
     finally:
         consumer.close()
@@ -373,6 +412,7 @@ class Options:
     keep_topics: bool
     logs: Path | None
     baseline_tree: Path | None
+    sizes: dict[str, int]
 
 
 def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdir: Path,
@@ -384,7 +424,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
     create_topics(settings)
     topics = Topics(settings)
     system = SystemProcess(system_name, settings, rundir, opts.faust_python, opts.py_spy,
-                           opts.baseline_tree)
+                           opts.baseline_tree, opts.sizes)
     counter = iter(range(10**12))
 
     def batch(n: int) -> list[tuple[bytes, bytes]]:
@@ -454,6 +494,10 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
         producer.commit_transaction(60.0)
         t_done = wait_committed(settings, system.group, topics.starts, ends, system,
                                 opts.timeout, step=0.02)
+        if system_name.startswith("worker"):
+            # The runs stage reads the admitted starts back: the work ends when it is done.
+            t_done = wait_caught_up(settings, system.group, topics.admitted, system,
+                                    opts.timeout)
         cpu1 = process_cpu_s(system.pid)
         if spy is not None:
             stop_py_spy(spy)
@@ -461,19 +505,16 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
         result.wall_starts_per_s = opts.starts / (t_done - t_commit)
         result.cpu_us_per_start = (cpu1 - cpu0) / opts.starts * 1e6
 
-        reader = OutputReader(settings, system.output)
-        reader.wanted = {system.output_key(k) for k, _ in measured}
-        reader.until_complete(opts.timeout, system)
-        times = sorted(reader.seen[k][0] for k in reader.wanted)
-        result.starts_per_s = (len(times) - 1) / max(1e-3, (times[-1] - times[0]) / 1000)
-        outputs = len(reader.wanted) + reader.duplicates
-        reader.close()
-        if system_name.startswith("worker"):  # the ledger row of each start, too
-            ledger = OutputReader(settings, topics.ledger)
-            ledger.wanted = {k for k, _ in measured}
-            ledger.until_complete(opts.timeout, system)
-            outputs += len(ledger.wanted) + ledger.duplicates
-            ledger.close()
+        first, last, outputs = float("inf"), 0.0, 0
+        for topic in system.outputs:
+            reader = OutputReader(settings, topic)
+            reader.wanted = {system.output_key(k, topic) for k, _ in measured}
+            reader.until_complete(opts.timeout, system)
+            times = [reader.seen[k][0] for k in reader.wanted]
+            first, last = min(first, min(times)), max(last, max(times))
+            outputs += len(reader.wanted) + reader.duplicates
+            reader.close()
+        result.starts_per_s = opts.starts / max(1e-3, (last - first) / 1000)
         result.outputs_per_start = outputs / opts.starts
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
@@ -581,15 +622,17 @@ def summarise(results: list[Measurement]) -> dict[str, dict[str, Any]]:
 
 def report(summary: dict[str, dict[str, Any]], results: list[Measurement]) -> str:
     raw = summary.get("raw", {}).get("starts_per_s")
+    raw_io = summary.get("raw-io", {}).get("starts_per_s")
     lines = [
-        "system   starts/s (runs)                 ratio  wall/s   CPU µs/start"
+        "system   starts/s (runs)                 vs raw  vs raw-io  wall/s   CPU µs/start"
         "  out/start  latency p50/p99 ms  e2e p50/p99 ms",
     ]
     for system, s in summary.items():
         ratio = f"{s['starts_per_s'] / raw:.2f}x" if raw else "  -  "
+        ratio_io = f"{s['starts_per_s'] / raw_io:.2f}x" if raw_io else "  -  "
         runs = ",".join(str(v) for v in s["all_starts_per_s"])
         lines.append(
-            f"{system:8s} {s['starts_per_s']:8.0f} ({runs:22s}) {ratio:>6s} "
+            f"{system:8s} {s['starts_per_s']:8.0f} ({runs:22s}) {ratio:>6s} {ratio_io:>9s} "
             f"{s['wall_starts_per_s']:7.0f} {s['cpu_us_per_start']:10.1f}"
             f" {s['outputs_per_start']:10.2f}"
             f"  {s['latency_p50_ms']:7.1f}/{s['latency_p99_ms']:<7.1f}"
@@ -620,8 +663,8 @@ def main() -> None:
     parser.add_argument("--latency-rate", type=float, default=1_000.0,
                         help="starts/s during the latency measurement")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", default="raw,worker,faust",
-                        help="comma-separated subset of raw,worker,worker-base,faust")
+    parser.add_argument("--systems", default="raw,raw-io,worker,faust",
+                        help="comma-separated subset of " + ",".join(SYSTEMS))
     parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
                         help="a source tree (e.g. `git archive` of an older commit) whose "
                              "sluicegate runs as the system worker-base")
@@ -653,10 +696,12 @@ def main() -> None:
         systems.remove("faust")
     opts = Options(args.starts, args.warmup, args.latency_starts, args.latency_rate,
                    args.repeats, args.note_bytes, args.timeout, args.faust_python,
-                   args.py_spy, args.keep_topics, args.logs, args.baseline_tree)
+                   args.py_spy, args.keep_topics, args.logs, args.baseline_tree,
+                   admission_sizes(app, WORKFLOW, args.note_bytes))
     maker = StartMaker(app)
     sample_key, sample_value = maker.make(WORKFLOW, 0, args.note_bytes)
     print(f"input: StartRequest {len(sample_value)} B value, {len(sample_key)} B key; "
+          f"an admission writes {opts.sizes} B; "
           f"{args.starts} starts x {args.repeats} repeats; systems {systems}; "
           f"{os.cpu_count()} CPUs", flush=True)
     results: list[Measurement] = []

@@ -2,11 +2,16 @@
 
 One read_committed consumer, one transactional producer, `send_offsets_to_transaction`,
 and the worker's own client settings, batch size and commit interval
-(`sluicegate.streams.runtime.Worker`); one output record per input record, its key and
-value copied unchanged. Nothing is decoded: this is the cost of exactly-once transport
-alone. Runs until SIGTERM or SIGINT.
+(`sluicegate.streams.runtime.Worker`). Nothing is decoded: this is the cost of
+exactly-once transport alone. Runs until SIGTERM or SIGINT.
+
+By default each input record is copied unchanged to one output topic. With
+`--output TOPIC:SIZE` given several times, each input writes one record to every such
+topic, its value SIZE bytes long (the input's bytes, repeated or cut) and its key the
+input's: the same records, by count and size, that an admission writes.
 
     python -m bench.rawpipe --bootstrap HOST:PORT --input T --output T --group G
+    python -m bench.rawpipe ... --output sg.admitted:172 --output sg.ledger:150 ...
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from sluicegate.config import Settings
 
 
-def run(bootstrap: str, input_topic: str, output_topic: str, group: str) -> int:
+def sized(value: bytes, size: int) -> bytes:
+    """`size` bytes made of `value` (repeated, then cut): realistic bytes for lz4."""
+    return (value * (size // max(1, len(value)) + 1))[:size]
+
+
+def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
+        group: str) -> int:
     settings = Settings(bootstrap=bootstrap)
     stop = False
 
@@ -89,12 +100,15 @@ def run(bootstrap: str, input_topic: str, output_topic: str, group: str) -> int:
                     in_txn = True
                     started = time.monotonic()
                     records = 0
-                while True:
-                    try:
-                        producer.produce(output_topic, msg.value(), msg.key())
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                key, value = msg.key(), msg.value()
+                for topic, size in outputs:
+                    out = value if size is None else sized(value, size)
+                    while True:
+                        try:
+                            producer.produce(topic, out, key)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
                 progress[msg.partition()] = msg.offset() + 1  # type: ignore[operator,index]
                 records += 1
                 processed += 1
@@ -113,10 +127,13 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--input", required=True)
-    parser.add_argument("--output", required=True)
+    parser.add_argument("--output", required=True, action="append",
+                        help="TOPIC (a copy of the input) or TOPIC:SIZE; repeatable")
     parser.add_argument("--group", required=True)
     args = parser.parse_args()
-    processed = run(args.bootstrap, args.input, args.output, args.group)
+    outputs = [(topic, int(size) if size else None)
+               for topic, _, size in (o.partition(":") for o in args.output)]
+    processed = run(args.bootstrap, args.input, outputs, args.group)
     print(f"rawpipe: {processed} records piped")
 
 

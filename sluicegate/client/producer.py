@@ -195,6 +195,52 @@ class _RunWatch:
         self._consumer.close()
 
 
+class StartBuilder:
+    """Turns a call into a validated start request and its Kafka key, producing nothing.
+
+    The payload is validated against the declaration (a batch workflow's item schema),
+    sealed when the workflow encrypts payloads, and keyed by its identity key when it has
+    one (so repeats meet on one partition), else by its request id."""
+
+    def __init__(self, app: App, settings: Settings, reply_partition: int | None = None) -> None:
+        self.app = app
+        self.reply_partition = reply_partition
+        self._payloads = Payloads.of(settings)
+
+    def build(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
+              id: str | None = None, at: datetime | int | None = None,
+              origin: str | Origin = "event",
+              wait_decision: bool = False) -> tuple[StartRequest, bytes]:
+        wf = self.app.get(workflow)
+        if wf is None:
+            raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
+        origin = Origin(origin)
+        at_ms = _to_ms(at)
+        if at_ms is not None and wait_decision:
+            raise BlockingCallerRefused(
+                f"workflow {workflow}: a delayed start (at) cannot be waited on: it exists only "
+                "as a future row until its time comes")
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        model = wf.batch.item if wf.batch is not None else wf.payload
+        try:
+            model.model_validate(data)
+        except ValidationError as exc:
+            raise PayloadError(f"workflow {workflow}: payload does not validate: {exc}") from exc
+        start = StartRequest(
+            request_id=uuid.uuid4().hex,
+            workflow=workflow,
+            payload=self._payloads.seal(wf, data),
+            origin=origin,
+            requested_at_ms=int(time.time() * 1000),
+            idempotency_id=id,
+            at_ms=at_ms,
+            reply_partition=self.reply_partition,
+        )
+        key = identity_key(wf, start, data)
+        kafka_key = store_key(workflow, key) if key is not None else start.request_id.encode()
+        return start, kafka_key
+
+
 class Client:
     """Start workflow runs through sluicegate.
 
@@ -209,7 +255,6 @@ class Client:
         self.settings = settings
         self.app = load_app(app, settings) if isinstance(app, str) else app
         self.topics = Topics(settings)
-        self._payloads = Payloads.of(settings)
         check_access(settings)
         self._producer = Producer(settings.client_config(**{
             "partitioner": "murmur2_random",
@@ -221,6 +266,8 @@ class Client:
             _Replies(settings, self.topics.replies, random.randrange(settings.partitions))
             if replies else None
         )
+        self._builder = StartBuilder(
+            self.app, settings, self._replies.partition if self._replies is not None else None)
 
     def start(
         self,
@@ -272,7 +319,8 @@ class Client:
             raise ClientError("a blocking call needs the reply channel: this client was made "
                               "with replies=False")
         deadline = time.monotonic() + timeout
-        start, kafka_key = self._request(workflow, payload, id, at, origin, True)
+        start, kafka_key = self._builder.build(workflow, payload, id=id, at=at, origin=origin,
+                                               wait_decision=True)
         # A fresh run's execution id is known before it exists: watch its partition from now.
         watch = _RunWatch(self.settings, self.topics.runs,
                           execution_id_for(workflow, start.request_id))
@@ -307,44 +355,13 @@ class Client:
         wait_decision: bool = False,
     ) -> Handle:
         """Validate and produce a start request without waiting for anything."""
-        start, kafka_key = self._request(workflow, payload, id, at, origin, wait_decision)
+        start, kafka_key = self._builder.build(workflow, payload, id=id, at=at, origin=origin,
+                                               wait_decision=wait_decision)
         future = None
         if self._replies is not None:
             future = self._replies.expect(start.request_id)
         self._produce(kafka_key, codec.encode(start))
         return Handle(start.request_id, workflow, _future=future)
-
-    def _request(self, workflow: str, payload: BaseModel | Mapping[str, Any], id: str | None,
-                 at: datetime | int | None, origin: str | Origin,
-                 wait_decision: bool) -> tuple[StartRequest, bytes]:
-        wf = self.app.get(workflow)
-        if wf is None:
-            raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
-        origin = Origin(origin)
-        at_ms = _to_ms(at)
-        if at_ms is not None and wait_decision:
-            raise BlockingCallerRefused(
-                f"workflow {workflow}: a delayed start (at) cannot be waited on: it exists only "
-                "as a future row until its time comes")
-        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
-        model = wf.batch.item if wf.batch is not None else wf.payload
-        try:
-            model.model_validate(data)
-        except ValidationError as exc:
-            raise PayloadError(f"workflow {workflow}: payload does not validate: {exc}") from exc
-        start = StartRequest(
-            request_id=uuid.uuid4().hex,
-            workflow=workflow,
-            payload=self._payloads.seal(wf, data),
-            origin=origin,
-            requested_at_ms=int(time.time() * 1000),
-            idempotency_id=id,
-            at_ms=at_ms,
-            reply_partition=self._replies.partition if self._replies is not None else None,
-        )
-        key = identity_key(wf, start, data)
-        kafka_key = store_key(workflow, key) if key is not None else start.request_id.encode()
-        return start, kafka_key
 
     def _produce(self, key: bytes, value: bytes) -> None:
         def delivered(err: KafkaError | None, _msg: Any) -> None:
