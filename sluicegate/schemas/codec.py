@@ -14,8 +14,10 @@ import json
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from functools import partial
 from importlib.resources import files
 from io import BytesIO
+from types import ModuleType
 from typing import Any, Protocol, TypeVar, get_args
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -505,6 +507,69 @@ def _compile_all() -> dict[type, tuple[Callable[[Any], bytes], Callable[[bytes, 
 _FAST = _compile_all()
 
 
+# -- the same fast paths in C ----------------------------------------------------------
+#
+# sluicegate/schemas/_speedups.c walks a tree built from the schema, taking exactly the
+# cases the generated Python takes and writing and reading exactly its bytes (the tests
+# compare all three with one another); a few times faster again. The Python paths stay
+# as the reference and for a build without the extension.
+
+_speedups: ModuleType | None
+try:
+    import sluicegate.schemas._speedups as _speedups
+except ImportError:  # pragma: no cover - the package's build compiles it
+    _speedups = None
+
+_PRIMITIVES = ("long", "string", "bytes", "boolean", "double")
+
+
+def _native_spec(t: Any, names: dict[str, Any]) -> tuple[Any, ...]:
+    """The node tree `_speedups.Program` compiles: one tuple per type (see the C file);
+    _NotFast for a type the generated Python does not handle either."""
+    if isinstance(t, str) and t in names:
+        t = names[t]
+    if isinstance(t, dict) and t.get("type") in ("record", "enum"):
+        names[f"{t['namespace']}.{t['name']}"] = t
+    if isinstance(t, dict) and t.get("type") in _PRIMITIVES:
+        t = t["type"]  # a primitive with a logicalType: timestamps stay ints
+    if t in _PRIMITIVES:
+        return (t,)
+    if isinstance(t, list):
+        if len(t) != 2 or t[0] != "null":
+            raise _NotFast
+        return ("optional", _native_spec(t[1], names))
+    if not isinstance(t, dict):
+        raise _NotFast
+    if t["type"] == "enum":
+        enum_cls = _python_type(f"{t['namespace']}.{t['name']}")
+        return ("enum", {s: i for i, s in enumerate(t["symbols"])},
+                [enum_cls(s) for s in t["symbols"]])
+    if t["type"] == "array":
+        return ("array", _native_spec(t["items"], names))
+    if t["type"] == "map":
+        return ("map", _native_spec(t["values"], names))
+    if t["type"] == "record":
+        return ("record", _python_type(f"{t['namespace']}.{t['name']}"),
+                tuple(f["name"] for f in t["fields"]),
+                tuple(_native_spec(f["type"], names) for f in t["fields"]))
+    raise _NotFast
+
+
+def _native_specs() -> dict[type, tuple[Any, ...]]:
+    specs = {}
+    for cls, rs in _TYPES.items():
+        try:
+            specs[cls] = _native_spec(rs.schema, {})
+        except _NotFast:
+            continue
+    return specs
+
+
+NATIVE = _speedups is not None
+"""Whether the C fast paths are built (the codec falls back to the generated Python)."""
+_NATIVE_SPECS = _native_specs() if NATIVE else {}
+
+
 # -- framing ---------------------------------------------------------------------
 
 
@@ -568,25 +633,40 @@ class SingleObjectFraming:
         )
 
 
+def _with_header(header: bytes, encode_body: Callable[[Any], bytes], record: Any) -> bytes:
+    return header + encode_body(record)
+
+
 class Codec:
     """Encodes and decodes records with one framing. Build once; share freely."""
 
-    def __init__(self, framing: Framing | None = None, *, fast: bool = True) -> None:
+    def __init__(self, framing: Framing | None = None, *, fast: bool = True,
+                 native: bool = True) -> None:
         self._framing = framing if framing is not None else SingleObjectFraming(_TYPES.values())
         self._headers = {cls: self._framing.header(rs) for cls, rs in _TYPES.items()}
-        # fast=False: fastavro only (the reference the fast paths are tested against).
-        self._fast = _FAST if fast else {}
+        # Per record type: (record -> header + body, (data, body offset) -> record), in C
+        # when built, else the generated Python; fast=False: fastavro only (the reference
+        # the fast paths are tested against).
+        self._fast: dict[type, tuple[Callable[[Any], bytes], Callable[[bytes, int], Any]]]
+        self._fast = {}
+        if fast and native and _speedups is not None:
+            for cls, spec in _NATIVE_SPECS.items():
+                program = _speedups.Program(spec, self._headers[cls])
+                self._fast[cls] = (program.encode, program.decode)
+        elif fast:
+            for cls, (enc, dec) in _FAST.items():
+                self._fast[cls] = (partial(_with_header, self._headers[cls], enc), dec)
 
     def encode(self, record: Record) -> bytes:
+        fast = self._fast.get(record.__class__)
+        if fast is not None:
+            try:
+                return fast[0](record)
+            except Exception:  # not a plain case: fastavro decides below
+                pass
         rs = _TYPES.get(type(record))
         if rs is None:
             raise TypeError(f"{type(record).__name__} is not a sluicegate record type")
-        fast = self._fast.get(rs.cls)
-        if fast is not None:
-            try:
-                return self._headers[rs.cls] + fast[0](record)
-            except Exception:  # not a plain case: fastavro decides below
-                pass
         buf = BytesIO()
         buf.write(self._headers[rs.cls])
         try:
@@ -634,7 +714,6 @@ class Codec:
                 f" found {len(data) - buf.tell()} more after it"
             )
         return record
-
 
     def decode_one_of(self, classes: tuple[type[Any], ...], data: bytes | None) -> Any:
         """Decode a record that may be any of `classes` (a topic carrying several kinds),

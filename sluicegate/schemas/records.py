@@ -7,8 +7,28 @@ Timestamps are milliseconds since the epoch; payloads are JSON bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
+
+from typing_extensions import dataclass_transform
+
+_R = TypeVar("_R")
+
+
+@dataclass_transform(frozen_default=True)
+def record(cls: type[_R]) -> type[_R]:
+    """A record type: a slots dataclass that the type checker treats as frozen.
+
+    Records are values: nothing assigns to a field once one is built (mypy refuses it,
+    `dataclasses.replace` makes a changed copy). They are not frozen at run time because
+    a frozen dataclass's `__init__` sets each field through `object.__setattr__`, which
+    makes building one cost over twice as much, and the admission path builds several
+    per start. `unsafe_hash` keeps them hashable like the frozen ones they stand for.
+    """
+    made: Callable[[type[_R]], type[_R]] = dataclass(slots=True, unsafe_hash=True)
+    return made(cls)
 
 
 class Origin(StrEnum):
@@ -71,7 +91,7 @@ class RunStatus(StrEnum):
     cancelled = "cancelled"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Slot:
     """A hold a run keeps on one stage's key until the engine reports it ended."""
 
@@ -79,7 +99,7 @@ class Slot:
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StartRequest:
     """sg.starts: a caller asks for a run."""
 
@@ -94,7 +114,7 @@ class StartRequest:
     wait: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AdmittedStart:
     """sg.admitted (key: execution_id): a run the engine is to start or resume."""
 
@@ -111,7 +131,7 @@ class AdmittedStart:
     retry_of: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LedgerRecord:
     """sg.ledger (key: request_id): one decision on one start request."""
 
@@ -134,7 +154,7 @@ class LedgerRecord:
     payload: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunEvent:
     """sg.run-events (key: execution_id): the engine reports a run's lifecycle."""
 
@@ -149,7 +169,7 @@ class RunEvent:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EngineCommand:
     """sg.commands (key: execution_id): sluicegate asks the engine to act on a run."""
 
@@ -161,7 +181,7 @@ class EngineCommand:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ControlRow:
     """sg.control (compacted, key: ``pause:<workflow>``): a workflow's pause state."""
 
@@ -172,7 +192,7 @@ class ControlRow:
     by: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeadLetter:
     """sg.deadletter: an input record that could not be handled, and why."""
 
@@ -186,7 +206,7 @@ class DeadLetter:
     value: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunRow:
     """sg.runs (compacted, key: execution_id): the runs table."""
 
@@ -205,7 +225,7 @@ class RunRow:
     run_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FailureReportRecord:
     """The payload an onFailure workflow is started with (SPEC 3, onFailure)."""
 
@@ -219,7 +239,7 @@ class FailureReportRecord:
     execution_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Reply:
     """sg.replies (key: request_id): the decision answered to a waiting caller."""
 
@@ -234,7 +254,7 @@ class Reply:
     position: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PendingStart:
     """sg.stage.<stage> (key: the stage's control key): a start between controls."""
 
@@ -257,7 +277,7 @@ class PendingStart:
     on_failure: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Release:
     """sg.stage.<stage> (key: the slot's key): a run gives back a hold on that stage."""
 
@@ -270,7 +290,7 @@ class Release:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IdentityAlias:
     """sg.stage.identity (key: workflow \\x1f idempotency key): a start with that key was
     collapsed by debounce or batch into another run; a repeat of the key now names that run."""
@@ -280,7 +300,7 @@ class IdentityAlias:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CancelSweep:
     """sg.stage.cancelon and sg.stage.defer (one per partition, key: source): a cancelOn
     event that decoded, fanned out so each partition judges its live runs and queued starts."""
