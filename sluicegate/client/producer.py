@@ -38,7 +38,7 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import Outcome, Reply, RunRow, StartRequest
 from sluicegate.streams.decisions import execution_id_for
-from sluicegate.streams.payloads import Payloads
+from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.streams.stages.identity import identity_key, store_key
 from sluicegate.streams.stages.runs import ENDED
 from sluicegate.topology.topics import Topics
@@ -221,15 +221,16 @@ class StartBuilder:
                 f"workflow {workflow}: a delayed start (at) cannot be waited on: it exists only "
                 "as a future row until its time comes")
         data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
-        model = wf.batch.item if wf.batch is not None else wf.payload
         try:
-            model.model_validate(data)
-        except ValidationError as exc:
+            document = codec.dump_payload(data)
+            # The check the worker makes: the document as JSON, against the start's model.
+            validate(wf.start_model, document)
+        except (codec.EncodeError, ValidationError) as exc:
             raise PayloadError(f"workflow {workflow}: payload does not validate: {exc}") from exc
         start = StartRequest(
             request_id=uuid.uuid4().hex,
             workflow=workflow,
-            payload=self._payloads.seal(wf, data),
+            payload=self._payloads.seal_bytes(wf, document),
             origin=origin,
             requested_at_ms=int(time.time() * 1000),
             idempotency_id=id,

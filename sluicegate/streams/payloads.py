@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
+from pydantic import BaseModel
 
 from sluicegate.config import Settings
 from sluicegate.declare import Workflow
@@ -157,6 +158,13 @@ class Payloads:
         if raw.startswith(MARKER) and not handler.encrypt_payloads:
             return raw.decode("ascii")
         return self.open(raw)
+
+
+def validate(model: type[BaseModel], document: bytes) -> None:
+    """Validate a payload as the JSON document it is (pydantic's JSON mode, where an ISO
+    string is a datetime even in a strict model); raises pydantic's ValidationError
+    (docs/decisions/payload-validation.md)."""
+    model.__pydantic_validator__.validate_json(document)
 
 
 @lru_cache(maxsize=8)

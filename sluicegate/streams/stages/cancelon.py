@@ -30,8 +30,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from sluicegate.declare import App, CancelOn, Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -44,7 +42,7 @@ from sluicegate.schemas.records import (
     RunRow,
 )
 from sluicegate.streams.decisions import describe_invalid, record_decision, reject
-from sluicegate.streams.payloads import Payloads
+from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages.runs import LIVE
@@ -78,11 +76,10 @@ def decode_event(entry: CancelOn, body: bytes | None) -> Any:
     if body is None:
         raise ValueError("no value (a tombstone)")
     try:
-        data = json.loads(body)
-        entry.schema_.model_validate(data)
-    except (ValidationError, ValueError) as exc:
+        validate(entry.schema_, body)
+        return json.loads(body)
+    except ValueError as exc:  # pydantic's ValidationError is one
         raise ValueError(describe_invalid(exc)) from exc
-    return data
 
 
 def cancel_reason(wf: Workflow, event: str, data: Any, event_at_ms: int, started_at_ms: int,

@@ -34,7 +34,7 @@ from sluicegate.declare import Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
-from sluicegate.streams.payloads import is_sealed
+from sluicegate.streams.payloads import is_sealed, validate
 from sluicegate.streams.pending import PendingQueue, priority_mode, rank_key
 from sluicegate.streams.routing import REMOVED, ControlStage
 from sluicegate.streams.stage import InputRecord, StageContext
@@ -407,9 +407,9 @@ class DeferStage(ControlStage):
                    members: list[PendingStart]) -> None:
         first = members[0]
         payload = self._batch_bytes(members)
-        data = json.loads(payload)
         try:
-            wf.payload.model_validate(data)
+            validate(wf.payload, payload)
+            data = json.loads(payload)
         except ValidationError as exc:
             self._fail_batch(
                 ctx, members, Outcome.failed,
