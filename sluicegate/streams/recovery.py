@@ -2,8 +2,10 @@
 
 A store is trusted up to the changelog offset written in the same WriteBatch as its
 state; replay goes from there to the end of the committed changelog (read_committed, so
-writes of aborted transactions never arrive). A store whose offset is outside the
-changelog's range (the topic was recreated, or truncated) is wiped and rebuilt.
+writes of aborted transactions never arrive). The rows of a table the stage publishes
+(`Stage.tables`) are replayed the same way from the table's topic, which is their log. A
+store whose offset is outside one of its logs' range (the topic was recreated, or
+truncated) is wiped and rebuilt from all of them.
 """
 
 from __future__ import annotations
@@ -28,27 +30,35 @@ class RestoreError(RuntimeError):
 
 
 def restore_task(task: Task, consumer: Consumer, topics: Topics, timeout_s: float = 120.0) -> int:
-    """Bring every store of `task` to the end of its changelog; returns records replayed."""
+    """Bring every store of `task` to the end of its logs; returns records replayed."""
     replayed = 0
     for state in task.stateful():
         store = state.store
         assert store is not None and state.timers is not None
-        tp = TopicPartition(topics.changelog(state.stage.name), task.partition)
-        low, high = watermarks(consumer, tp)
-        start = store.changelog_offset + 1
-        if start > high or start < low:
-            log.warning("store %s/%d at offset %d is outside its changelog [%d, %d): rebuilding",
-                        state.stage.name, task.partition, start - 1, low, high)
-            store.wipe()
-            start = low
-        if start < high:
-            replayed += _replay(store, consumer, TopicPartition(tp.topic, tp.partition, start),
-                                high, timeout_s)
+        # (topic, the store key prefix of its rows, the table's name or None: the changelog)
+        logs: list[tuple[str, bytes, str | None]] = [
+            (state.changelog, b"", None),
+            *((table.topic, table.prefix, table.name) for table in state.tables)]
+        ranges = [watermarks(consumer, TopicPartition(topic, task.partition))
+                  for topic, _, _ in logs]
+        for (topic, _, table), (low, high) in zip(logs, ranges, strict=True):
+            at = store.changelog_offset if table is None else store.table_offset(table)
+            if not low <= at + 1 <= high:
+                log.warning("store %s/%d at offset %d is outside %s [%d, %d): rebuilding",
+                            state.stage.name, task.partition, at, topic, low, high)
+                store.wipe()
+                break
+        for (topic, prefix, table), (low, high) in zip(logs, ranges, strict=True):
+            at = store.changelog_offset if table is None else store.table_offset(table)
+            start = max(at + 1, low)
+            if start < high:
+                replayed += _replay(store, consumer, TopicPartition(topic, task.partition, start),
+                                    high, timeout_s, prefix, table)
     return replayed
 
 
 def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high: int,
-            timeout_s: float) -> int:
+            timeout_s: float, prefix: bytes = b"", table: str | None = None) -> int:
     consumer.assign([tp])
     deadline = time.monotonic() + timeout_s
     replayed = 0
@@ -74,10 +84,13 @@ def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high:
             key = msg.key()
             if key is None:
                 continue
-            changes[key] = msg.value()
+            changes[prefix + key] = msg.value()
             last = msg.offset() or 0
         if last >= 0:
-            store.write(changes, last)
+            if table is None:
+                store.write(changes, last)
+            else:
+                store.write(changes, None, {table: last})
             replayed += len(changes)
             # Transaction markers occupy offsets too: the last data record may sit below
             # `high - 1`, so the end is known only by EOF or by passing the last marker.

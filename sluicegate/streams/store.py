@@ -17,9 +17,12 @@ from typing import Any, Self
 
 from rocksdict import Options, Rdict, WriteBatch
 
-# The offset lives in its own column family so that user keys can be any bytes.
+# The offsets live in their own column family so that user keys can be any bytes.
 META_CF = "meta"
 _OFFSET_KEY = b"changelog_offset"
+# A table the stage publishes (rows under a prefix, logged to a topic of their own instead
+# of the changelog): the offset of its topic, under this prefix and the table's name.
+_TABLE_OFFSET_KEY = b"table_offset:"
 _OFFSET = struct.Struct(">q")
 _NO_OFFSET = -1
 
@@ -53,6 +56,12 @@ class PartitionStore:
         self._meta = self._db.get_column_family_handle(META_CF)
         meta = self._db.get_column_family(META_CF)
         raw = meta.get(_OFFSET_KEY)
+        rows: Any = meta.items(from_key=_TABLE_OFFSET_KEY)
+        self._tables: dict[str, int] = {
+            key[len(_TABLE_OFFSET_KEY):].decode(): _OFFSET.unpack(value)[0]
+            for key, value in _with_prefix(rows, _TABLE_OFFSET_KEY)
+        }
+        del rows
         # A column-family Rdict keeps the database open: drop it right away.
         meta.close()
         self._offset = _NO_OFFSET if raw is None else _OFFSET.unpack(raw)[0]
@@ -61,6 +70,10 @@ class PartitionStore:
     def changelog_offset(self) -> int:
         """Offset of the last changelog record reflected in the store; -1 if none."""
         return self._offset
+
+    def table_offset(self, table: str) -> int:
+        """Offset of the last record of a published table's topic reflected here; -1 if none."""
+        return self._tables.get(table, _NO_OFFSET)
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -75,22 +88,34 @@ class PartitionStore:
         from_key = prefix if start is None or start < prefix else start
         return _with_prefix(self._db.items(from_key=from_key), prefix)
 
-    def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int) -> None:
-        """Apply puts and deletes (None) and record `changelog_offset`, atomically."""
-        if changelog_offset < self._offset:
-            raise ValueError(
-                f"store {self.path} already reflects changelog offset {self._offset}; "
-                f"refusing to move it back to {changelog_offset}"
-            )
+    def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int | None,
+              tables: Mapping[str, int] | None = None) -> None:
+        """Apply puts and deletes (None) and record the offsets they bring the logs to, all
+        atomically: `changelog_offset` for the changelog (None: no changelog record), and
+        per published table the offset of its topic."""
+        logs = [] if changelog_offset is None else [(_OFFSET_KEY, self._offset,
+                                                     changelog_offset, "changelog")]
+        for table, offset in (tables or {}).items():
+            logs.append((_TABLE_OFFSET_KEY + table.encode(), self.table_offset(table), offset,
+                         f"table {table}"))
+        for _, current, offset, log in logs:
+            if offset < current:
+                raise ValueError(
+                    f"store {self.path} already reflects {log} offset {current}; "
+                    f"refusing to move it back to {offset}"
+                )
         batch = WriteBatch(raw_mode=True)
         for key, value in changes.items():
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-        batch.put(_OFFSET_KEY, _OFFSET.pack(changelog_offset), self._meta)
+        for key, _, offset, _ in logs:
+            batch.put(key, _OFFSET.pack(offset), self._meta)
         self._db.write(batch)
-        self._offset = changelog_offset
+        if changelog_offset is not None:
+            self._offset = changelog_offset
+        self._tables.update(tables or {})
         self.revision += 1
 
     def wipe(self) -> None:
@@ -193,9 +218,10 @@ class StoreTransaction:
         """Changes whenever the view may have changed other than through put/delete."""
         return (self.store.revision, self._discards)
 
-    def commit(self, changelog_offset: int) -> None:
+    def commit(self, changelog_offset: int | None,
+               tables: Mapping[str, int] | None = None) -> None:
         if self._buffer:
-            self.store.write(self._buffer, changelog_offset)
+            self.store.write(self._buffer, changelog_offset, tables)
         # A new dict rather than clear(): a caller still holding `changes`
         # (e.g. to log what was committed) keeps an intact copy.
         self._buffer = {}

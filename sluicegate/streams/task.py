@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluicegate.streams.stage import Send, Stage, StageContext
+from sluicegate.streams.stage import Send, Stage, StageContext, Table
 from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
@@ -24,6 +24,8 @@ class StageState:
     tx: StoreTransaction | None
     timers: Timers | None
     ctx: StageContext
+    changelog: str
+    tables: tuple[Table, ...]
 
 
 class Task:
@@ -45,7 +47,9 @@ class Task:
                 tx = StoreTransaction(store)
                 timers = Timers(tx)
             ctx = StageContext(stage.name, partition, topics, tx, timers, send, clock)
-            self.states[stage.name] = StageState(stage, store, tx, timers, ctx)
+            self.states[stage.name] = StageState(stage, store, tx, timers, ctx,
+                                                 topics.changelog(stage.name),
+                                                 stage.tables(topics))
 
     def stateful(self) -> Iterator[StageState]:
         return (s for s in self.states.values() if s.store is not None)

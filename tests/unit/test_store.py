@@ -58,6 +58,26 @@ def test_user_keys_never_collide_with_the_offset_bookkeeping(store: PartitionSto
     assert [k for k, _ in store.items(b"")] == [b"changelog_offset", b"meta"]
 
 
+def test_a_published_tables_offset_moves_with_its_rows_and_apart_from_the_changelog(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s"
+    with PartitionStore(path) as s:
+        s.write({b"\x00SRrun-1": b"row"}, None, {"runs": 7})
+        assert s.changelog_offset == -1
+        assert s.table_offset("runs") == 7
+        s.write({b"\x00SB": b"backstop"}, 3, {"runs": 9})
+        s.write({b"\x00SBx": b"timer"}, 4)
+        with pytest.raises(ValueError, match="table runs offset 9"):
+            s.write({b"k": b"v"}, 5, {"runs": 8})
+        assert s.get(b"k") is None, "a refused write changes nothing"
+    with PartitionStore(path) as s:
+        assert (s.changelog_offset, s.table_offset("runs")) == (4, 9)
+        assert s.table_offset("other") == -1
+        s.wipe()
+        assert (s.changelog_offset, s.table_offset("runs")) == (-1, -1)
+
+
 def test_reopening_gives_the_same_rows_and_offset(tmp_path: Path) -> None:
     path = tmp_path / "s"
     with PartitionStore(path) as s:

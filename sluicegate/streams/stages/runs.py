@@ -44,7 +44,7 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.decisions import record_decision, reject
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 
@@ -215,6 +215,11 @@ class RunsStage(Stage):
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.admitted, topics.run_events)
 
+    def tables(self, topics: Topics) -> tuple[Table, ...]:
+        # The runs table is this store's run rows: sg.runs is their log, so a row is
+        # written to Kafka once, and the store is restored from it.
+        return (Table("runs", _RUN, topics.runs),)
+
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic == ctx.topics.admitted:
             try:
@@ -245,9 +250,8 @@ class RunsStage(Stage):
         return codec.decode(RunRow, raw) if raw is not None else None
 
     def save(self, ctx: StageContext, row: RunRow) -> None:
-        value = codec.encode(row)
-        ctx.store.put(_RUN + row.execution_id.encode(), value)
-        ctx.send(ctx.topics.runs, row.execution_id.encode(), value)
+        """The run's row, in the store and (at commit) in the runs table."""
+        ctx.store.put(_RUN + row.execution_id.encode(), codec.encode(row))
 
     def _admitted(self, ctx: StageContext, admitted: AdmittedStart) -> None:
         row = self.load(ctx, admitted.execution_id)
@@ -425,10 +429,10 @@ class RunsStage(Stage):
                 ctx.timers.cancel(before, kind + ident)
             if after is not None:
                 ctx.timers.schedule(after, kind + ident)
-        if new.idle:
-            ctx.store.delete(_BACKSTOP + ident)
-        else:
+        if not new.idle:
             ctx.store.put(_BACKSTOP + ident, new.encode())
+        elif not old.idle:  # only a run with deadlines has a row (a fresh one has none)
+            ctx.store.delete(_BACKSTOP + ident)
 
     def _disarm(self, ctx: StageContext, execution_id: str) -> None:
         raw = ctx.store.get(_BACKSTOP + execution_id.encode())
