@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
@@ -10,9 +11,11 @@ from sluicegate.declare import App
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages.identity import IdentityStage
-from sluicegate.streams.stages.runs import admitted_row
+from sluicegate.streams.stages.runs import RunsStage, admitted_row
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
 
 
@@ -39,34 +42,57 @@ def make_starts(app: App, workflow: str, n: int, note_bytes: int = 0,
     return [maker.make(workflow, first + i, note_bytes) for i in range(n)]
 
 
-class InMemoryIdentity:
-    """The worker's identity stage run in memory: no broker, no store (the benchmark's
-    workflow has no idempotency key), and sends collected as (topic, value)."""
+class InMemoryStage:
+    """One of the worker's stages run in memory, without a broker: sends are collected as
+    (topic, value), and a stateful stage gets a real store (RocksDB in `state_dir`) whose
+    writes are committed every `commit_every` records, as the runtime would."""
 
-    def __init__(self, app: App, settings: Settings | None = None) -> None:
+    def __init__(self, stage: Stage, settings: Settings | None = None,
+                 state_dir: Path | None = None) -> None:
         settings = settings or Settings(namespace="bench.")
         self.topics = Topics(settings)
-        # No pause table: that would need a broker.
-        self.stage = IdentityStage(app, settings.partitions, Router(app, 0, None))
+        self.stage = stage
         self.sent: list[tuple[str, bytes | None]] = []
+        self.tx: StoreTransaction | None = None
+        timers = None
+        if state_dir is not None:
+            self.tx = StoreTransaction(PartitionStore(state_dir / stage.name))
+            timers = Timers(self.tx)
 
         def send(topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None) -> None:
+                 partition: int | None = None) -> None:
             self.sent.append((topic, value))
 
-        self.ctx = StageContext(self.stage.name, 0, self.topics, None, None, send,
+        self.ctx = StageContext(stage.name, 0, self.topics, self.tx, timers, send,
                                 lambda: int(time.time() * 1000))
 
-    def records(self, values: list[bytes]) -> list[InputRecord]:
-        return [InputRecord(self.topics.starts, 0, i, None, v, 0) for i, v in enumerate(values)]
+    def records(self, topic: str, values: list[bytes]) -> list[InputRecord]:
+        return [InputRecord(topic, 0, i, None, v, 0) for i, v in enumerate(values)]
+
+    def commit(self) -> None:
+        """What the runtime does at commit: the changelog writes, then the store."""
+        if self.tx is not None:
+            for key, value in self.tx.changes.items():
+                self.sent.append(("changelog", value))
+                del key
+            self.tx.commit(self.tx.store.changelog_offset + 1)
+
+
+def in_memory_identity(app: App) -> InMemoryStage:
+    """The identity stage of `app` (no pause table: that would need a broker)."""
+    return InMemoryStage(IdentityStage(app, Settings().partitions, Router(app, 0, None)))
+
+
+def in_memory_runs(app: App, state_dir: Path) -> InMemoryStage:
+    return InMemoryStage(RunsStage(app, Router(app, 0, None)), state_dir=state_dir)
 
 
 def admission_sizes(app: App, workflow: str, note_bytes: int = 0) -> dict[str, int]:
     """The value sizes of what the worker writes for one passthrough start: its admitted
     record, its ledger row and its runs-table row."""
-    identity = InMemoryIdentity(app)
+    identity = in_memory_identity(app)
     _key, value = StartMaker(app).make(workflow, 0, note_bytes)
-    identity.stage.process(identity.ctx, identity.records([value])[0])
+    identity.stage.process(identity.ctx, identity.records(identity.topics.starts, [value])[0])
     out = {topic: raw for topic, raw in identity.sent if raw is not None}
     admitted = out[identity.topics.admitted]
     row = admitted_row(codec.decode(AdmittedStart, admitted))

@@ -29,7 +29,7 @@ from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import dead_letter
 from sluicegate.streams.recovery import restore_task
 from sluicegate.streams.stage import InputRecord, Stage
-from sluicegate.streams.task import Task
+from sluicegate.streams.task import StageState, Task
 from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ class Worker:
         self.tasks: dict[int, Task] = {}
         # (topic, partition) -> next offset to commit, for records processed this cycle
         self._progress: dict[tuple[str, int], int] = {}
-        self._changelog_offsets: dict[tuple[str, int], int] = {}
+        # (topic, partition) -> the offset of the last record of a store's log this cycle
+        self._log_offsets: dict[tuple[str, int], int] = {}
         self._in_txn = False
         self._cycle_started = 0.0
         self._cycle_records = 0
@@ -205,22 +206,24 @@ class Worker:
                 or self._cycle_records >= self.settings.commit_max_records)
 
     def _process(self, msg: Any) -> None:
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        partition = msg.partition()
         task = self.tasks.get(partition)
         if task is None:  # a record of a partition revoked within this batch
             return
-        self._begin()
+        if not self._in_txn:
+            self._begin()
+        topic, offset = msg.topic(), msg.offset()
         stage = self.stage_for_topic[topic]
-        state = task.states[stage.name]
-        ts = msg.timestamp()[1]
-        record = InputRecord(topic, partition, offset, msg.key(), msg.value(), ts)
+        record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
+                             msg.timestamp()[1])
+        ctx = task.states[stage.name].ctx
         try:
-            stage.process(state.ctx, record)
+            stage.process(ctx, record)
         except KafkaException:
             raise
         except Exception as exc:
             log.exception("stage %s failed on %s[%d]@%d", stage.name, topic, partition, offset)
-            dead_letter(state.ctx, record, f"{stage.name} failed: {type(exc).__name__}: {exc}")
+            dead_letter(ctx, record, f"{stage.name} failed: {type(exc).__name__}: {exc}")
         self._progress[(topic, partition)] = offset + 1
         self._cycle_records += 1
         self.processed += 1
@@ -250,7 +253,7 @@ class Worker:
                     self._cycle_records += 1
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None) -> None:
+              partition: int | None = None) -> None:
         while True:
             try:
                 if partition is None:
@@ -265,50 +268,72 @@ class Worker:
 
     def _commit(self) -> None:
         started = time.monotonic()
-        self._changelog_offsets.clear()
-        for task in self.tasks.values():
-            for state in task.stateful():
-                assert state.tx is not None
-                topic = self.topics.changelog(state.stage.name)
-                for key, value in state.tx.changes.items():
-                    self._produce_changelog(topic, task.partition, key, value)
-        undelivered = self.producer.flush(30.0)
-        if undelivered:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
-                                            f"{undelivered} records undelivered at commit"))
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self._progress.items()]
-        if offsets:
-            self.producer.send_offsets_to_transaction(
-                offsets, self.consumer.consumer_group_metadata(), 30.0)
-        self.producer.commit_transaction(30.0)
-        self._in_txn = False
-        self._progress.clear()
-        self.commits += 1
-        # The transaction is durable; the stores now catch up, each with the offset of
-        # its last changelog record, in one WriteBatch.
+        self._log_offsets.clear()
         for task in self.tasks.values():
             for state in task.stateful():
                 assert state.tx is not None
                 if state.tx.changes:
-                    changelog = (self.topics.changelog(state.stage.name), task.partition)
-                    state.tx.commit(self._changelog_offsets[changelog])
+                    self._produce_logs(state, task.partition)
+        undelivered = self.producer.flush(30.0)
+        if undelivered:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                            f"{undelivered} records undelivered at commit"))
+        consumed = [TopicPartition(t, p, o) for (t, p), o in self._progress.items()]
+        if consumed:
+            self.producer.send_offsets_to_transaction(
+                consumed, self.consumer.consumer_group_metadata(), 30.0)
+        self.producer.commit_transaction(30.0)
+        self._in_txn = False
+        self._progress.clear()
+        self.commits += 1
+        # The transaction is durable; the stores now catch up, each with the offsets of
+        # its last records in its logs, in one WriteBatch.
+        logged = self._log_offsets
+        for task in self.tasks.values():
+            for state in task.stateful():
+                assert state.tx is not None
+                if state.tx.changes:
+                    p = task.partition
+                    state.tx.commit(logged.get((state.changelog, p)), {
+                        table.name: logged[(table.topic, p)] for table in state.tables
+                        if (table.topic, p) in logged})
         if self.metrics is not None:
             self.metrics.committed(self, time.monotonic() - started)
 
-    def _produce_changelog(self, topic: str, partition: int, key: bytes,
-                           value: bytes | None) -> None:
-        def delivered(err: KafkaError | None, msg: Any) -> None:
-            if err is None:
-                tp = (msg.topic(), msg.partition())
-                if msg.offset() > self._changelog_offsets.get(tp, -1):
-                    self._changelog_offsets[tp] = msg.offset()
+    def _produce_logs(self, state: StageState, partition: int) -> None:
+        """The cycle's store writes of one stage and partition: each row to its log (the
+        changelog, or the topic of a table the stage publishes), in that partition."""
+        assert state.tx is not None
+        logs: dict[str, list[tuple[bytes, bytes | None]]] = {}
+        tables = state.tables
+        for key, value in state.tx.changes.items():
+            topic, log_key = state.changelog, key
+            for table in tables:
+                if key.startswith(table.prefix):
+                    topic, log_key = table.topic, key[len(table.prefix):]
+                    break
+            logs.setdefault(topic, []).append((log_key, value))
+        produce = self.producer.produce
+        for topic, rows in logs.items():
+            last = len(rows) - 1
+            for i, (key, value) in enumerate(rows):
+                while True:
+                    try:
+                        if i == last:
+                            # Delivered in order within a partition: the last record's
+                            # offset is the one the store records.
+                            produce(topic, value, key, partition, on_delivery=self._delivered)
+                        else:
+                            produce(topic, value, key, partition)
+                        break
+                    except BufferError:
+                        self.producer.poll(0.05)
 
-        while True:
-            try:
-                self.producer.produce(topic, value, key, partition, on_delivery=delivered)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            tp = (msg.topic(), msg.partition())
+            if msg.offset() > self._log_offsets.get(tp, -1):
+                self._log_offsets[tp] = msg.offset()
 
     def _abort(self) -> None:
         if self.metrics is not None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Protocol
 
-from sluicegate.schemas.records import ControlRow
+from sluicegate.schemas.records import ControlRow, record
 from sluicegate.streams.store import StoreTransaction
 from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class InputRecord:
     topic: str
     partition: int
@@ -28,14 +28,30 @@ class InputRecord:
     timestamp_ms: int
 
 
-# (topic, key, value, partition or None for the key's murmur2 partition)
-Send = Callable[[str, bytes | None, bytes | None, int | None], None]
+@record
+class Table:
+    """Rows of a stage's store that the stage publishes as a table topic (the runs table):
+    the store rows under `prefix` are logged to `topic`, keyed by the rest of their key,
+    instead of to the changelog, and restored from it. The topic is their changelog, so a
+    row is written to Kafka once (Kafka Streams' source-topic changelog)."""
+
+    name: str
+    prefix: bytes
+    topic: str
+
+
+class Send(Protocol):
+    """Produce one record in the current transaction: to `partition`, or (None) to the
+    key's murmur2 partition."""
+
+    def __call__(self, topic: str, key: bytes | None, value: bytes | None,
+                 partition: int | None = None, /) -> None: ...
 
 
 class StageContext:
     """One stage's view of one partition during one commit cycle."""
 
-    __slots__ = ("_clock", "_send", "_store", "_timers", "partition", "stage", "topics")
+    __slots__ = ("_clock", "_store", "_timers", "partition", "send", "stage", "topics")
 
     def __init__(
         self,
@@ -52,7 +68,8 @@ class StageContext:
         self.topics = topics
         self._store = store
         self._timers = timers
-        self._send = send
+        # The runtime's own function, called straight: it is on every output's path.
+        self.send = send
         self._clock = clock
 
     @property
@@ -71,10 +88,6 @@ class StageContext:
     def now_ms(self) -> int:
         return self._clock()
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None,
-             partition: int | None = None) -> None:
-        self._send(topic, key, value, partition)
-
 
 class Stage(ABC):
     """One control (or the identity/runs bookkeeping) as a stream processor."""
@@ -85,6 +98,10 @@ class Stage(ABC):
     @abstractmethod
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         """The topics this stage consumes; all share the stage topics' partition count."""
+
+    def tables(self, topics: Topics) -> tuple[Table, ...]:
+        """The tables this stage publishes from its store (none by default)."""
+        return ()
 
     @abstractmethod
     def process(self, ctx: StageContext, record: InputRecord) -> None:

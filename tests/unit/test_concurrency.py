@@ -158,7 +158,7 @@ class Harness:
                                 lambda: self.now)
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None) -> None:
+              partition: int | None = None) -> None:
         assert value is not None
         if topic == self.topics.stage(NAME):
             self.inbox.append((key, value))

@@ -14,10 +14,9 @@ that at `at` they arrive at the controls as ordinary starts judged as of that mo
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import ValidationError
 
 from sluicegate.declare import App, Workflow, applies
 from sluicegate.schemas import codec
@@ -42,7 +41,7 @@ from sluicegate.streams.decisions import (
     record_decision,
     reject,
 )
-from sluicegate.streams.payloads import SealError
+from sluicegate.streams.payloads import SealError, validate
 from sluicegate.streams.pending import priority_mode, rank_key
 from sluicegate.streams.routing import Router, identity_store_key
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
@@ -130,6 +129,15 @@ class IdentityStage(Stage):
         self.app = app
         self.partitions = partitions
         self.router = router
+        # Whether this stage needs a workflow's payload as data: for its idempotency
+        # expression, its priority, or a key of a later hop. A passthrough with none of
+        # these never parses it.
+        self._reads_payload = {
+            wf.name: bool((wf.idempotency is not None and wf.idempotency.key_expr is not None)
+                          or wf.priority is not None
+                          or not router.routes[wf.name].passthrough)
+            for wf in app.workflows.values()
+        }
 
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.starts, topics.stage(self.name))
@@ -173,12 +181,14 @@ class IdentityStage(Stage):
             start = dataclasses.replace(start, payload=kept)
             record = dataclasses.replace(record, value=codec.encode(start))
         try:
-            payload = payloads.open(start.payload)
-            wf.start_model.model_validate(payload)
+            plain = payloads.open_bytes(start.payload)
+            validate(wf.start_model, plain)
+            # Parsed into data only when something here reads it.
+            payload = json.loads(plain) if self._reads_payload[wf.name] else None
         except SealError as exc:
             reject(ctx, record, f"workflow {wf.name}: payload cannot be opened: {exc}", start)
             return
-        except (ValueError, ValidationError) as exc:
+        except ValueError as exc:  # pydantic's ValidationError is one
             reject(ctx, record,
                    f"workflow {wf.name}: payload does not validate: {describe_invalid(exc)}",
                    start)
