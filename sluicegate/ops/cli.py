@@ -39,13 +39,22 @@ AppSpec = Annotated[str, typer.Option("--app", help="Module with the declaration
                                       "or `module:attr`).")]
 
 
-def _settings(bootstrap: str | None, namespace: str | None, **more: object) -> Settings:
+def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False,
+              **more: object) -> Settings:
+    """The command's settings; unless `offline`, the process's codec is configured from
+    them (with a schema registry: its framing, every schema registered), so every command
+    reads and writes records as the workers do."""
     changes: dict[str, object] = {k: v for k, v in more.items() if v is not None}
     if bootstrap:
         changes["bootstrap"] = bootstrap
     if namespace:
         changes["namespace"] = namespace
-    return Settings().with_(**changes)
+    settings = Settings().with_(**changes)
+    if not offline:
+        from sluicegate.schemas.registry import configure_codec
+
+        configure_codec(settings)
+    return settings
 
 
 @topics_app.command("create")
@@ -80,7 +89,7 @@ def topology_show(app_spec: AppSpec, namespace: Namespace = None) -> None:
     from sluicegate.declare import load_app
     from sluicegate.topology.route import routes
 
-    settings = _settings(None, namespace)
+    settings = _settings(None, namespace, offline=True)
     for route in routes(load_app(app_spec, settings), settings.deployment_cap):
         typer.echo(route.describe())
 

@@ -48,11 +48,12 @@ class Format(StrEnum):
 FormatOpt = Annotated[Format, typer.Option("--format", help="How to print the result.")]
 
 
-def _settings(bootstrap: str | None, namespace: str | None) -> Settings:
+def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False
+              ) -> Settings:
     # The top-level CLI's own helper (imported late: cli.py mounts this module).
     from sluicegate.ops.cli import _settings as cli_settings
 
-    return cli_settings(bootstrap, namespace)
+    return cli_settings(bootstrap, namespace, offline=offline)
 
 
 def _open(settings: Settings, db: Path | None, no_refresh: bool) -> LedgerDb:
@@ -230,6 +231,6 @@ def ksql(namespace: Namespace = None) -> None:
     from importlib.resources import files
 
     text = files("sluicegate.ops").joinpath("ksql/ledger.sql").read_text(encoding="utf-8")
-    ns = _settings(None, namespace).namespace
+    ns = _settings(None, namespace, offline=True).namespace
     # The file is written for the default namespace; topic names are the only difference.
     typer.echo(text.replace("KAFKA_TOPIC = 'sg.ledger'", f"KAFKA_TOPIC = '{ns}ledger'"))
