@@ -14,6 +14,7 @@ from sluicegate.config import Settings
 from sluicegate.ops.inspect import app as inspect_app
 from sluicegate.ops.ledger_cli import app as ledger_app
 from sluicegate.ops.localkafka.cli import app as kafka_app
+from sluicegate.ops.localkafka.cli import registry_app
 from sluicegate.ops.workflows import app as workflows_app
 
 app = typer.Typer(
@@ -23,6 +24,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(kafka_app, name="kafka", help="A local single-node Kafka broker for development.")
+app.add_typer(registry_app, name="registry",
+              help="A local schema registry for development (Apicurio, in memory).")
 topics_app = typer.Typer(help="The topics sluicegate uses.", no_args_is_help=True)
 topology_app = typer.Typer(help="The route each workflow's starts take.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")

@@ -12,7 +12,6 @@ import dataclasses
 import io
 import json
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -89,14 +88,6 @@ def registry() -> MemoryRegistry:
 @pytest.fixture
 def framed(registry: MemoryRegistry) -> Codec:
     return Codec(RegistryFraming(registry, source="http://registry.test"))
-
-
-@pytest.fixture
-def process_codec() -> Iterator[None]:
-    """Gives back the process's codec after a test that configures it."""
-    previous = codec.default()
-    yield
-    codec.use(previous)
 
 
 def older_start_request_schema() -> dict[str, Any]:
@@ -300,7 +291,7 @@ def test_settings_pass_registry_client_settings_through_from_the_environment(
 
 
 def test_configuring_a_registry_installs_its_framing_once_per_process(
-        monkeypatch: pytest.MonkeyPatch, process_codec: None) -> None:
+        monkeypatch: pytest.MonkeyPatch, restore_codec: None) -> None:
     store = MemoryRegistry()
     made: list[Settings] = []
 
@@ -331,7 +322,7 @@ def test_configuring_a_registry_installs_its_framing_once_per_process(
 
 
 def test_basic_auth_reaches_the_registry_and_a_refusal_is_one_clear_error(
-        process_codec: None) -> None:
+        restore_codec: None) -> None:
     seen: list[str | None] = []
 
     class Refuse(BaseHTTPRequestHandler):
