@@ -227,10 +227,15 @@ def refresh_cmd(
 @app.command("ksql")
 def ksql(namespace: Namespace = None) -> None:
     """Print the ksqlDB definitions of the ledger stream and the three questions
-    (read docs/ledger-sql.md first: ksqlDB needs Confluent framing)."""
+    (read docs/ledger-sql.md first: ksqlDB needs sluicegate to run with a schema registry)."""
+    text = ksql_definitions(_settings(None, namespace, offline=True).namespace)
+    typer.echo(text)
+
+
+def ksql_definitions(namespace: str) -> str:
+    """The shipped ksqlDB file for a namespace: written for `sg.`, whose topic (and its
+    subject, `<topic>-value`) are the only names that differ."""
     from importlib.resources import files
 
     text = files("sluicegate.ops").joinpath("ksql/ledger.sql").read_text(encoding="utf-8")
-    ns = _settings(None, namespace, offline=True).namespace
-    # The file is written for the default namespace; topic names are the only difference.
-    typer.echo(text.replace("KAFKA_TOPIC = 'sg.ledger'", f"KAFKA_TOPIC = '{ns}ledger'"))
+    return text.replace("sg.ledger", f"{namespace}ledger")
