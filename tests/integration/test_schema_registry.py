@@ -24,10 +24,13 @@ from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
 from sluicegate.ops.cli import app as cli
+from sluicegate.ops.localkafka.broker import free_ports
+from sluicegate.ops.localkafka.registry import ensure_registry, stop_registry
 from sluicegate.schemas.codec import RECORD_TYPES, Codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    DeadLetter,
     LedgerRecord,
     Origin,
     Outcome,
@@ -39,7 +42,7 @@ from sluicegate.schemas.records import (
 from sluicegate.schemas.registry import RegistryFraming, configure_codec
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.integration.kafka_helpers import WorkerProcess
+from tests.integration.kafka_helpers import TopicReader, WorkerProcess
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -204,3 +207,51 @@ def _read_ledger(settings: Settings, topic: str, url: str, count: int,
     finally:
         consumer.close()
     return rows
+
+
+@pytest.mark.broker
+def test_a_worker_whose_registry_stops_answering_stops_rather_than_dead_letter_a_start(
+        settings: Settings, tmp_path: Path, restore_codec: None) -> None:
+    # A registry of this test's own, so that stopping it leaves the session's alone.
+    (port,) = free_ports(1)
+    registry = ensure_registry(port=port, data_dir=tmp_path / "registry")
+    framed = settings.with_(schema_registry_url=registry.url)
+    topics = Topics(framed)
+    worker = WorkerProcess(settings, "tests.apps.identity", tmp_path / "w",
+                           SLUICEGATE_SCHEMA_REGISTRY_URL=registry.url)
+    ledger: TopicReader[LedgerRecord] | None = None
+    try:
+        create_topics(framed)
+        worker.start()
+        ledger = TopicReader(framed, topics.ledger, LedgerRecord)
+        with Client(app=load_app("tests.apps.identity"), settings=framed, replies=False) as c:
+            c.submit("sendReceipt", {"orderId": "o1", "amount": 1})
+        ledger.until(lambda rows: len(rows) == 1, what="the worker deciding a first start")
+        # Another producer's start, framed with a schema id this worker has not seen.
+        current = RECORD_TYPES[StartRequest].schema
+        older = {**current, "fields": [f for f in current["fields"] if f["name"] != "wait"]}
+        frame = AvroSerializer(_client(registry.url), json.dumps(older))(
+            {"request_id": "r-older", "workflow": "sendReceipt",
+             "payload": b'{"orderId":"o2","amount":2}', "origin": "event",
+             "requested_at_ms": T0, "idempotency_id": None, "at_ms": None,
+             "reply_partition": None}, _context(topics.starts))
+    finally:
+        stop_registry(port, tmp_path / "registry")
+    producer = Producer(framed.client_config(partitioner="murmur2_random"))
+    producer.produce(topics.starts, frame, b"r-older")
+    assert producer.flush(30) == 0
+
+    deadline = time.monotonic() + 90
+    while worker.alive:
+        assert time.monotonic() < deadline, f"the worker kept running:\n{worker.log_tail()}"
+        time.sleep(0.2)
+    assert worker.stop() != 0
+    assert "RegistryError: no schema registry answers at" in worker.log_tail(200)
+    assert ledger is not None
+    assert len(ledger.settle(1.0)) == 1  # no decision on r-older...
+    dead = TopicReader(framed, topics.deadletter, DeadLetter)
+    try:
+        assert dead.settle(1.0) == []  # ...and not dead-lettered: it waits for the registry
+    finally:
+        dead.close()
+        ledger.close()
