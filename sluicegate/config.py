@@ -1,8 +1,10 @@
 """Process-wide settings: where the broker is, what the topics are called, how the runtime
-commits, and the Kafka client settings every client sluicegate makes shares.
+commits, the Kafka client settings every client sluicegate makes shares, and the schema
+registry records are framed for.
 
 Each setting can be given in code, or through an environment variable `SLUICEGATE_<NAME>`;
-Kafka client settings (TLS, SASL, ...) pass through `kafka` unchanged to every client.
+Kafka client settings (TLS, SASL, ...) pass through `kafka` unchanged to every client, and
+schema registry client settings (basic auth, TLS) through `schema_registry`.
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"SLUICEGATE_{name}", default)
 
 
-def _kafka_from_env() -> dict[str, str]:
-    """`SLUICEGATE_KAFKA_SASL_MECHANISM=PLAIN` becomes `sasl.mechanism=PLAIN`."""
-    prefix = "SLUICEGATE_KAFKA_"
+def _passthrough_from_env(prefix: str, *, besides: tuple[str, ...] = ()) -> dict[str, str]:
+    """`SLUICEGATE_KAFKA_SASL_MECHANISM=PLAIN` becomes `sasl.mechanism=PLAIN` (prefix
+    `SLUICEGATE_KAFKA_`); names in `besides` are settings of their own, not passed through."""
     return {
         key[len(prefix):].lower().replace("_", "."): value
         for key, value in os.environ.items()
-        if key.startswith(prefix)
+        if key.startswith(prefix) and key[len(prefix):] not in besides
     }
+
+
+def _kafka_from_env() -> dict[str, str]:
+    return _passthrough_from_env("SLUICEGATE_KAFKA_")
+
+
+def _registry_from_env() -> dict[str, str]:
+    # SLUICEGATE_SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO=user:secret -> basic.auth.user.info
+    return _passthrough_from_env("SLUICEGATE_SCHEMA_REGISTRY_", besides=("URL",))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,13 @@ class Settings:
     # Comma-separated `id:base64key` pairs, newest first; empty means none configured.
     encryption_keys: str = field(default_factory=lambda: _env("ENCRYPTION_KEYS", ""))
     kafka: dict[str, str] = field(default_factory=_kafka_from_env)
+    # A Confluent-compatible Schema Registry (its REST root, e.g. http://host:8081, or
+    # Apicurio's http://host:8080/apis/ccompat/v7): records are framed with its schema ids.
+    # Empty: none, records carry their schema's fingerprint (docs/wire-format.md).
+    schema_registry_url: str = field(default_factory=lambda: _env("SCHEMA_REGISTRY_URL", ""))
+    # Registry client settings passed through unchanged (`basic.auth.user.info`,
+    # `ssl.ca.location`, ...): SLUICEGATE_SCHEMA_REGISTRY_<SETTING>.
+    schema_registry: dict[str, str] = field(default_factory=_registry_from_env)
 
     def client_config(self, **overrides: Any) -> dict[str, Any]:
         """The configuration for one confluent-kafka client: bootstrap, security, overrides."""
@@ -59,6 +77,10 @@ class Settings:
         config.update(self.kafka)
         config.update(overrides)
         return config
+
+    def registry_config(self) -> dict[str, Any]:
+        """The configuration of a schema registry client: the URL and the pass-through."""
+        return {**self.schema_registry, "url": self.schema_registry_url}
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

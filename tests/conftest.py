@@ -6,6 +6,11 @@ Where the broker comes from, in order:
 2. testcontainers with apache/kafka, if it is installed and a Docker engine answers;
 3. the local Maven-jar broker (`sluicegate kafka up`) on its own port and temporary data dir,
    so it never meets a developer's broker on 9092.
+
+The schema registry starts the same way, only for tests that ask for `schema_registry_url`:
+`SLUICEGATE_TEST_SCHEMA_REGISTRY_URL` if set, else the local Apicurio registry (`sluicegate
+registry up`) on a free port. (Not SLUICEGATE_SCHEMA_REGISTRY_URL: that would put every
+test's processes on registry framing.)
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from sluicegate.ops.localkafka.broker import (
     port_in_use,
     stop_broker,
 )
+from sluicegate.ops.localkafka.registry import ensure_registry, stop_registry
+from sluicegate.schemas import codec
 
 # The suite shares two cores with a broker and workers: a per-example deadline would fail
 # on the machine's load, not on the code.
@@ -132,3 +139,27 @@ def settings(bootstrap: str, tmp_path: Path) -> Settings:
         namespace=f"t{uuid.uuid4().hex[:8]}.",
         state_dir=tmp_path / "state",
     )
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Confluent-compatible REST root of the session's schema registry."""
+    env = os.environ.get("SLUICEGATE_TEST_SCHEMA_REGISTRY_URL")
+    if env:
+        yield env
+        return
+    (port,) = free_ports(1)
+    data_dir = tmp_path_factory.mktemp("registry")
+    registry = ensure_registry(port=port, data_dir=data_dir)
+    try:
+        yield registry.url
+    finally:
+        stop_registry(port, data_dir)
+
+
+@pytest.fixture
+def restore_codec() -> Iterator[None]:
+    """For a test that configures this process's codec: gives back the one it had."""
+    previous = codec.default()
+    yield
+    codec.use(previous)

@@ -21,6 +21,7 @@ from sluicegate.config import Settings
 from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
+from sluicegate.schemas.registry import configure_codec
 from sluicegate.streams.payloads import Payloads
 from sluicegate.topology.topics import Topics
 
@@ -51,6 +52,7 @@ class Engine:
         self.topics = Topics(settings)
         self._payloads = Payloads.of(settings)
         check_access(settings)
+        configure_codec(settings)
         self._consumer = Consumer(settings.client_config(**{
             "group.id": group,
             "isolation.level": "read_committed",

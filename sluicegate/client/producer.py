@@ -37,6 +37,7 @@ from sluicegate.kafkautil import check_access, watermarks
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import Outcome, Reply, RunRow, StartRequest
+from sluicegate.schemas.registry import configure_codec
 from sluicegate.streams.decisions import execution_id_for
 from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.streams.stages.identity import identity_key, store_key
@@ -257,6 +258,7 @@ class Client:
         self.app = load_app(app, settings) if isinstance(app, str) else app
         self.topics = Topics(settings)
         check_access(settings)
+        configure_codec(settings)
         self._producer = Producer(settings.client_config(**{
             "partitioner": "murmur2_random",
             "enable.idempotence": True,

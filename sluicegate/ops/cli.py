@@ -14,6 +14,7 @@ from sluicegate.config import Settings
 from sluicegate.ops.inspect import app as inspect_app
 from sluicegate.ops.ledger_cli import app as ledger_app
 from sluicegate.ops.localkafka.cli import app as kafka_app
+from sluicegate.ops.localkafka.cli import registry_app
 from sluicegate.ops.workflows import app as workflows_app
 
 app = typer.Typer(
@@ -23,6 +24,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(kafka_app, name="kafka", help="A local single-node Kafka broker for development.")
+app.add_typer(registry_app, name="registry",
+              help="A local schema registry for development (Apicurio, in memory).")
 topics_app = typer.Typer(help="The topics sluicegate uses.", no_args_is_help=True)
 topology_app = typer.Typer(help="The route each workflow's starts take.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
@@ -39,13 +42,22 @@ AppSpec = Annotated[str, typer.Option("--app", help="Module with the declaration
                                       "or `module:attr`).")]
 
 
-def _settings(bootstrap: str | None, namespace: str | None, **more: object) -> Settings:
+def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False,
+              **more: object) -> Settings:
+    """The command's settings; unless `offline`, the process's codec is configured from
+    them (with a schema registry: its framing, every schema registered), so every command
+    reads and writes records as the workers do."""
     changes: dict[str, object] = {k: v for k, v in more.items() if v is not None}
     if bootstrap:
         changes["bootstrap"] = bootstrap
     if namespace:
         changes["namespace"] = namespace
-    return Settings().with_(**changes)
+    settings = Settings().with_(**changes)
+    if not offline:
+        from sluicegate.schemas.registry import configure_codec
+
+        configure_codec(settings)
+    return settings
 
 
 @topics_app.command("create")
@@ -80,7 +92,7 @@ def topology_show(app_spec: AppSpec, namespace: Namespace = None) -> None:
     from sluicegate.declare import load_app
     from sluicegate.topology.route import routes
 
-    settings = _settings(None, namespace)
+    settings = _settings(None, namespace, offline=True)
     for route in routes(load_app(app_spec, settings), settings.deployment_cap):
         typer.echo(route.describe())
 

@@ -48,11 +48,12 @@ class Format(StrEnum):
 FormatOpt = Annotated[Format, typer.Option("--format", help="How to print the result.")]
 
 
-def _settings(bootstrap: str | None, namespace: str | None) -> Settings:
+def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False
+              ) -> Settings:
     # The top-level CLI's own helper (imported late: cli.py mounts this module).
     from sluicegate.ops.cli import _settings as cli_settings
 
-    return cli_settings(bootstrap, namespace)
+    return cli_settings(bootstrap, namespace, offline=offline)
 
 
 def _open(settings: Settings, db: Path | None, no_refresh: bool) -> LedgerDb:
@@ -226,10 +227,15 @@ def refresh_cmd(
 @app.command("ksql")
 def ksql(namespace: Namespace = None) -> None:
     """Print the ksqlDB definitions of the ledger stream and the three questions
-    (read docs/ledger-sql.md first: ksqlDB needs Confluent framing)."""
+    (read docs/ledger-sql.md first: ksqlDB needs sluicegate to run with a schema registry)."""
+    text = ksql_definitions(_settings(None, namespace, offline=True).namespace)
+    typer.echo(text)
+
+
+def ksql_definitions(namespace: str) -> str:
+    """The shipped ksqlDB file for a namespace: written for `sg.`, whose topic (and its
+    subject, `<topic>-value`) are the only names that differ."""
     from importlib.resources import files
 
     text = files("sluicegate.ops").joinpath("ksql/ledger.sql").read_text(encoding="utf-8")
-    ns = _settings(None, namespace).namespace
-    # The file is written for the default namespace; topic names are the only difference.
-    typer.echo(text.replace("KAFKA_TOPIC = 'sg.ledger'", f"KAFKA_TOPIC = '{ns}ledger'"))
+    return text.replace("sg.ledger", f"{namespace}ledger")

@@ -1,5 +1,9 @@
 """The wire contract: Avro schemas (``avro/*.avsc``), the records they describe,
-and the codec that frames them. See docs/wire-format.md."""
+and the codec that frames them. See docs/wire-format.md.
+
+Encode and decode through the module, `codec.encode(...)`: the process's codec is
+chosen at process start (`sluicegate.schemas.registry.configure_codec`), so a name
+imported from it earlier would keep the codec it had then."""
 
 from sluicegate.schemas.codec import (
     NAMED_TYPES,
@@ -10,11 +14,8 @@ from sluicegate.schemas.codec import (
     Framing,
     RecordSchema,
     SingleObjectFraming,
-    decode,
     decode_key,
-    decode_one_of,
     dump_payload,
-    encode,
     encode_key,
     fingerprint,
     load_payload,
@@ -75,11 +76,8 @@ __all__ = [
     "SingleObjectFraming",
     "Slot",
     "StartRequest",
-    "decode",
     "decode_key",
-    "decode_one_of",
     "dump_payload",
-    "encode",
     "encode_key",
     "fingerprint",
     "load_payload",

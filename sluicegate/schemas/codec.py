@@ -2,9 +2,10 @@
 
 A value is framed in Avro single-object encoding: ``C3 01``, the 8-byte
 little-endian CRC-64-AVRO fingerprint of the writer schema's parsing canonical
-form, then the Avro binary body. The framing is pluggable (`Framing`) so that
-Confluent Schema Registry framing can replace it. Keys are plain UTF-8 strings;
-payloads are compact JSON. See docs/wire-format.md.
+form, then the Avro binary body. The framing is pluggable (`Framing`): with a
+schema registry configured, `sluicegate.schemas.registry` installs Confluent
+Schema Registry framing as the process default (`use`). Keys are plain UTF-8
+strings; payloads are compact JSON. See docs/wire-format.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sluicegate.schemas.records import Record
 
 NAMESPACE = "io.sluicegate"
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
+REGISTRY_MAGIC = b"\x00"  # Confluent Schema Registry framing: 00 + 4-byte big-endian id
 
 R = TypeVar("R", bound=Record)
 
@@ -576,10 +578,9 @@ _NATIVE_SPECS = _native_specs() if NATIVE else {}
 class Framing(Protocol):
     """How a record's Avro body is wrapped so a reader can find its writer schema.
 
-    A Confluent Schema Registry framing (``00`` + 4-byte big-endian schema id)
-    implements this by registering every `RECORD_TYPES` schema when constructed
-    (record-name subject strategy) so `header` is a lookup, and by fetching and
-    caching the writer schema of an id it has not seen in `writer_schema`.
+    `SingleObjectFraming` below; `sluicegate.schemas.registry.RegistryFraming` for
+    Confluent Schema Registry framing (``00`` + 4-byte big-endian schema id), which
+    registers every `RECORD_TYPES` schema when constructed so `header` is a lookup.
     """
 
     def header(self, rs: RecordSchema) -> bytes:
@@ -596,6 +597,11 @@ class Framing(Protocol):
         """
         ...
 
+    def record_type(self, data: bytes) -> type | None:
+        """The record class ``data``'s header names, or None when it names none this
+        reader knows (a topic carrying several record types is read by this)."""
+        ...
+
 
 class SingleObjectFraming:
     """Avro single-object encoding; knows the current schema of every record type."""
@@ -610,10 +616,24 @@ class SingleObjectFraming:
     def header(self, rs: RecordSchema) -> bytes:
         return SINGLE_OBJECT_MARKER + rs.fingerprint
 
+    def record_type(self, data: bytes) -> type | None:
+        if not data.startswith(SINGLE_OBJECT_MARKER):
+            return None
+        rs = self._by_fingerprint.get(data[2 : self.header_size])
+        return None if rs is None else rs.cls
+
     def writer_schema(self, expected: RecordSchema, data: bytes) -> tuple[Any, int]:
         if data.startswith(self._headers[expected.cls]):
             return expected.parsed, self.header_size
         wanted = f"{expected.full_name} (fingerprint {expected.fingerprint.hex()})"
+        if data.startswith(REGISTRY_MAGIC) and len(data) >= 5:
+            # A process with a schema registry configured wrote it; only a reader that
+            # knows that registry can tell which schema the id names.
+            raise DecodeError(
+                f"expected {wanted} in single-object encoding, found Schema Registry framing"
+                f" (schema id {int.from_bytes(data[1:5], 'big')}): this process has no schema"
+                " registry configured (SLUICEGATE_SCHEMA_REGISTRY_URL)"
+            )
         if len(data) < self.header_size:
             raise DecodeError(
                 f"expected {wanted} in single-object encoding, found {len(data)} bytes,"
@@ -656,6 +676,10 @@ class Codec:
         elif fast:
             for cls, (enc, dec) in _FAST.items():
                 self._fast[cls] = (partial(_with_header, self._headers[cls], enc), dec)
+
+    @property
+    def framing(self) -> Framing:
+        return self._framing
 
     def encode(self, record: Record) -> bytes:
         fast = self._fast.get(record.__class__)
@@ -718,19 +742,49 @@ class Codec:
     def decode_one_of(self, classes: tuple[type[Any], ...], data: bytes | None) -> Any:
         """Decode a record that may be any of `classes` (a topic carrying several kinds),
         chosen by the type its frame names."""
+        named = None
         if isinstance(data, bytes):
             for cls in classes:
                 if data.startswith(self._headers[cls]):
                     return self.decode(cls, data)
+            # Not this process's own header: a record of an older framing or writer
+            # schema, whose header only the framing can read.
+            named = self._framing.record_type(data)
+            if named in classes:
+                return self.decode(named, data)
         names = " or ".join(_TYPES[c].full_name for c in classes)
-        found = "no value (a tombstone)" if data is None else f"bytes {bytes(data[:10]).hex(' ')}"
+        if data is None:
+            found = "no value (a tombstone)"
+        elif named is not None:
+            found = _TYPES[named].full_name
+        else:
+            found = f"bytes {bytes(data[:10]).hex(' ')}"
         raise DecodeError(f"expected {names}, found {found}")
 
 
+# The process's codec. Callers go through the module (`codec.encode(...)`), so `use`
+# can swap it once at process start without a wrapper call on every record.
 _default = Codec()
 encode = _default.encode
 decode = _default.decode
 decode_one_of = _default.decode_one_of
+
+
+def default() -> Codec:
+    """The codec `encode`, `decode` and `decode_one_of` use."""
+    return _default
+
+
+def use(codec: Codec) -> Codec:
+    """Make `codec` the process's codec; returns the one it replaces.
+
+    `sluicegate.schemas.registry.configure_codec` calls this where a process starts;
+    nothing else should need to."""
+    global _default, encode, decode, decode_one_of
+    previous = _default
+    _default = codec
+    encode, decode, decode_one_of = codec.encode, codec.decode, codec.decode_one_of
+    return previous
 
 
 # -- keys and payloads ----------------------------------------------------------------

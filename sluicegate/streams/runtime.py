@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import check_access
+from sluicegate.schemas.registry import RegistryError, configure_codec
 from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import dead_letter
@@ -134,6 +135,7 @@ class Worker:
 
     def start(self) -> None:
         check_access(self.settings)
+        configure_codec(self.settings)
         if self.control is not None:
             self.control.catch_up()
         self.producer.init_transactions(30.0)
@@ -219,7 +221,9 @@ class Worker:
         ctx = task.states[stage.name].ctx
         try:
             stage.process(ctx, record)
-        except KafkaException:
+        except (KafkaException, RegistryError):
+            # A registry that does not answer says nothing about the record: stop (the
+            # transaction aborts, nothing is committed) rather than dead-letter it.
             raise
         except Exception as exc:
             log.exception("stage %s failed on %s[%d]@%d", stage.name, topic, partition, offset)

@@ -11,6 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import check_access
+from sluicegate.schemas.registry import configure_codec
 from sluicegate.topology.topics import Topics, TopicSpec
 
 
@@ -29,8 +30,10 @@ class CreateReport:
 
 def create_topics(settings: Settings, app: App | None = None,
                   timeout_s: float = 30.0) -> CreateReport:
-    """Every sluicegate topic, and with `app` the event topics its cancelOn entries read."""
+    """Every sluicegate topic, and with `app` the event topics its cancelOn entries read;
+    with a schema registry configured, the schemas and subjects too."""
     check_access(settings)
+    configure_codec(settings)
     admin = AdminClient(settings.client_config())
     topics = Topics(settings)
     specs = topics.specs()

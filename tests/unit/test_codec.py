@@ -33,15 +33,17 @@ from sluicegate.schemas import (
     RunStatus,
     Slot,
     StartRequest,
-    decode,
     decode_key,
     dump_payload,
-    encode,
     encode_key,
     fingerprint,
     load_payload,
 )
 from sluicegate.schemas.codec import SINGLE_OBJECT_MARKER, parse_writer_schema, schema_fingerprint
+
+# These tests are about single-object framing, whatever codec the process uses.
+_SINGLE_OBJECT = Codec()
+encode, decode = _SINGLE_OBJECT.encode, _SINGLE_OBJECT.decode
 
 AVRO_LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 RECORD_CLASSES = sorted(RECORD_TYPES, key=lambda c: c.__name__)
@@ -211,8 +213,15 @@ def test_an_unknown_fingerprint_is_refused_saying_the_schema_is_unknown() -> Non
 
 
 def test_a_wrong_marker_is_refused_showing_the_bytes_found() -> None:
-    frame = b"\x00\x01" + encode(a_start_request())[2:]
-    with pytest.raises(DecodeError, match="marker c3 01, found 00 01"):
+    frame = b"\x01\x02" + encode(a_start_request())[2:]
+    with pytest.raises(DecodeError, match="marker c3 01, found 01 02"):
+        decode(StartRequest, frame)
+
+
+def test_a_schema_registry_frame_is_refused_saying_no_registry_is_configured() -> None:
+    frame = b"\x00\x00\x00\x00\x07" + encode(a_start_request())[10:]
+    with pytest.raises(DecodeError, match=r"Schema Registry framing \(schema id 7\).*no schema"
+                                          " registry configured"):
         decode(StartRequest, frame)
 
 
@@ -287,6 +296,9 @@ class ToyRegistryFraming:
 
     def header(self, rs: RecordSchema) -> bytes:
         return b"\x00" + self.ids.get(rs.cls, 0).to_bytes(4, "big")
+
+    def record_type(self, data: bytes) -> type | None:
+        return StartRequest if int.from_bytes(data[1:5], "big") in self.by_id else None
 
     def writer_schema(self, expected: RecordSchema, data: bytes) -> tuple[Any, int]:
         if data[:1] != b"\x00" or len(data) < 5:

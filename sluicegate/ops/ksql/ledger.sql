@@ -1,21 +1,31 @@
--- ksqlDB over the admissions ledger (topic sg.ledger; replace `sg.` by your namespace).
+-- ksqlDB over the admissions ledger, topic sg.ledger (`sluicegate ledger ksql --namespace NS`
+-- prints this file for another namespace's topic). docs/ledger-sql.md, "ksqlDB".
 --
--- PRECONDITION: ksqlDB's AVRO format reads Confluent framing (byte 00, a 4-byte schema
--- id, the Avro body) and fetches the writer schema from a Schema Registry. sluicegate
--- writes Avro single-object framing (C3 01 + fingerprint) by default, which ksqlDB
--- cannot read. These statements work once the ledger is written with a Confluent
--- framing (sluicegate.schemas.codec.Framing); docs/ledger-sql.md lists the options.
--- Not run against a live ksqlDB in sluicegate's CI.
+-- Needs a schema registry: every sluicegate process runs with SLUICEGATE_SCHEMA_REGISTRY_URL
+-- set, and ksqlDB's ksql.schema.registry.url names the same registry. sluicegate then
+-- writes each ledger record as 00, the 4-byte id of its schema in that registry, and the
+-- Avro body: what VALUE_FORMAT 'AVRO' reads, fetching the writer schema by that id. Run
+-- `sluicegate topics create` with the registry configured before these statements: it
+-- registers LedgerRecord under the subject sg.ledger-value, so ksqlDB finds the topic's
+-- schema there instead of registering one of its own. Records written before the registry
+-- was configured (C3 01 framing) are skipped by ksqlDB, with a line in its processing log;
+-- `sluicegate ledger` reads both.
+--
+-- Written for ksqlDB 0.29 and checked against io.sluicegate.LedgerRecord.avsc by
+-- tests/unit/test_ksql_definitions.py; ksqlDB itself is not run in sluicegate's CI.
+-- Lines under `--   ` (three spaces) are the queries to ask: pull queries, which a
+-- script run by RUN SCRIPT may not contain.
 
 SET 'auto.offset.reset' = 'earliest';
 
--- One row per decision. The record key is the request id (plain UTF-8: KEY_FORMAT KAFKA).
--- Columns are LedgerRecord's fields (io.sluicegate.LedgerRecord.avsc), in order; the
--- timestamp-millis fields read as TIMESTAMP. `key` and `position` are quoted: KEY is a
--- ksqlDB keyword.
+-- One row per decision. The record key is the request id, plain UTF-8: KEY_FORMAT 'KAFKA'.
+-- The value columns are declared rather than inferred from sg.ledger-value: ksqlDB refuses
+-- a key column and a value column of the same name, and the value's request_id is the key
+-- itself, so it is left out; a declared list is also what the test checks against the
+-- schema. Columns are matched to Avro fields by name, case aside; timestamp-millis fields
+-- read as TIMESTAMP. `KEY` and `POSITION` are quoted: KEY is a ksqlDB keyword.
 CREATE STREAM IF NOT EXISTS sg_ledger (
-    request_key STRING KEY,
-    request_id STRING,
+    request_id STRING KEY,
     workflow STRING,
     outcome STRING,
     requested_at_ms TIMESTAMP,
@@ -36,76 +46,90 @@ CREATE STREAM IF NOT EXISTS sg_ledger (
     KAFKA_TOPIC = 'sg.ledger',
     KEY_FORMAT = 'KAFKA',
     VALUE_FORMAT = 'AVRO',
-    VALUE_AVRO_SCHEMA_FULL_NAME = 'io.sluicegate.LedgerRecord',
     TIMESTAMP = 'decided_at_ms'
 );
 
--- "Twenty edits, one run: did I lose nineteen?" ------------------------------------------
--- Collapsed starts per run that absorbed them, and what the admitted run says it folded.
-CREATE TABLE IF NOT EXISTS sg_ledger_collapsed AS
-    SELECT execution_id, LATEST_BY_OFFSET(workflow) AS workflow,
-           LATEST_BY_OFFSET(`KEY`) AS debounce_key, COUNT(*) AS collapsed
-    FROM sg_ledger WHERE outcome = 'collapsed' AND execution_id IS NOT NULL
-    GROUP BY execution_id EMIT CHANGES;
-
-CREATE TABLE IF NOT EXISTS sg_ledger_admitted AS
-    SELECT execution_id, LATEST_BY_OFFSET(folded) AS folded,
-           LATEST_BY_OFFSET(decided_at_ms) AS admitted_at
-    FROM sg_ledger WHERE outcome = 'admitted' AND execution_id IS NOT NULL
-    GROUP BY execution_id EMIT CHANGES;
-
+-- "Twenty edits, one run: did that work, or did I lose nineteen?" ------------------------
+-- Per run that starts were collapsed into: how many collapsed (rows `collapsed`), how
+-- many its `admitted` row says it folded, and the difference. lost = 0: nothing lost;
+-- lost NULL: the run is not admitted yet (MAX skips the NULLs of the collapsed rows).
 CREATE TABLE IF NOT EXISTS sg_ledger_lost AS
-    SELECT c.execution_id AS run, c.workflow AS workflow, c.debounce_key AS debounce_key,
-           c.collapsed AS collapsed, a.folded AS folded, c.collapsed - a.folded AS lost
-    FROM sg_ledger_collapsed c LEFT JOIN sg_ledger_admitted a
-      ON c.execution_id = a.execution_id
+    SELECT execution_id,
+           LATEST_BY_OFFSET(workflow) AS workflow,
+           SUM(CASE WHEN outcome = 'collapsed' THEN 1 ELSE 0 END) AS collapsed,
+           MAX(CASE WHEN outcome = 'admitted' THEN folded ELSE CAST(NULL AS BIGINT) END)
+               AS folded,
+           SUM(CASE WHEN outcome = 'collapsed' THEN 1 ELSE 0 END)
+               - MAX(CASE WHEN outcome = 'admitted' THEN folded ELSE CAST(NULL AS BIGINT) END)
+               AS lost
+    FROM sg_ledger
+    WHERE execution_id IS NOT NULL AND (outcome = 'collapsed' OR outcome = 'admitted')
+    GROUP BY execution_id
     EMIT CHANGES;
 
--- Ask it (pull query): lost = 0 means every collapsed start is in the run; lost NULL
--- means the run has not been admitted yet.
--- SELECT * FROM sg_ledger_lost WHERE workflow = 'tourNarration';
+-- Ask it: one run (a key lookup), or every run of a workflow (a table scan, which needs
+-- ksql.query.pull.table.scan.enabled=true):
+--   SELECT execution_id, workflow, collapsed, folded, lost
+--     FROM sg_ledger_lost WHERE execution_id = 'E';
+--   SELECT execution_id, collapsed, folded, lost
+--     FROM sg_ledger_lost WHERE workflow = 'tourNarration';
 
--- "Nothing has run for an hour: stuck, or quiet?" ------------------------------------------
--- The latest decision of every request: its current state.
+-- "Nothing has run for an hour. Stuck, or quiet?" -----------------------------------------
+-- The latest decision of every request is its current state (a request's rows share a
+-- partition, so offset order is decision order). LATEST_BY_OFFSET(x, FALSE) keeps the
+-- latest row's NULLs: without it a field would come from an older row of the request.
 CREATE TABLE IF NOT EXISTS sg_ledger_latest AS
     SELECT request_id,
-           LATEST_BY_OFFSET(workflow) AS workflow,
-           LATEST_BY_OFFSET(outcome) AS outcome,
-           LATEST_BY_OFFSET(`KEY`) AS control_key,
-           LATEST_BY_OFFSET(deferral) AS deferral,
-           LATEST_BY_OFFSET(reason) AS reason,
-           LATEST_BY_OFFSET(stage) AS stage,
-           LATEST_BY_OFFSET(execution_id) AS execution_id,
-           LATEST_BY_OFFSET(retry_after_ms) AS retry_after_ms,
-           -- When the start's group began waiting (a debounce burst's first start).
-           LATEST_BY_OFFSET(UNIX_TIMESTAMP(decided_at_ms) - waited_ms) AS waiting_since_ms,
-           LATEST_BY_OFFSET(decided_at_ms) AS decided_at
-    FROM sg_ledger GROUP BY request_id EMIT CHANGES;
+           LATEST_BY_OFFSET(workflow, FALSE) AS workflow,
+           LATEST_BY_OFFSET(outcome, FALSE) AS outcome,
+           LATEST_BY_OFFSET(`KEY`, FALSE) AS control_key,
+           LATEST_BY_OFFSET(stage, FALSE) AS stage,
+           LATEST_BY_OFFSET(reason, FALSE) AS reason,
+           LATEST_BY_OFFSET(deferral, FALSE) AS deferral,
+           LATEST_BY_OFFSET(execution_id, FALSE) AS execution_id,
+           LATEST_BY_OFFSET(retry_after_ms, FALSE) AS retry_after_ms,
+           LATEST_BY_OFFSET(UNIX_TIMESTAMP(due_at_ms), FALSE) AS due_at_ms,
+           LATEST_BY_OFFSET(UNIX_TIMESTAMP(decided_at_ms), FALSE) AS decided_at_ms,
+           -- When its wait began: for a debounce, the burst's first start.
+           LATEST_BY_OFFSET(UNIX_TIMESTAMP(decided_at_ms) - waited_ms, FALSE)
+               AS waiting_since_ms
+    FROM sg_ledger
+    GROUP BY request_id
+    EMIT CHANGES;
 
--- Starts still waiting, per workflow and key. ksqlDB cannot take MIN over a table (it
--- cannot retract), so the count is a table and the age a pull query:
+-- Starts still waiting, per workflow and control key (a start parked without a key counts
+-- under ''). ksqlDB cannot take MIN over a table, so the age is asked of sg_ledger_latest.
 CREATE TABLE IF NOT EXISTS sg_ledger_waiting AS
-    SELECT workflow, control_key, COUNT(*) AS queued
-    FROM sg_ledger_latest WHERE outcome = 'queued'
-    GROUP BY workflow, control_key EMIT CHANGES;
+    SELECT workflow, COALESCE(control_key, '') AS control_key, COUNT(*) AS queued
+    FROM sg_ledger_latest
+    WHERE outcome = 'queued'
+    GROUP BY workflow, COALESCE(control_key, '')
+    EMIT CHANGES;
 
--- Ask it: `waiting=` of every queued start (the largest per key is the key's), then the
--- last start per workflow to tell quiet from stuck (needs table scans enabled:
--- ksql.query.pull.table.scan.enabled=true).
--- SELECT workflow, control_key, request_id,
---        UNIX_TIMESTAMP() - waiting_since_ms AS waiting_ms
---   FROM sg_ledger_latest WHERE outcome = 'queued';
--- SELECT * FROM sg_ledger_waiting;
+-- The last start each workflow received: quiet (nothing queued, starts long ago) or
+-- stuck (queued starts waiting). `run:` rows are about runs, not starts.
 CREATE TABLE IF NOT EXISTS sg_ledger_last_start AS
-    SELECT workflow, MAX(UNIX_TIMESTAMP(requested_at_ms)) AS last_start_ms, COUNT(*) AS starts
-    FROM sg_ledger WHERE NOT (request_id LIKE 'run:%')
-    GROUP BY workflow EMIT CHANGES;
--- SELECT * FROM sg_ledger_last_start;
+    SELECT workflow, MAX(UNIX_TIMESTAMP(requested_at_ms)) AS last_start_ms,
+           COUNT(*) AS decisions
+    FROM sg_ledger
+    WHERE NOT (request_id LIKE 'run:%')
+    GROUP BY workflow
+    EMIT CHANGES;
 
--- "Why did my run not start?" ------------------------------------------------------------
--- By request id (a key lookup on the table):
--- SELECT outcome, reason, stage, control_key, deferral, retry_after_ms, execution_id
---   FROM sg_ledger_latest WHERE request_id = 'R';
--- By control key (a table scan):
--- SELECT request_id, outcome, reason, decided_at
---   FROM sg_ledger_latest WHERE control_key = 'K';
+-- Ask it: `waiting=` of every queued start, with what parked it; then how
+-- many wait per key, and each workflow's last start (table scans):
+--   SELECT workflow, control_key, request_id, deferral, due_at_ms,
+--          UNIX_TIMESTAMP() - waiting_since_ms AS waiting_ms
+--     FROM sg_ledger_latest WHERE outcome = 'queued';
+--   SELECT workflow, control_key, queued FROM sg_ledger_waiting;
+--   SELECT workflow, last_start_ms, UNIX_TIMESTAMP() - last_start_ms AS quiet_for_ms
+--     FROM sg_ledger_last_start;
+
+-- "Why did my run not start?" -------------------------------------------------------------
+-- The request's latest decision: its outcome and the reason, in words. By request id (a
+-- key lookup), or the requests whose latest decision was on a control key (a table scan):
+--   SELECT request_id, workflow, outcome, reason, stage, control_key, deferral, due_at_ms,
+--          retry_after_ms, execution_id
+--     FROM sg_ledger_latest WHERE request_id = 'R';
+--   SELECT request_id, outcome, reason, decided_at_ms
+--     FROM sg_ledger_latest WHERE control_key = 'K';

@@ -1,4 +1,5 @@
-"""`sluicegate kafka up|down|status`: thin wrappers over broker.py that print and set exit codes."""
+"""`sluicegate kafka up|down|status` and `sluicegate registry up|down|status`: thin wrappers
+over broker.py and registry.py that print and set exit codes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from sluicegate.ops.localkafka.broker import (
     broker_status,
     ensure_broker,
     stop_broker,
+)
+from sluicegate.ops.localkafka.registry import (
+    DEFAULT_REGISTRY_PORT,
+    ensure_registry,
+    registry_status,
+    registry_url,
+    stop_registry,
 )
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -110,4 +118,60 @@ def status(port: Port = DEFAULT_PORT, data_dir: DataDir = None) -> None:
         typer.echo(f"no answer on {st.bootstrap}, but our broker process (pid {st.pid}) is alive")
     else:
         typer.echo(f"no broker answers on {st.bootstrap}")
+    raise typer.Exit(1)
+
+
+# -- `sluicegate registry up|down|status`: the local schema registry ----------------------
+
+registry_app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+RegistryPort = Annotated[int, typer.Option("--port", help="The registry's port on 127.0.0.1.")]
+RegistryDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Pid file and log; default <user data dir>/registry-<port>."),
+]
+
+
+@registry_app.command("up")
+def registry_up(
+    port: RegistryPort = DEFAULT_REGISTRY_PORT,
+    data_dir: RegistryDir = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 120.0,
+) -> None:
+    """Start a Confluent-compatible schema registry (Apicurio, schemas kept in memory)."""
+    started = time.monotonic()
+    try:
+        registry = ensure_registry(port, data_dir, timeout=timeout)
+    except BrokerError as err:
+        raise _fail(err) from None
+    if registry.already_running:
+        typer.echo(f"already running: schema registry at {registry.url} (pid {registry.pid})")
+    else:
+        typer.echo(f"started a schema registry at {registry.url} (pid {registry.pid}) in "
+                   f"{time.monotonic() - started:.1f}s")
+    typer.echo(f"use it: SLUICEGATE_SCHEMA_REGISTRY_URL={registry.url}\nlog: {registry.log_path}")
+
+
+@registry_app.command("down")
+def registry_down(port: RegistryPort = DEFAULT_REGISTRY_PORT, data_dir: RegistryDir = None) -> None:
+    """Stop the registry started by `up` on that port (no-op if none); its schemas go with it."""
+    try:
+        stopped = stop_registry(port, data_dir)
+    except BrokerError as err:
+        raise _fail(err) from None
+    typer.echo(f"stopped the schema registry on 127.0.0.1:{port}" if stopped
+               else f"no schema registry of ours running on 127.0.0.1:{port}")
+
+
+@registry_app.command("status")
+def registry_status_cmd(port: RegistryPort = DEFAULT_REGISTRY_PORT,
+                        data_dir: RegistryDir = None) -> None:
+    """Whether a registry answers on that port (exit 0) or not (exit 1)."""
+    answers, pid = registry_status(port, data_dir)
+    owner = f"ours, pid {pid}" if pid is not None else "not started by sluicegate"
+    if answers:
+        typer.echo(f"a schema registry answers at {registry_url(port)} ({owner})")
+        return
+    typer.echo(f"no schema registry answers at {registry_url(port)}"
+               + (f", but ours (pid {pid}) is alive" if pid is not None else ""))
     raise typer.Exit(1)
