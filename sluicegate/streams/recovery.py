@@ -6,6 +6,10 @@ writes of aborted transactions never arrive). The rows of a table the stage publ
 (`Stage.tables`) are replayed the same way from the table's topic, which is their log. A
 store whose offset is outside one of its logs' range (the topic was recreated, or
 truncated) is wiped and rebuilt from all of them.
+
+One consumer restores every store in turn, inside the rebalance callback, so a store costs
+what its records cost and no fixed wait: the replay takes records as they are fetched and
+ends when the consumer's position passes the log's end.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from sluicegate.topology.topics import Topics
 log = logging.getLogger(__name__)
 
 _BATCH = 2000
+_POLL_S = 0.1
 
 
 class RestoreError(RuntimeError):
@@ -66,7 +71,11 @@ def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high:
     while not done:
         if time.monotonic() > deadline:
             raise RestoreError(f"restoring {tp.topic}[{tp.partition}] did not reach offset {high}")
-        messages = consumer.consume(_BATCH, timeout=0.5)
+        # Wait for one record, then take what is already fetched: consume(n, timeout) alone
+        # waits the whole timeout for n records, which a small changelog never has (half a
+        # second or more per store, every store of every task, inside the rebalance).
+        first = consumer.poll(_POLL_S)
+        messages = [] if first is None else [first, *consumer.consume(_BATCH - 1, timeout=0)]
         changes: dict[bytes, bytes | None] = {}
         last = -1
         for msg in messages:
@@ -92,9 +101,10 @@ def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high:
             else:
                 store.write(changes, None, {table: last})
             replayed += len(changes)
-            # Transaction markers occupy offsets too: the last data record may sit below
-            # `high - 1`, so the end is known only by EOF or by passing the last marker.
-            if last >= high - 1:
-                done = True
+        # Transaction markers occupy offsets too, so the last data record sits below
+        # `high - 1`; the position moves past them, and says at once that the replay is
+        # done, where the end-of-partition event would come only after an empty fetch.
+        if not done and consumer.position([tp])[0].offset >= high:
+            done = True
     consumer.unassign()
     return replayed

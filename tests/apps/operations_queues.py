@@ -1,10 +1,18 @@
 """Declarations for cancelOn discarding queued starts: one workflow per queue a start can
-wait in (concurrency, throttle, batch, pause, a delayed `at`), all cancelled by seed 000's
-`jira.issue.deleted`."""
+wait in (concurrency, throttle, batch, debounce, pause, a delayed `at`), all cancelled by
+seed 000's `jira.issue.deleted`."""
 
 from pydantic import BaseModel
 
-from sluicegate.declare import App, Batch, CancelOn, Concurrency, Throttle, Workflow
+from sluicegate.declare import (
+    App,
+    Batch,
+    CancelOn,
+    Concurrency,
+    Debounce,
+    Throttle,
+    Workflow,
+)
 from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour
 
 
@@ -28,8 +36,12 @@ batch_tour = Workflow(
                                                  timeout="1m"),
     cancel_on=[CancelOn(event=ISSUE_DELETED, schema=JiraIssueDeleted,
                         match="event.issueKey == payload.items[0].issueKey")])
+# Edits of a row collapse for a minute, then take one of five slots: a group defer lets go
+# still passes a queue stage.
+edit_tour = Workflow(name="editTour", payload=Tour, debounce=Debounce(key="rowId", period="1m"),
+                     concurrency=Concurrency(limit=5), cancel_on=[_on_delete])
 # No control: its starts wait only while it is paused, or for their `at`.
 paused_tour = Workflow(name="pausedTour", payload=Tour, cancel_on=[_on_delete])
 later_tour = Workflow(name="laterTour", payload=Tour, cancel_on=[_on_delete])
 
-app = App([slot_tour, pace_tour, batch_tour, paused_tour, later_tour])
+app = App([slot_tour, pace_tour, batch_tour, edit_tour, paused_tour, later_tour])

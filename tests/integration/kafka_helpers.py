@@ -17,11 +17,20 @@ from confluent_kafka import Consumer, TopicPartition
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.schemas import codec
-from sluicegate.streams.clock import Clock
+from sluicegate.streams.clock import Clock, ManualClock
 from sluicegate.streams.runtime import Worker
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def clock_at_now() -> ManualClock:
+    """A ManualClock starting at the wall clock's time, for a test that produces records
+    stamped with it (a cancelOn event's timestamp is the event's time). The broker deletes
+    a segment whose newest record is older than the topic's retention (a week for event
+    topics) at its next retention check, once a minute on the local broker: an event
+    stamped with ManualClock's default start (2023) can vanish before a worker reads it."""
+    return ManualClock(time.time_ns() // 1_000_000)
 
 
 class TopicReader(Generic[T]):

@@ -23,11 +23,10 @@ from sluicegate.schemas.records import (
     RunRow,
     RunStatus,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.operations import ISSUE_DELETED, app
-from tests.integration.kafka_helpers import TopicReader, WorkerThread
+from tests.integration.kafka_helpers import TopicReader, WorkerThread, clock_at_now
 
 pytestmark = pytest.mark.broker
 
@@ -64,7 +63,7 @@ def _cancels(commands: list[EngineCommand]) -> Counter[str]:
 def test_an_event_cancels_a_suspended_run_and_a_debounced_start_but_not_later_runs(
         settings: Settings) -> None:
     topics = _setup(settings)
-    clock = ManualClock()
+    clock = clock_at_now()
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     ledger = TopicReader(settings, topics.ledger, LedgerRecord)
     commands = TopicReader(settings, topics.commands, EngineCommand)
@@ -112,7 +111,7 @@ def test_an_event_cancels_a_suspended_run_and_a_debounced_start_but_not_later_ru
 def test_an_event_that_does_not_decode_is_reported_and_cancels_nothing(
         settings: Settings) -> None:
     topics = _setup(settings)
-    clock = ManualClock()
+    clock = clock_at_now()
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     ledger = TopicReader(settings, topics.ledger, LedgerRecord)
     commands = TopicReader(settings, topics.commands, EngineCommand)
@@ -136,7 +135,7 @@ def test_an_event_that_does_not_decode_is_reported_and_cancels_nothing(
 
 def test_a_restarted_correlator_repeats_no_cancel(settings: Settings) -> None:
     topics = _setup(settings)
-    clock = ManualClock()
+    clock = clock_at_now()
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     commands = TopicReader(settings, topics.commands, EngineCommand)
     event_topic = topics.event(ISSUE_DELETED)

@@ -19,11 +19,10 @@ from sluicegate.schemas.records import (
     RunEvent,
     RunEventKind,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.topics import Topics
 from tests.apps.operations import ISSUE_DELETED
 from tests.apps.operations_queues import app
-from tests.integration.kafka_helpers import TopicReader, WorkerThread
+from tests.integration.kafka_helpers import TopicReader, WorkerThread, clock_at_now
 from tests.integration.test_cancelon import _produce, _setup
 
 pytestmark = pytest.mark.broker
@@ -58,7 +57,7 @@ def _delete(settings: Settings, topics: Topics, issue: str, at_ms: int) -> None:
 def test_an_event_discards_starts_queued_behind_concurrency_throttle_pause_and_at(
         settings: Settings) -> None:
     topics = _topics(settings)
-    clock = ManualClock()
+    clock = clock_at_now()
     ledger = TopicReader(settings, topics.ledger, LedgerRecord)
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     write_control(settings, ControlRow(workflow="pausedTour", paused=True,
@@ -117,7 +116,7 @@ def test_an_event_discards_starts_queued_behind_concurrency_throttle_pause_and_a
 def test_an_event_discards_a_batch_item_and_the_batch_runs_with_the_others(
         settings: Settings) -> None:
     topics = _topics(settings)
-    clock = ManualClock()
+    clock = clock_at_now()
     ledger = TopicReader(settings, topics.ledger, LedgerRecord)
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     with WorkerThread(app, settings, clock=clock), \

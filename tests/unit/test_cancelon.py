@@ -1,21 +1,39 @@
-"""The pure parts of the cancelOn correlator: the window, the match, decoding."""
+"""The pure parts of the cancelOn correlator (the window, the match, decoding), and the
+sweeps a queue stage keeps for starts in transit, on the concurrency stage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.declare import App, CancelOn, Workflow
-from sluicegate.schemas.records import CancelSweep
+from sluicegate.declare import App, CancelOn, Concurrency, Debounce, Workflow
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    CancelSweep,
+    Origin,
+    Outcome,
+    PendingStart,
+    Slot,
+)
+from sluicegate.streams.routing import Router
 from sluicegate.streams.stages.cancelon import (
+    SWEEP_GRACE_MS,
     cancel_reason,
     decode_for,
     in_window,
+    let_go_by_defer,
     queued_reason,
+    reason_for,
 )
 from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour, app, tour
+from tests.unit.test_concurrency import Harness
 
 T = 1_000_000
 EVENT = {"issueKey": "K1"}
@@ -79,3 +97,132 @@ def test_a_queued_start_is_discarded_only_for_the_workflows_the_sweep_names() ->
     assert queued_reason(app, sweep, "tourEdits", T + 1, payload) is None
     assert queued_reason(app, sweep, "tourNarration", T - 1, payload) is None
     assert queued_reason(App([]), sweep, "tourEdits", T - 1, payload) is None
+
+
+# -- starts in transit: a queue stage judges what reaches it after a sweep it kept --------
+
+EDITS = Workflow(name="edits", payload=Tour, debounce=Debounce(key="rowId", period="1m"),
+                 concurrency=Concurrency(limit=5), cancel_on=[CancelOn(
+                     event=ISSUE_DELETED, schema=JiraIssueDeleted,
+                     match="event.issueKey == payload.issueKey")])
+SLOTS = Workflow(name="slots", payload=Tour, concurrency=Concurrency(limit=5),
+                 cancel_on=EDITS.cancel_on)
+
+
+def _sweep(source: str = "ev:0:7", event_at_ms: int = T) -> CancelSweep:
+    return CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+                       event_at_ms=event_at_ms, source=source, workflows=["edits", "slots"])
+
+
+def _in_transit(h: Harness, workflow: str, issue: str, arrived_at_ms: int, n: int,
+                slots: list[Slot] | None = None) -> str:
+    """A start identity sent before the sweep passed, reaching concurrency after it."""
+    wf = h.app.workflows[workflow]
+    execution_id = f"{workflow}-{n}"
+    payload = {"rowId": f"r{n}", "issueKey": issue}
+    start = PendingStart(
+        execution_id=execution_id, workflow=workflow, payload=json.dumps(payload).encode(),
+        origin=Origin.event, kind=AdmittedKind.start, declaration_version=wf.version,
+        hop=0, request_id=f"req-{execution_id}", request_ids=[f"req-{execution_id}"],
+        requested_at_ms=arrived_at_ms, arrived_at_ms=arrived_at_ms, priority=0.0,
+        slots=slots or [])
+    h.router.forward(h.ctx, start, payload)
+    h.pump()
+    return execution_id
+
+
+def _take(h: Harness, sweep: CancelSweep) -> None:
+    h.inbox.append((sweep.source.encode(), codec.encode(sweep)))
+    h.pump()
+
+
+@pytest.fixture
+def slots_stage(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(App([SLOTS]), tmp_path / "s")
+    yield h
+    h.close()
+
+
+def test_a_start_in_transit_when_the_sweep_passed_is_discarded_even_with_a_slot_free(
+        slots_stage: Harness) -> None:
+    h = slots_stage
+    h.now = T + 1_000
+    _take(h, _sweep())
+    held = Slot("singleton", "slots\x1fr0")
+    before = _in_transit(h, "slots", "K1", T - 1, 0, slots=[held])
+    at_the_event = _in_transit(h, "slots", "K1", T, 1)
+    after = _in_transit(h, "slots", "K1", T + 1, 2)
+    other = _in_transit(h, "slots", "K2", T - 1, 3)
+
+    assert h.outcomes(before) == [Outcome.cancelled]
+    assert h.outcomes(at_the_event) == [Outcome.cancelled]
+    (row,) = [r for r in h.ledger if r.request_id == f"req-{before}"]
+    assert row.stage == "concurrency" and row.reason is not None
+    assert row.reason.startswith("cancelOn:jira.issue.deleted: event 'jira.issue.deleted' at "
+                                 "ev:0:7")
+    assert [(r.stage, r.key, r.execution_id) for r in h.releases] == [
+        ("singleton", "slots\x1fr0", before)], "the holds it took are given back"
+    assert h.admitted_ids() == [after, other]
+
+
+def test_within_bounds_what_a_kept_sweep_discards(tmp_path: Path) -> None:
+    wf = Workflow(name="slots", payload=Tour, concurrency=Concurrency(limit=5), cancel_on=[
+        CancelOn(event=ISSUE_DELETED, schema=JiraIssueDeleted,
+                 match="event.issueKey == payload.issueKey", within="1m")])
+    h = Harness(App([wf]), tmp_path / "s")
+    try:
+        h.now = T + 1_000
+        _take(h, _sweep())
+        old = _in_transit(h, "slots", "K1", T - 60_001, 0)
+        recent = _in_transit(h, "slots", "K1", T - 60_000, 1)
+        assert h.admitted_ids() == [old]
+        assert h.outcomes(recent) == [Outcome.cancelled]
+    finally:
+        h.close()
+
+
+def test_a_kept_sweep_survives_a_restart_and_is_forgotten_after_the_grace_period(
+        slots_stage: Harness) -> None:
+    h = slots_stage
+    h.now = T + 1_000
+    _take(h, _sweep())
+    _take(h, _sweep())  # the same sweep again is kept once, and forgotten once
+    h.restart(h.app)
+    first = _in_transit(h, "slots", "K1", T - 1, 0)
+    assert h.outcomes(first) == [Outcome.cancelled]
+    h.advance(SWEEP_GRACE_MS - 1)
+    second = _in_transit(h, "slots", "K1", T - 1, 1)
+    assert h.outcomes(second) == [Outcome.cancelled], "still within its grace"
+    h.advance(1)
+    late = _in_transit(h, "slots", "K1", T - 1, 2)
+    assert h.admitted_ids() == [late], "in transit longer than the grace: not judged"
+    assert list(h.tx.items(b"\x00S\x00cancelOn")) == []
+
+
+def test_a_resume_is_never_discarded_by_a_sweep() -> None:
+    payload = json.dumps({"rowId": "r", "issueKey": "K1"}).encode()
+    start = PendingStart(
+        execution_id="x", workflow="tourEdits", payload=payload, origin=Origin.event,
+        kind=AdmittedKind.resume, declaration_version="v", hop=1, request_id="resume:x",
+        request_ids=["resume:x"], requested_at_ms=T - 1, arrived_at_ms=T - 1, priority=0.0,
+        slots=[])
+    sweep = CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(), event_at_ms=T,
+                        source="s:0:1", workflows=["tourEdits"])
+    assert reason_for(app, sweep, start) is None
+    assert reason_for(app, sweep, dataclasses.replace(start, kind=AdmittedKind.start)) == (
+        "cancelOn:jira.issue.deleted")
+
+
+def test_only_a_group_defer_let_go_is_exempt_from_the_kept_sweeps() -> None:
+    router = Router(App([EDITS]), 0, None)
+    hops = [hop.stage for hop in router.routes["edits"].hops]
+    assert hops == ["identity", "defer", "concurrency"]
+    start = PendingStart(
+        execution_id="x", workflow="edits", payload=b"{}", origin=Origin.event,
+        kind=AdmittedKind.start, declaration_version="v", hop=1, request_id="r",
+        request_ids=["r"], requested_at_ms=T, arrived_at_ms=T, priority=0.0, slots=[])
+    assert not let_go_by_defer(router, start, "defer"), "on its way to defer"
+    assert let_go_by_defer(router, dataclasses.replace(start, hop=2), "concurrency")
+    # At pause a start's hop is the one it stopped after.
+    assert let_go_by_defer(router, start, "pause")
+    assert not let_go_by_defer(router, dataclasses.replace(start, hop=0), "pause")

@@ -22,6 +22,14 @@ A run row can be read after the sweep that should have cancelled it (two topics,
 order between them), so a sweep is kept for `SWEEP_GRACE_MS` and a run first seen in
 that time is judged against it. The command id names the event's position and the run,
 and a run is cancelled at most once, so a replayed cycle asks for nothing twice.
+
+A start can likewise be on its way between two stages when the sweep passes both, so
+every queue stage keeps the sweeps it took for the same time (`keep`) and judges each
+start that reaches it then against them (`discard_on_arrival`), whether it would wait
+there or go straight on. A group defer let go is the exception: defer judged it by rules
+of its own (a debounced group by its latest arrival, a batch item alone) against every
+sweep defer took before, and a later stage would judge it again by others
+(docs/decisions/cancelon-in-transit.md).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any
 from sluicegate.declare import App, CancelOn, Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
+    AdmittedKind,
     CancelSweep,
     CommandKind,
     EngineCommand,
@@ -43,7 +52,7 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.decisions import describe_invalid, record_decision, reject
 from sluicegate.streams.payloads import Payloads, validate
-from sluicegate.streams.routing import Router
+from sluicegate.streams.routing import PAUSE_STAGE, Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages.runs import LIVE
 from sluicegate.streams.timers import STATE_PREFIX
@@ -105,6 +114,28 @@ def queued_reason(app: App, sweep: CancelSweep, workflow: str, arrived_at_ms: in
                          arrived_at_ms, Payloads.of(app.settings).open(payload))
 
 
+def reason_for(app: App, sweep: CancelSweep, start: PendingStart, *,
+               arrived_at_ms: int | None = None, payload: bytes | None = None) -> str | None:
+    """`queued_reason` for a start, judged by its own arrival and payload unless told
+    otherwise. Never a resume: its run exists, and the correlator cancels runs."""
+    if start.kind is not AdmittedKind.start:
+        return None
+    return queued_reason(app, sweep, start.workflow,
+                         start.arrived_at_ms if arrived_at_ms is None else arrived_at_ms,
+                         start.payload if payload is None else payload)
+
+
+def let_go_by_defer(router: Router, start: PendingStart, stage: str) -> bool:
+    """Whether `start` is a group defer let go: a hop of its route it is past is defer's
+    (at the pause stage a start's hop is the one it stopped after, elsewhere the one it is
+    addressed to)."""
+    route = router.routes.get(start.workflow)
+    if route is None:
+        return False
+    done = start.hop + 1 if stage == PAUSE_STAGE else start.hop
+    return any(hop.stage == "defer" for hop in route.hops[:done])
+
+
 def discard(ctx: StageContext, router: Router, start: PendingStart, sweep: CancelSweep,
             reason: str, key: str | None) -> None:
     """A queued start the sweep discards: `cancelled` with the reason, and the holds it
@@ -113,6 +144,71 @@ def discard(ctx: StageContext, router: Router, start: PendingStart, sweep: Cance
                   reason=f"{reason}: event {sweep.event!r} at {sweep.source} matched the "
                          "queued start")
     router.give_back(ctx, start, reason)
+
+
+# -- sweeps kept by the stages: the adapter over a stage's store ------------------------
+
+# Rows: a kept sweep (`KEPT source` -> CancelSweep) and how many there are (`_KEPT_COUNT`,
+# so a stage with none, nearly always, knows it from one read); timer `_FORGET source`.
+# Under a 0x00 byte: no stage row (a workflow name, a queue letter) starts with one.
+KEPT = STATE_PREFIX + b"\x00cancelOn\x1f"
+_KEPT_COUNT = STATE_PREFIX + b"\x00cancelOn#"
+_FORGET = b"\x00cancelOn\x1f"
+
+
+def keep(ctx: StageContext, sweep: CancelSweep) -> None:
+    """This stage took `sweep`: keep it for `SWEEP_GRACE_MS`, for what reaches the stage
+    after it (a run row, a start in transit)."""
+    source = sweep.source.encode()
+    if ctx.store.get(KEPT + source) is not None:
+        return
+    ctx.store.put(KEPT + source, codec.encode(sweep))
+    raw = ctx.store.get(_KEPT_COUNT)
+    ctx.store.put(_KEPT_COUNT, str(int(raw or 0) + 1).encode())
+    ctx.timers.schedule(ctx.now_ms + SWEEP_GRACE_MS, _FORGET + source)
+
+
+def kept(ctx: StageContext) -> list[CancelSweep]:
+    if ctx.store.get(_KEPT_COUNT) is None:
+        return []
+    return [codec.decode(CancelSweep, raw) for _, raw in ctx.store.items(KEPT)]
+
+
+def forgets(key: bytes) -> bool:
+    """Whether a timer is a kept sweep's end (every keeping stage's `fire` asks first)."""
+    return key.startswith(_FORGET)
+
+
+def forget(ctx: StageContext, key: bytes) -> bool:
+    """Handle a fired timer if it ends a kept sweep's grace; False for any other timer."""
+    if not forgets(key):
+        return False
+    row = KEPT + key[len(_FORGET):]
+    if ctx.store.get(row) is None:
+        return True
+    ctx.store.delete(row)
+    left = int(ctx.store.get(_KEPT_COUNT) or 1) - 1
+    if left > 0:
+        ctx.store.put(_KEPT_COUNT, str(left).encode())
+    else:
+        ctx.store.delete(_KEPT_COUNT)
+    return True
+
+
+def discard_on_arrival(ctx: StageContext, app: App, router: Router, start: PendingStart,
+                       key: str | None, *, payload: bytes | None = None) -> bool:
+    """A start reaching a queue stage after sweeps it kept was in transit when they passed:
+    judged against each now, as if it had been queued here (whether this stage would park
+    it or let it through), unless defer let it go. True when one discards it."""
+    wf = app.get(start.workflow)
+    if wf is None or not wf.cancel_on or let_go_by_defer(router, start, ctx.stage):
+        return False
+    for sweep in kept(ctx):
+        reason = reason_for(app, sweep, start, payload=payload)
+        if reason is not None:
+            discard(ctx, router, start, sweep, reason, key)
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,11 +242,9 @@ def decode_for(app: App, event: str, body: bytes | None) -> Decoded:
 # -- the stage -----------------------------------------------------------------------
 
 # Store rows: a live run (`_LIVE workflow \x1f execution id` -> RunRow), a run already
-# cancelled (`_SENT execution id`), a sweep kept for late run rows (`_SWEEP source`).
+# cancelled (`_SENT execution id`); the sweeps kept for late run rows (`keep`).
 _LIVE = STATE_PREFIX + b"L"
 _SENT = STATE_PREFIX + b"C"
-_SWEEP = STATE_PREFIX + b"S"
-_FORGET = b"S"  # timer kind: a kept sweep's grace is over
 
 
 def _live_key(workflow: str, execution_id: str) -> bytes:
@@ -212,8 +306,7 @@ class CancelOnStage(Stage):
         for workflow in sweep.workflows:
             for _, raw in list(ctx.store.items(_LIVE + workflow.encode() + b"\x1f")):
                 self._judge(ctx, codec.decode(RunRow, raw), sweep, data)
-        ctx.store.put(_SWEEP + sweep.source.encode(), codec.encode(sweep))
-        ctx.timers.schedule(ctx.now_ms + SWEEP_GRACE_MS, _FORGET + sweep.source.encode())
+        keep(ctx, sweep)
 
     def _judge(self, ctx: StageContext, row: RunRow, sweep: CancelSweep, data: Any) -> bool:
         wf = self.app.get(row.workflow)
@@ -245,8 +338,7 @@ class CancelOnStage(Stage):
         ctx.store.put(_SENT + row.execution_id.encode(), b"")
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
-        if key.startswith(_FORGET):
-            ctx.store.delete(_SWEEP + key[len(_FORGET):])
+        forget(ctx, key)
 
     # -- the live runs of this partition -------------------------------------------------
 
@@ -267,8 +359,7 @@ class CancelOnStage(Stage):
             return
         if ctx.store.get(sent) is not None or ctx.store.get(live) is not None:
             return  # already known (or already cancelled): its start time does not change
-        for _, raw in list(ctx.store.items(_SWEEP)):
-            sweep = codec.decode(CancelSweep, raw)
+        for sweep in kept(ctx):
             if row.workflow in sweep.workflows and self._judge(
                     ctx, row, sweep, json.loads(sweep.body)):
                 return

@@ -255,6 +255,9 @@ class ConcurrencyStage(ControlStage):
             # exists): no limit of this hop applies any more.
             self.router.forward(ctx, start)
             return
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
+                                       shown_key(key, wf.name)):
+            return
         limit = self.limit(wf, hop)
         holder = _HOLDER + _prefixed(key) + start.execution_id.encode()
         queue = self.queue(ctx, key)
@@ -371,15 +374,15 @@ class ConcurrencyStage(ControlStage):
         """cancelOn discards this partition's waiting starts that match the event. A
         waiting resume is left alone: its run exists, and the correlator cancels runs.
         No slot frees, so nothing drains."""
+        cancelon.keep(ctx, sweep)
         for row, _ in list(ctx.store.items(_WAITING)):
             key, execution_id = _unprefix(row[len(_WAITING):])
             found = self._waiting(ctx, key, execution_id.decode())
-            if found is None or found[1].start.kind is not AdmittedKind.start:
+            if found is None:
                 continue
             lane, parked = found
             start = parked.start
-            reason = cancelon.queued_reason(self.app, sweep, start.workflow,
-                                            start.arrived_at_ms, start.payload)
+            reason = cancelon.reason_for(self.app, sweep, start)
             if reason is None:
                 continue
             self.queue(ctx, key).remove(lane, parked)
@@ -390,6 +393,8 @@ class ConcurrencyStage(ControlStage):
     # -- timers ----------------------------------------------------------------------------
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if cancelon.forget(ctx, key):
+            return
         if key.startswith(_EXPIRE):
             budget_key, execution_id = _unprefix(key[len(_EXPIRE):])
             self._expire(ctx, budget_key, execution_id.decode())

@@ -276,9 +276,16 @@ class DeferStage(ControlStage):
         hop = self.router.hop(start)
         key = record.key or b""
         debounce, batch = debounce_rule(wf), batch_rule(wf)
-        if hop is not None and hop.stage == NAME and debounce is not None:
+        here = hop is not None and hop.stage == NAME
+        # An item is judged as the batch of one it would be alone, as when it waits here.
+        alone = (self._batch_bytes([start]) if here and debounce is None and batch
+                 and wf.cancel_on else None)
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, start, _key_text(key),
+                                       payload=alone):
+            return
+        if here and debounce is not None:
             self._debounce(ctx, wf, debounce, key, start)
-        elif hop is not None and hop.stage == NAME and batch is not None:
+        elif here and batch is not None:
             self._batch(ctx, wf, batch, key, start)
         else:
             # The declaration changed under it: this hop no longer holds anything.
@@ -446,12 +453,12 @@ class DeferStage(ControlStage):
         """cancelOn discards this partition's debounced starts and batch items that match
         the event (seed 000: a queued duplicate must not start against the row just
         deleted)."""
+        cancelon.keep(ctx, sweep)
         for skey, raw in list(ctx.store.items(_BURST)):
             held = _Held.decode(raw)
             c = held.carrier
             # The latest arrival is the one whose payload would run.
-            reason = cancelon.queued_reason(self.app, sweep, c.workflow, held.last_ms,
-                                            c.payload)
+            reason = cancelon.reason_for(self.app, sweep, c, arrived_at_ms=held.last_ms)
             if reason is None:
                 continue
             key = skey[len(_BURST):]
@@ -472,8 +479,8 @@ class DeferStage(ControlStage):
         for parked in members:
             item = parked.start
             # `match` reads the run's payload: an item is judged as a batch of one.
-            reason = cancelon.queued_reason(self.app, sweep, item.workflow,
-                                            item.arrived_at_ms, self._batch_bytes([item]))
+            reason = cancelon.reason_for(self.app, sweep, item,
+                                         payload=self._batch_bytes([item]))
             if reason is None:
                 kept.append(item)
                 continue
@@ -511,6 +518,8 @@ class DeferStage(ControlStage):
         return rank + kind + key
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if cancelon.forget(ctx, key):
+            return
         kind, group = key[_RANK:_RANK + 1], key[_RANK + 1:]
         workflow = group.partition(b"\x1f")[0].decode(errors="replace")
         wf = self.app.get(workflow)
@@ -569,6 +578,8 @@ class DeferStage(ControlStage):
         now = ctx.now_ms
         for raw, _ in list(ctx.store.items(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)
+            if cancelon.forgets(key):
+                continue  # a kept sweep's, not a group's
             workflow = key[_RANK + 1:].partition(b"\x1f")[0].decode(errors="replace")
             if due_ms > now and self.app.get(workflow) is None:
                 ctx.timers.cancel(due_ms, key)

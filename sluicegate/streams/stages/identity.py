@@ -244,6 +244,9 @@ class IdentityStage(Stage):
 
     def _park_delayed(self, ctx: StageContext, pending: PendingStart, at_ms: int,
                       wf: Workflow) -> None:
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, pending,
+                                       pending.identity_key):
+            return
         # Each delayed start is its own row; at equal due times, priority orders them.
         timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
         ctx.timers.schedule(at_ms, timer, codec.encode(pending))
@@ -251,6 +254,8 @@ class IdentityStage(Stage):
                            due_at_ms=at_ms)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if cancelon.forget(ctx, key):
+            return
         if key.startswith(_DELAYED):
             pending = codec.decode(PendingStart, value)
             # At `at` it is an ordinary arrival: the controls judge it as of now.
@@ -266,13 +271,13 @@ class IdentityStage(Stage):
     def _cancel_delayed(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's delayed starts that match the event (each
         is a timer whose value is the parked start)."""
+        cancelon.keep(ctx, sweep)
         for raw, value in list(ctx.store.items(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)
             if not key.startswith(_DELAYED):
                 continue
             pending = codec.decode(PendingStart, value)
-            reason = cancelon.queued_reason(self.app, sweep, pending.workflow,
-                                            pending.arrived_at_ms, pending.payload)
+            reason = cancelon.reason_for(self.app, sweep, pending)
             if reason is not None:
                 ctx.timers.cancel(due_ms, key)
                 cancelon.discard(ctx, self.router, pending, sweep, reason,

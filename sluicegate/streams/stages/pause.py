@@ -39,6 +39,8 @@ class PauseStage(ControlStage):
         if isinstance(start, CancelSweep):
             self._cancel_queued(ctx, start)
             return
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, start, start.workflow):
+            return
         if self.router.paused(start.workflow):
             queue = PendingQueue(ctx.store, queue_name(start.workflow))
             queue.push(start, priority_mode(self.app.get(start.workflow)))
@@ -49,15 +51,18 @@ class PauseStage(ControlStage):
     def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards the paused starts that match the event (a queue per
         workflow, on the partition that owns the workflow's name)."""
+        cancelon.keep(ctx, sweep)
         for workflow in sweep.workflows:
             queue = PendingQueue(ctx.store, queue_name(workflow))
             for parked in list(queue):
                 start = parked.start
-                reason = cancelon.queued_reason(self.app, sweep, workflow,
-                                                start.arrived_at_ms, start.payload)
+                reason = cancelon.reason_for(self.app, sweep, start)
                 if reason is not None:
                     queue.remove(parked)
                     cancelon.discard(ctx, self.router, start, sweep, reason, workflow)
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        cancelon.forget(ctx, key)  # its only timers
 
     def control_changed(self, ctx: StageContext, row: ControlRow) -> None:
         if row.paused or partition_for(row.workflow.encode(), self.partitions) != ctx.partition:

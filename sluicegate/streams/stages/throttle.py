@@ -156,6 +156,9 @@ class ThrottleStage(ControlStage):
             # Removed while it was on its way here: it would have waited here.
             self.router.fail(ctx, start, Outcome.failed, REMOVED, key=_key_text(record.key))
             return
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
+                                       _key_text(record.key)):
+            return
         if wf.throttle is None or not applies("throttle", start.origin):
             self.router.forward(ctx, start)
             return
@@ -260,14 +263,14 @@ class ThrottleStage(ControlStage):
 
     def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event."""
+        cancelon.keep(ctx, sweep)
         for raw_key, raw in list(ctx.store.items(_KEY)):
             key = raw_key[len(_KEY):]
             queue = PendingQueue(ctx.store, key)
             discarded = False
             for parked in list(queue):
                 start = parked.start
-                reason = cancelon.queued_reason(self.app, sweep, start.workflow,
-                                                start.arrived_at_ms, start.payload)
+                reason = cancelon.reason_for(self.app, sweep, start)
                 if reason is not None:
                     queue.remove(parked)
                     cancelon.discard(ctx, self.router, start, sweep, reason, _key_text(key))
@@ -312,6 +315,8 @@ class ThrottleStage(ControlStage):
     # -- timers and restore ---------------------------------------------------------
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if cancelon.forget(ctx, key):
+            return
         kind, kafka_key = key[:1], key[1:]
         raw = ctx.store.get(_KEY + kafka_key)
         if raw is None:

@@ -1,0 +1,88 @@
+"""Restoring a task's stores from their changelogs, on the real broker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from sluicegate.config import Settings
+from sluicegate.streams.recovery import restore_task
+from sluicegate.streams.runtime import Worker
+from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.task import Task
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import STATEFUL_STAGES, Topics
+
+pytestmark = pytest.mark.broker
+
+PARTITIONS = (0, 1)
+
+
+class _Kept(Stage):
+    """A store and nothing else: what restore fills."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def inputs(self, topics: Topics) -> tuple[str, ...]:
+        return ()
+
+    def process(self, ctx: StageContext, record: InputRecord) -> None:
+        raise AssertionError("a restore processes nothing")
+
+
+def _write_changelogs(settings: Settings, topics: Topics) -> None:
+    """Two committed cycles on every store of two tasks, as the worker writes them: one
+    transaction each, so every changelog ends in a transaction marker."""
+    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}t"}))
+    producer.init_transactions(30)
+    for cycle in ({b"a": b"1", b"b": b"2"}, {b"a": None, b"c": b"3"}):
+        producer.begin_transaction()
+        for stage in STATEFUL_STAGES:
+            for partition in PARTITIONS:
+                for key, value in cycle.items():
+                    producer.produce(topics.changelog(stage), value, key, partition)
+        producer.commit_transaction(30)
+
+
+def _restore(worker: Worker, stages: list[Stage], settings: Settings) -> tuple[int, float]:
+    replayed, started = 0, time.monotonic()
+    for partition in PARTITIONS:
+        task = Task(partition, stages, worker.topics, settings.state_dir, lambda *a: None,
+                    lambda: 0)
+        try:
+            replayed += restore_task(task, worker.restorer, worker.topics)
+            for state in task.stateful():
+                assert state.store is not None
+                assert dict(state.store.items(b"")) == {b"b": b"2", b"c": b"3"}, state.stage.name
+        finally:
+            task.close()
+    return replayed, time.monotonic() - started
+
+
+def test_one_consumer_restores_many_small_stores_without_waiting_on_each(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    _write_changelogs(settings, topics)
+    stages: list[Stage] = [_Kept(name) for name in STATEFUL_STAGES]
+    stores = len(stages) * len(PARTITIONS)
+    worker = Worker(stages, settings)
+    try:
+        replayed, first = _restore(worker, stages, settings)
+        # Again on the same state: every store is current but for its changelog's last
+        # transaction marker.
+        again, second = _restore(worker, stages, settings)
+    finally:
+        worker.close()
+
+    # Per store: "b" and "c" of the last write, and "a" (its put and its delete in two
+    # cycles, replayed from two fetches or one).
+    assert stores * 3 <= replayed <= stores * 4
+    assert again == 0
+    # Waiting half a second per store for a batch that never fills, or for the
+    # end-of-partition event after an empty fetch, would take at least `stores * 0.5` s.
+    assert first < stores * 0.25, f"restoring {stores} stores took {first:.1f}s"
+    assert second < stores * 0.25, f"{stores} current stores took {second:.1f}s"
