@@ -121,8 +121,9 @@ class SystemProcess:
 
     def __init__(self, system: str, settings: Settings, workdir: Path, faust_python: Path,
                  py_spy: Path | None, baseline_tree: Path | None = None,
-                 sizes: dict[str, int] | None = None) -> None:
+                 sizes: dict[str, int] | None = None, processes: int = 1) -> None:
         self.system = system
+        self.processes = processes
         self.settings = settings
         self.topics = Topics(settings)
         self.workdir = workdir
@@ -130,7 +131,7 @@ class SystemProcess:
         self.py_spy = py_spy
         self.baseline_tree = baseline_tree
         self.log = workdir / f"{system}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.output = self.topics.admitted
         # Every topic the system writes per start, each with its size for raw-io.
         self.sizes = sizes or {}
@@ -187,30 +188,38 @@ class SystemProcess:
         cmd, env = self.command()
         # `python -m` puts the working directory first on sys.path: it picks the tree.
         cwd = self.baseline_tree if self.system == "worker-base" else ROOT
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+        for i in range(self.processes):
+            # Several processes of one system share its consumer group (workers: each with
+            # a state dir of its own, as separate machines would have).
+            if self.system.startswith("worker"):
+                env = {**env, "SLUICEGATE_STATE_DIR": str(self.workdir / f"state-{i}")}
+            with open(self.log, "ab") as log:
+                self.procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
+                                                   stderr=subprocess.STDOUT))
 
     @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
+    def cpu_s(self) -> float:
+        return sum(process_cpu_s(pid) for pid in self.pids)
 
     def check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.system} exited with {self.proc.returncode}:\n"
-                               + self.log_tail())
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{self.system} exited with {proc.returncode}:\n"
+                                   + self.log_tail())
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        running = [proc for proc in self.procs if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -413,6 +422,7 @@ class Options:
     logs: Path | None
     baseline_tree: Path | None
     sizes: dict[str, int]
+    processes: int
 
 
 def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdir: Path,
@@ -424,7 +434,8 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
     create_topics(settings)
     topics = Topics(settings)
     system = SystemProcess(system_name, settings, rundir, opts.faust_python, opts.py_spy,
-                           opts.baseline_tree, opts.sizes)
+                           opts.baseline_tree, opts.sizes,
+                           1 if system_name == "faust" else opts.processes)
     counter = iter(range(10**12))
 
     def batch(n: int) -> list[tuple[bytes, bytes]]:
@@ -489,7 +500,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
         ends = produce_all(producer, topics.starts, measured)
         spy = start_py_spy(opts.py_spy, system, rundir) if system_name == "worker" else None
         result.loadavg = float(Path("/proc/loadavg").read_text().split()[0])
-        cpu0 = process_cpu_s(system.pid)
+        cpu0 = system.cpu_s()
         t_commit = time.monotonic()
         producer.commit_transaction(60.0)
         t_done = wait_committed(settings, system.group, topics.starts, ends, system,
@@ -498,7 +509,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
             # The runs stage reads the admitted starts back: the work ends when it is done.
             t_done = wait_caught_up(settings, system.group, topics.admitted, system,
                                     opts.timeout)
-        cpu1 = process_cpu_s(system.pid)
+        cpu1 = system.cpu_s()
         if spy is not None:
             stop_py_spy(spy)
         result.starts = opts.starts
@@ -545,7 +556,7 @@ def start_py_spy(py_spy: Path | None, system: SystemProcess, rundir: Path
     py_spy.mkdir(parents=True, exist_ok=True)
     out = py_spy / f"{rundir.name}.{system.system}.txt"
     spy = subprocess.Popen(
-        [py_spy_binary(), "record", "--pid", str(system.pid),
+        [py_spy_binary(), "record", "--pid", str(system.pids[0]),
          "--format", "raw", "--rate", "250", "--nonblocking", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # py-spy attaches
@@ -683,6 +694,8 @@ def main() -> None:
     parser.add_argument("--no-warmup-round", dest="warmup_round", action="store_false",
                         help="skip the discarded first round that warms the broker up")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="processes per system (raw pipes and workers), in one group")
     args = parser.parse_args()
 
     systems = [s for s in args.systems.split(",") if s]
@@ -697,7 +710,7 @@ def main() -> None:
     opts = Options(args.starts, args.warmup, args.latency_starts, args.latency_rate,
                    args.repeats, args.note_bytes, args.timeout, args.faust_python,
                    args.py_spy, args.keep_topics, args.logs, args.baseline_tree,
-                   admission_sizes(app, WORKFLOW, args.note_bytes))
+                   admission_sizes(app, WORKFLOW, args.note_bytes), args.processes)
     maker = StartMaker(app)
     sample_key, sample_value = maker.make(WORKFLOW, 0, args.note_bytes)
     print(f"input: StartRequest {len(sample_value)} B value, {len(sample_key)} B key; "

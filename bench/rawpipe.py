@@ -100,7 +100,7 @@ def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
                     in_txn = True
                     started = time.monotonic()
                     records = 0
-                key, value = msg.key(), msg.value()
+                key, value = msg.key(), msg.value() or b""
                 for topic, size in outputs:
                     out = value if size is None else sized(value, size)
                     while True:
