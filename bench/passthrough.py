@@ -297,27 +297,29 @@ def wait_committed(settings: Settings, group: str, topic: str, ends: dict[int, i
         consumer.close()
 
 
-def wait_caught_up(settings: Settings, group: str, topic: str, system: SystemProcess,
-                   timeout: float, step: float = 0.02) -> float:
-    """Wait until `group` has committed everything on `topic` (transactional: the last
-    record of each partition is a commit marker, one below the high watermark)."""
-    consumer = Consumer(settings.client_config(**{"group.id": group,
-                                                  "enable.auto.commit": False}))
-    meta = consumer.list_topics(topic, timeout=10).topics[topic]
-    tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-    deadline = time.monotonic() + timeout
+def data_ends(settings: Settings, topic: str, timeout: float = 30.0) -> dict[int, int]:
+    """Partition -> the offset after its last committed data record (transaction markers
+    take offsets too, one per transaction, so the high watermark overshoots)."""
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"bench-ends-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "isolation.level": "read_committed"}))
     try:
-        while True:
-            highs = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1]
-                     for tp in tps}
-            committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
-            if all(high == 0 or committed.get(p, -1) >= high - 1 for p, high in highs.items()):
-                return time.monotonic()
-            system.check_alive()
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        highs = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                 for p in meta.partitions}
+        ends = {p: 0 for p in highs}
+        # The last few offsets hold the last data record of each transaction writer.
+        consumer.assign([TopicPartition(topic, p, max(0, high - 20))
+                         for p, high in highs.items() if high])
+        deadline = time.monotonic() + timeout
+        while any(consumer.position([TopicPartition(topic, p)])[0].offset < high
+                  for p, high in highs.items() if high):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{system.system}: {topic} committed {committed}, "
-                                   f"ends {highs}")
-            time.sleep(step)
+                raise TimeoutError(f"reading the end of {topic}")
+            for msg in consumer.consume(1000, timeout=0.2):
+                if msg.error() is None:
+                    ends[msg.partition()] = max(ends[msg.partition()], (msg.offset() or 0) + 1)
+        return ends
     finally:
         consumer.close()
 
@@ -507,8 +509,9 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
                                 opts.timeout, step=0.02)
         if system_name.startswith("worker"):
             # The runs stage reads the admitted starts back: the work ends when it is done.
-            t_done = wait_caught_up(settings, system.group, topics.admitted, system,
-                                    opts.timeout)
+            t_done = wait_committed(settings, system.group, topics.admitted,
+                                    data_ends(settings, topics.admitted), system,
+                                    opts.timeout, step=0.02)
         cpu1 = system.cpu_s()
         if spy is not None:
             stop_py_spy(spy)
