@@ -62,7 +62,8 @@ from confluent_kafka.admin import AdminClient
 from bench.apps import WORKFLOW, app
 from bench.records import StartMaker, admission_sizes
 from sluicegate.config import Settings
-from sluicegate.ops.localkafka.broker import ensure_broker, free_ports, stop_broker
+from sluicegate.ops.localkafka.broker import ensure_broker, stop_broker
+from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.streams.decisions import execution_id_for
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics

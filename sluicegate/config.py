@@ -52,11 +52,14 @@ class Settings:
         default_factory=lambda: Path(_env("STATE_DIR", str(Path.cwd() / ".sluicegate" / "state")))
     )
     # Exactly-once batching: a transaction commits after this many records or this long.
+    # The interval is what a decision waits for to become visible; the record cap only
+    # bounds a transaction's size under load (a commit waits ~10-25 ms for the broker, so
+    # a small cap spends more time committing than deciding: docs/benchmarks.md).
     commit_interval_ms: int = field(
         default_factory=lambda: int(_env("COMMIT_INTERVAL_MS", "100"))
     )
     commit_max_records: int = field(
-        default_factory=lambda: int(_env("COMMIT_MAX_RECORDS", "2000"))
+        default_factory=lambda: int(_env("COMMIT_MAX_RECORDS", "10000"))
     )
     # A deployment-wide cap on runs in flight across every workflow; 0 means none.
     deployment_cap: int = field(default_factory=lambda: int(_env("DEPLOYMENT_CAP", "0")))

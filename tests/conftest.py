@@ -29,10 +29,9 @@ from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import (
     LocalBroker,
     ensure_broker,
-    free_ports,
-    port_in_use,
     stop_broker,
 )
+from sluicegate.ops.localkafka.processes import free_ports, port_in_use
 from sluicegate.ops.localkafka.registry import ensure_registry, stop_registry
 from sluicegate.schemas import codec
 

@@ -17,10 +17,10 @@ from sluicegate.ops.localkafka.broker import (
     broker_answers,
     broker_status,
     ensure_broker,
-    free_ports,
     stop_broker,
 )
 from sluicegate.ops.localkafka.cli import app
+from sluicegate.ops.localkafka.processes import free_ports
 
 pytestmark = pytest.mark.broker
 runner = CliRunner()

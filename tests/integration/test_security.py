@@ -24,11 +24,11 @@ from sluicegate.ops.localkafka.broker import (
     SaslPlain,
     Tls,
     ensure_broker,
-    free_ports,
     stop_broker,
     tls_files,
 )
 from sluicegate.ops.localkafka.cli import app as kafka_cli
+from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.schemas.records import LedgerRecord, Outcome
 from sluicegate.streams.runtime import Worker
 from sluicegate.topology.admin import create_topics

@@ -11,9 +11,9 @@ from sluicegate.ops.localkafka.broker import (
     broker_status,
     default_data_dir,
     ensure_broker,
-    free_ports,
     stop_broker,
 )
+from sluicegate.ops.localkafka.processes import free_ports
 
 __all__ = [
     "DEFAULT_KAFKA_VERSION",

@@ -9,13 +9,11 @@ owns (server.properties, cluster id, pid file, log, the log.dirs) lives in its d
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -29,16 +27,26 @@ import platformdirs
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from sluicegate.ops.localkafka.processes import (
+    HOST,
+    alive,
+    children,
+    cmdline,
+    find_java,
+    port_in_use,
+    reap,
+    tail,
+    terminate,
+)
+
 DEFAULT_KAFKA_VERSION = "4.1.1"
 DEFAULT_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
-HOST = "127.0.0.1"
 MIN_JAVA = 17  # kafka_2.13 4.x is compiled for Java 17 (minNonClientJavaVersion)
 
 CA_FILE = "ca.pem"  # in <data-dir>/tls: the CA that signed the TLS listener's certificate
 
 _PACKAGE = "sluicegate.ops.localkafka"
-_LOG_TAIL_LINES = 30
 
 # Heap small enough for a 2-core CI box next to the tests; G1 flags as in kafka-run-class.sh.
 JVM_OPTS = (
@@ -190,70 +198,16 @@ def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
     return bool(metadata.brokers)
 
 
-def port_in_use(port: int, host: str = HOST) -> bool:
-    """True if something holds `port` on `host` (a listener, or a socket bound without reuse)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR so a stopped broker's TIME_WAIT connections don't count as "in use";
-        # a live listener still makes bind fail.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def free_ports(count: int = 1) -> list[int]:
-    """`count` distinct ports the OS considers free right now (for throwaway test brokers)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind((HOST, 0))  # all held open at once, so the OS hands out distinct ports
-        return [s.getsockname()[1] for s in socks]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
-        if Path("/proc/self").exists():
-            return ""  # Linux, and the process is gone
-    except OSError:
-        return ""
-    # No /proc (macOS): ask ps.
-    result = subprocess.run(
-        ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False
-    )
-    return result.stdout.strip()
-
-
-# Brokers started by this process. Holding their Popen objects keeps subprocess from warning
-# that a (deliberately detached) child is "still running" when the object is collected.
-_children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _reap(pid: int) -> None:
-    # If the broker is our own child (tests start and stop it in one process) and has exited,
-    # collect it; otherwise it lingers as a zombie that still "exists" for kill(pid, 0).
-    child = _children.get(pid)
-    if child is not None:
-        if child.poll() is not None:
-            del _children[pid]
-        return
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
 def _our_pid(data_dir: Path) -> int | None:
     """The pid of the broker started from `data_dir`, if that process is alive."""
     try:
         pid = int(_pid_path(data_dir).read_text().strip())
     except (OSError, ValueError):
         return None
-    _reap(pid)
+    reap(pid)
     # A pid file can outlive its process and the pid can be reused: trust it only if that
     # process is a kafka.Kafka running this data dir's server.properties.
-    cmd = _cmdline(pid)
+    cmd = cmdline(pid)
     if "kafka.Kafka" in cmd and str(_props_path(data_dir)) in cmd:
         return pid
     return None
@@ -267,23 +221,6 @@ def broker_status(port: int = DEFAULT_PORT, data_dir: Path | None = None) -> Bro
 
 # ---------------------------------------------------------------------------------------------
 # Prerequisites
-
-
-def _java() -> str:
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerError(f"`java` not found on PATH: the Kafka broker needs Java {MIN_JAVA}+")
-    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    # `java -version` prints to stderr: 'openjdk version "17.0.15"' or 'java version "1.8.0_x"'.
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', result.stderr + result.stdout)
-    if match is None:
-        raise BrokerError(f"could not read the Java version from `{java} -version`")
-    major = int(match.group(1))
-    if major == 1 and match.group(2):
-        major = int(match.group(2))
-    if major < MIN_JAVA:
-        raise BrokerError(f"{java} is Java {major}; Kafka 4.x brokers need Java {MIN_JAVA}+")
-    return java
 
 
 def fetch_jars(kafka_version: str = DEFAULT_KAFKA_VERSION) -> Path:
@@ -315,7 +252,7 @@ def fetch_jars(kafka_version: str = DEFAULT_KAFKA_VERSION) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise BrokerError(
             f"Maven could not fetch Kafka {kafka_version} (exit {result.returncode}):\n"
-            + _tail(result.stdout + result.stderr)
+            + tail(result.stdout + result.stderr)
         )
     if not any(staging.glob(f"kafka_2.13-{kafka_version}.jar")):
         raise BrokerError(f"Maven ran but kafka_2.13-{kafka_version}.jar is not in {staging}")
@@ -329,7 +266,7 @@ def _openssl(*args: str) -> None:
     result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise BrokerError(f"openssl {args[0]} failed (exit {result.returncode}):\n"
-                          + _tail(result.stdout + result.stderr))
+                          + tail(result.stdout + result.stderr))
 
 
 def tls_files(data_dir: Path) -> TlsFiles:
@@ -489,13 +426,9 @@ def _java_cmd(java: str, lib: Path, data_dir: Path, opts: Sequence[str]) -> list
     ]
 
 
-def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 def _log_tail(data_dir: Path) -> str:
     try:
-        return _tail(log_path(data_dir).read_text(errors="replace"))
+        return tail(log_path(data_dir).read_text(errors="replace"))
     except OSError:
         return "(no log)"
 
@@ -559,7 +492,7 @@ def ensure_broker(
                 "--controller-port, or stop whatever holds it"
             )
 
-    java = _java()
+    java = find_java(MIN_JAVA, "the Kafka broker", BrokerError)
     lib = fetch_jars(kafka_version)
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -578,7 +511,7 @@ def ensure_broker(
     if result.returncode != 0:
         raise BrokerError(
             f"formatting {data_dir / 'logs'} failed (exit {result.returncode}):\n"
-            + _tail(result.stdout + result.stderr)
+            + tail(result.stdout + result.stderr)
         )
 
     log = log_path(data_dir)
@@ -594,43 +527,16 @@ def ensure_broker(
             # Its own session: Ctrl-C in the terminal that ran `up` must not reach the broker.
             start_new_session=True,
         )
-    _children[proc.pid] = proc
+    children[proc.pid] = proc
     _pid_path(data_dir).write_text(f"{proc.pid}\n")
     try:
         _wait_until_answers(bootstrap, deadline, proc, data_dir)
     except BrokerError:
-        _terminate(proc.pid, 10.0)
+        terminate(proc.pid, 10.0)
         _pid_path(data_dir).unlink(missing_ok=True)
         raise
     return LocalBroker(port, controller_port, data_dir, proc.pid, kafka_version, False,
                        sasl.port if sasl else None, tls.port if tls else None)
-
-
-def _alive(pid: int) -> bool:
-    _reap(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still passes kill(pid, 0); it has no cmdline left.
-    return bool(_cmdline(pid))
-
-
-def _terminate(pid: int, timeout: float) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)  # a controlled shutdown: flushes logs, no recovery next time
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() >= deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            kill_deadline = time.monotonic() + 5.0
-            while _alive(pid) and time.monotonic() < kill_deadline:
-                time.sleep(0.05)
-            return
-        time.sleep(0.1)
 
 
 def stop_broker(
@@ -645,8 +551,8 @@ def stop_broker(
     if pid is None:
         _pid_path(data_dir).unlink(missing_ok=True)
         return False
-    _terminate(pid, timeout)
-    if _alive(pid):
+    terminate(pid, timeout)
+    if alive(pid):
         raise BrokerError(f"the Kafka broker (pid {pid}) did not exit even after SIGKILL")
     _pid_path(data_dir).unlink(missing_ok=True)
     return True

@@ -24,16 +24,16 @@ from pathlib import Path
 
 import platformdirs
 
-from sluicegate.ops.localkafka.broker import (
+from sluicegate.ops.localkafka.broker import MIN_JAVA, BrokerError
+from sluicegate.ops.localkafka.processes import (
     HOST,
-    BrokerError,
-    _alive,
-    _children,
-    _cmdline,
-    _java,
-    _tail,
-    _terminate,
+    alive,
+    children,
+    cmdline,
+    find_java,
     port_in_use,
+    tail,
+    terminate,
 )
 
 APICURIO_VERSION = "2.4.2.Final"
@@ -101,7 +101,7 @@ def build_registry(version: str = APICURIO_VERSION) -> Path:
         raise RegistryServerError(
             f"`mvn` not found on PATH: Maven is needed once to build Apicurio Registry {version}"
             f" into {cache}")
-    _java()
+    find_java(MIN_JAVA, "the schema registry", RegistryServerError)
     cache.mkdir(parents=True, exist_ok=True)
     pom = resources.files(_PACKAGE).joinpath("registry-pom.xml").read_text()
     pom = re.sub(r"(<apicurio.version>)[^<]*(</apicurio.version>)", rf"\g<1>{version}\2", pom)
@@ -118,7 +118,7 @@ def build_registry(version: str = APICURIO_VERSION) -> Path:
         shutil.rmtree(build, ignore_errors=True)
         raise RegistryServerError(
             f"Maven could not build Apicurio Registry {version} (exit {result.returncode}):\n"
-            + _tail(result.stdout + result.stderr))
+            + tail(result.stdout + result.stderr))
     app = build / "app"
     app.mkdir()
     (target / _RUNNER).rename(app / _RUNNER)
@@ -144,14 +144,14 @@ def _our_pid(data_dir: Path) -> int | None:
         pid = int(_pid_path(data_dir).read_text().strip())
     except (OSError, ValueError):
         return None
-    if _alive(pid) and _marker(data_dir) in _cmdline(pid):
+    if alive(pid) and _marker(data_dir) in cmdline(pid):
         return pid
     return None
 
 
 def _log_tail(data_dir: Path) -> str:
     try:
-        return _tail((data_dir / "registry.log").read_text(errors="replace"))
+        return tail((data_dir / "registry.log").read_text(errors="replace"))
     except OSError:
         return "(no log)"
 
@@ -184,7 +184,7 @@ def ensure_registry(port: int = DEFAULT_REGISTRY_PORT, data_dir: Path | None = N
         raise RegistryServerError(
             f"port {port} on {HOST} is already in use by another process (not a registry"
             f" started from {data_dir}); pick another with --port")
-    java = _java()
+    java = find_java(MIN_JAVA, "the schema registry", RegistryServerError)
     runner = build_registry(version)
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "registry.log"
@@ -199,12 +199,12 @@ def ensure_registry(port: int = DEFAULT_REGISTRY_PORT, data_dir: Path | None = N
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=data_dir,
             start_new_session=True,  # Ctrl-C in the terminal that ran `up` must not reach it
         )
-    _children[proc.pid] = proc
+    children[proc.pid] = proc
     _pid_path(data_dir).write_text(f"{proc.pid}\n")
     try:
         _wait_until_answers(url, deadline, proc, data_dir)
     except RegistryServerError:
-        _terminate(proc.pid, 10.0)
+        terminate(proc.pid, 10.0)
         _pid_path(data_dir).unlink(missing_ok=True)
         raise
     return LocalRegistry(port, data_dir, proc.pid)
@@ -216,8 +216,8 @@ def stop_registry(port: int = DEFAULT_REGISTRY_PORT, data_dir: Path | None = Non
     data_dir = (data_dir or default_registry_dir(port)).resolve()
     pid = _our_pid(data_dir)
     if pid is not None:
-        _terminate(pid, timeout)
-        if _alive(pid):
+        terminate(pid, timeout)
+        if alive(pid):
             raise RegistryServerError(f"the schema registry (pid {pid}) did not exit even"
                                       " after SIGKILL")
     _pid_path(data_dir).unlink(missing_ok=True)
