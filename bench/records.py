@@ -70,12 +70,16 @@ class InMemoryStage:
         return [InputRecord(topic, 0, i, None, v, 0) for i, v in enumerate(values)]
 
     def commit(self) -> None:
-        """What the runtime does at commit: the changelog writes, then the store."""
-        if self.tx is not None:
-            for key, value in self.tx.changes.items():
-                self.sent.append(("changelog", value))
-                del key
-            self.tx.commit(self.tx.store.changelog_offset + 1)
+        """What the runtime does at commit: each store write to its log (the changelog, or
+        the topic of a table the stage publishes), then the store."""
+        if self.tx is None:
+            return
+        tables = self.stage.tables(self.topics)
+        for key, value in self.tx.changes.items():
+            topic = next((t.topic for t in tables if key.startswith(t.prefix)), "changelog")
+            self.sent.append((topic, value))
+        self.tx.commit(self.tx.store.changelog_offset + 1,
+                       {t.name: self.tx.store.table_offset(t.name) + 1 for t in tables})
 
 
 def in_memory_identity(app: App) -> InMemoryStage:

@@ -405,6 +405,8 @@ class RunsStage(Stage):
     def _arm(self, ctx: StageContext, row: RunRow) -> None:
         wf = self.app.get(row.workflow)
         finish_ms = wf.timeouts.finish_ms if wf is not None and wf.timeouts else None
+        if finish_ms is None and not row.slots:
+            return  # no deadline and nothing to lease: most runs, and every passthrough
         holding = holds_lease(row, self._needs_readmission(row))
         self._store_backstop(ctx, row.execution_id, None,
                              backstop_for(row.admitted_at_ms, finish_ms, lease_of(wf), holding))
