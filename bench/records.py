@@ -54,6 +54,7 @@ class InMemoryStage:
         self.stage = stage
         self.sent: list[tuple[str, bytes | None]] = []
         self.tx: StoreTransaction | None = None
+        self.tables = stage.tables(self.topics)
         timers = None
         if state_dir is not None:
             self.tx = StoreTransaction(PartitionStore(state_dir / stage.name))
@@ -70,11 +71,13 @@ class InMemoryStage:
         return [InputRecord(topic, 0, i, None, v, 0) for i, v in enumerate(values)]
 
     def commit(self) -> None:
-        """What the runtime does at commit: the changelog writes, then the store."""
+        """What the runtime does at commit: each store write to its log (a published
+        table's topic, or the changelog), then the store."""
         if self.tx is not None:
             for key, value in self.tx.changes.items():
-                self.sent.append(("changelog", value))
-                del key
+                topic = next((t.topic for t in self.tables if key.startswith(t.prefix)),
+                             "changelog")
+                self.sent.append((topic, value))
             self.tx.commit(self.tx.store.changelog_offset + 1)
 
 
