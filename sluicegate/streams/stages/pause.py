@@ -69,7 +69,7 @@ class PauseStage(ControlStage):
             return
         queue = PendingQueue(ctx.store, queue_name(row.workflow))
         while not self.router.paused(row.workflow):
-            start = queue.pop()
-            if start is None:
+            head = queue.pop()
+            if head is None:
                 return
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, head.start)
