@@ -11,7 +11,7 @@ from sluicegate.declare import App
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.identity import IdentityStage
 from sluicegate.streams.stages.runs import RunsStage, admitted_row
 from sluicegate.streams.store import PartitionStore, StoreTransaction
@@ -61,7 +61,7 @@ class InMemoryStage:
             timers = Timers(self.tx)
 
         def send(topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None = None) -> None:
+                 partition: int | None = None, headers: Headers | None = None) -> None:
             self.sent.append((topic, value))
 
         self.ctx = StageContext(stage.name, 0, self.topics, self.tx, timers, send,
