@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,17 +13,32 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.declare import App, Batch, CancelOn, Concurrency, Debounce, Workflow
+from sluicegate.config import Settings
+from sluicegate.declare import (
+    App,
+    Batch,
+    CancelOn,
+    Concurrency,
+    Debounce,
+    Singleton,
+    Throttle,
+    Workflow,
+)
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
+    AdmittedStart,
     CancelSweep,
+    ControlRow,
+    LedgerRecord,
     Origin,
     Outcome,
     PendingStart,
     Slot,
 )
+from sluicegate.streams.control import ControlTable
 from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.cancelon import (
     GROUP_HEADER,
     SWEEP_GRACE_MS,
@@ -37,6 +53,13 @@ from sluicegate.streams.stages.cancelon import (
     queued_reason,
     reason_for,
 )
+from sluicegate.streams.stages.concurrency import ConcurrencyStage
+from sluicegate.streams.stages.pause import PauseStage
+from sluicegate.streams.stages.singleton import SingletonStage
+from sluicegate.streams.stages.throttle import ThrottleStage
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.topics import Topics
 from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour, app, tour
 from tests.apps.operations_queues import Tours
 from tests.unit.test_concurrency import Harness
@@ -263,12 +286,12 @@ def _group_sweep(event_at_ms: int = T) -> CancelSweep:
 
 
 def _group(workflow: str, payload: object, arrived_at_ms: int, hop: int = 1,
-           n: int = 0) -> PendingStart:
-    execution_id = f"{workflow}-{n}"
+           n: int = 0, execution_id: str | None = None) -> PendingStart:
+    """A group as defer lets it go (`hop` 1, defer's), its first arrival `arrived_at_ms`."""
+    execution_id = execution_id or f"{workflow}-{n}"
     return PendingStart(
         execution_id=execution_id, workflow=workflow, payload=json.dumps(payload).encode(),
-        origin=Origin.event, kind=AdmittedKind.start,
-        declaration_version=GROUPS.workflows[workflow].version, hop=hop,
+        origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=hop,
         request_id=f"req-{execution_id}", request_ids=[f"req-{execution_id}"],
         requested_at_ms=arrived_at_ms, arrived_at_ms=arrived_at_ms, priority=0.0, slots=[])
 
@@ -410,5 +433,143 @@ def test_a_group_waiting_at_a_later_stage_when_the_sweep_comes_is_judged_by_defe
             "its latest edit came after the event, though its first came before")
         h.release(holder)
         assert h.admitted_ids() == [holder, fresh]
+    finally:
+        h.close()
+
+
+# -- the header goes on with the group through every stage after defer ---------------------
+
+TOURS = Workflow(name="tours", payload=Tour, debounce=Debounce(key="rowId", period="1m"),
+                 singleton=Singleton(key="rowId", mode="skip"),
+                 throttle=Throttle(limit=1, period="1m"), concurrency=Concurrency(limit=5),
+                 cancel_on=EDITS.cancel_on)
+
+
+class _Pauses(ControlTable):
+    """The pause table, as a set of paused workflows."""
+
+    def __init__(self) -> None:  # no consumer: nothing to read
+        self.workflows: set[str] = set()
+
+    def paused(self, workflow: str) -> bool:
+        return workflow in self.workflows
+
+
+class _AfterDefer:
+    """Singleton, throttle, concurrency and pause on one partition in memory, each with a
+    store of its own; what one sends another's topic reaches it with its headers, as the
+    runtime hands it on. `seen`: (stage, execution id, group) of every start they took."""
+
+    def __init__(self, app: App, path: Path) -> None:
+        self.topics = Topics(Settings(namespace="u."))
+        self.pauses = _Pauses()
+        self.router = Router(app, 0, self.pauses)
+        stages: list[Stage] = [SingletonStage(self.router), ThrottleStage(app, self.router),
+                               ConcurrencyStage(app, self.router, 0),
+                               PauseStage(app, 1, self.router)]
+        self.now = T - 200_000
+        self.inbox: deque[tuple[str, bytes | None, bytes, Headers | None]] = deque()
+        self.seen: list[tuple[str, str, Group | None]] = []
+        self.admitted: list[str] = []
+        self.ledger: list[LedgerRecord] = []
+        self.stores = [PartitionStore(path / stage.name) for stage in stages]
+        self.stages: dict[str, tuple[Stage, StageContext, Timers]] = {}
+        for stage, store in zip(stages, self.stores, strict=True):
+            tx = StoreTransaction(store)
+            timers = Timers(tx)
+            self.stages[self.topics.stage(stage.name)] = (stage, StageContext(
+                stage.name, 0, self.topics, tx, timers, self._send, lambda: self.now), timers)
+        self.defer = StageContext("defer", 0, self.topics, None, None, self._send,
+                                  lambda: self.now)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None = None, headers: Headers | None = None) -> None:
+        assert value is not None
+        if topic in self.stages:
+            self.inbox.append((topic, key, value, headers))
+        elif topic == self.topics.admitted:
+            self.admitted.append(codec.decode(AdmittedStart, value).execution_id)
+        elif topic == self.topics.ledger:
+            self.ledger.append(codec.decode(LedgerRecord, value))
+
+    def pump(self) -> None:
+        while self.inbox:
+            topic, key, value, headers = self.inbox.popleft()
+            stage, ctx, _ = self.stages[topic]
+            try:
+                start = codec.decode(PendingStart, value)
+                self.seen.append((stage.name, start.execution_id, Group.of(headers)))
+            except codec.DecodeError:
+                pass  # a release or a sweep
+            stage.process(ctx, InputRecord(topic, 0, 0, key, value, self.now, headers))
+
+    def let_go(self, row: str, group: Group) -> str:
+        """A group defer lets go, with the header defer gives it."""
+        start = _group("tours", {"rowId": row, "issueKey": "K1"}, T - 5_000,
+                       execution_id=row)
+        self.router.forward(self.defer, start, headers=group.headers())
+        self.pump()
+        return row
+
+    def advance(self, ms: int) -> None:
+        """Time passes; each timer fires at its due time, as a ticking clock fires them."""
+        end = self.now + ms
+        while True:
+            due = [d for _, _, timers in self.stages.values()
+                   if (d := timers.next_due) is not None and d <= end]
+            if not due:
+                break
+            self.now = max(self.now, min(due))
+            for stage, ctx, timers in self.stages.values():
+                for at, key, value in timers.due(self.now):
+                    timers.cancel(at, key)
+                    stage.fire(ctx, at, key, value)
+            self.pump()
+        self.now = end
+
+    def unpause(self, workflow: str) -> None:
+        self.pauses.workflows.discard(workflow)
+        for stage, ctx, _ in self.stages.values():
+            stage.control_changed(ctx, ControlRow(workflow=workflow, paused=False,
+                                                  at_ms=self.now))
+        self.pump()
+
+    def take(self, sweep: CancelSweep) -> None:
+        for topic in self.stages:
+            self.inbox.append((topic, sweep.source.encode(), codec.encode(sweep), None))
+        self.pump()
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+def test_the_group_header_goes_on_through_every_stage_after_defer_queued_or_not(
+        tmp_path: Path) -> None:
+    h = _AfterDefer(App([TOURS]), tmp_path)
+    try:
+        kept, discarded = Group.debounced(T + 1), Group.debounced(T - 1)
+        straight = h.let_go("r1", kept)  # singleton, a free throttle turn, a slot
+        waits = h.let_go("r2", kept)  # waits for its throttle turn
+        stale = h.let_go("r3", discarded)  # waits behind it
+        assert h.admitted == [straight]
+        h.pauses.workflows.add("tours")
+        h.advance(120_000)  # both turns come while paused: both wait at pause
+        h.now = T + 1_000
+        h.take(CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+                           event_at_ms=T, source="ev:0:1", workflows=["tours"]))
+        h.unpause("tours")
+
+        stages = ["singleton", "throttle", "pause", "concurrency"]
+        assert [(stage, group) for stage, ex, group in h.seen if ex == straight] == [
+            ("singleton", kept), ("throttle", kept), ("concurrency", kept)]
+        assert [(stage, group) for stage, ex, group in h.seen if ex == waits] == [
+            (stage, kept) for stage in stages]
+        assert [(stage, group) for stage, ex, group in h.seen if ex == stale] == [
+            (stage, discarded) for stage in stages[:3]]
+        # Both waited at pause when the sweep came, each judged by its latest arrival.
+        assert [(r.request_id, r.stage) for r in h.ledger
+                if r.outcome is Outcome.cancelled] == [(f"req-{stale}", "pause")]
+        assert h.admitted == [straight, waits]
     finally:
         h.close()
