@@ -9,9 +9,11 @@ section 3, step 7):
   minus the priority.
 
 Rows live under the queue's name and a sortable rank, so the head is the first key of a
-prefix scan. A `FairQueue` keeps one such queue per lane (a tenant, a key) inside one
-shared budget, and serves lanes round-robin among the best-priority heads, so one lane's
-backlog cannot starve the others (docs/decisions/fairness-across-keys.md).
+prefix scan. A start that came with Kafka headers keeps them in a row beside its own, to
+send them on with it when it leaves (docs/decisions/record-headers.md). A `FairQueue`
+keeps one such queue per lane (a tenant, a key) inside one shared budget, and serves
+lanes round-robin among the best-priority heads, so one lane's backlog cannot starve the
+others (docs/decisions/fairness-across-keys.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from sluicegate.declare import Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import PendingStart
+from sluicegate.streams.stage import Headers
 from sluicegate.streams.store import StoreTransaction
 from sluicegate.streams.timers import STATE_PREFIX
 
@@ -33,6 +36,11 @@ _LANES = STATE_PREFIX + b"L"
 _LAST = STATE_PREFIX + b"Z"
 _TOTAL = STATE_PREFIX + b"M"
 _TURN = STATE_PREFIX + b"R"
+# A parked start's headers, under its row's key. The row of a start that has them ends in
+# `_WITH_HEADERS` (one byte past rank and sequence), so one without costs no lookup.
+_HEADERS = STATE_PREFIX + b"P"
+_WITH_HEADERS = b"h"
+_RANK_AND_SEQ = 16
 
 
 def _sortable(value: float) -> bytes:
@@ -64,21 +72,48 @@ def _name(name: bytes) -> bytes:
     return struct.pack(">H", len(name)) + name
 
 
+def pack_headers(headers: Headers) -> bytes:
+    """Headers as bytes for a store row: per header, its name's length (2 bytes), the
+    name, its value's length (4 bytes) and the value."""
+    out = bytearray()
+    for name, value in headers:
+        raw = name.encode()
+        data = value.encode() if isinstance(value, str) else value or b""
+        out += struct.pack(">H", len(raw)) + raw + struct.pack(">I", len(data)) + data
+    return bytes(out)
+
+
+def unpack_headers(raw: bytes) -> Headers:
+    headers: Headers = []
+    at = 0
+    while at < len(raw):
+        (n,) = struct.unpack_from(">H", raw, at)
+        name = raw[at + 2:at + 2 + n].decode()
+        at += 2 + n
+        (m,) = struct.unpack_from(">I", raw, at)
+        headers.append((name, raw[at + 4:at + 4 + m]))
+        at += 4 + m
+    return headers
+
+
 @dataclass(frozen=True, slots=True)
 class Parked:
     row: bytes
     start: PendingStart
+    # The headers it came with, which go on with it (None: it came with none).
+    headers: Headers | None = None
 
 
 class PendingQueue:
     """One priority-ordered queue of starts under `name` in a stage's store."""
 
-    __slots__ = ("_count_key", "_last_key", "_prefix", "_seq_key", "tx")
+    __slots__ = ("_count_key", "_last_key", "_prefix", "_row_len", "_seq_key", "tx")
 
     def __init__(self, tx: StoreTransaction, name: bytes) -> None:
         self.tx = tx
         named = _name(name)
         self._prefix = _QUEUE + named
+        self._row_len = len(self._prefix) + _RANK_AND_SEQ
         self._count_key = _COUNT + named
         self._seq_key = _SEQ + named
         self._last_key = _LAST + named
@@ -94,23 +129,31 @@ class PendingQueue:
             self.tx.delete(self._count_key)
             self.tx.delete(self._last_key)
 
-    def push(self, start: PendingStart, mode: str = "strict") -> int:
+    def push(self, start: PendingStart, mode: str = "strict",
+             headers: Headers | None = None) -> int:
         """Park `start`; returns its position (0 = next out)."""
-        return self.park(start, mode)[1]
+        return self.park(start, mode, headers)[1]
 
-    def park(self, start: PendingStart, mode: str = "strict") -> tuple[Parked, int]:
-        """Park `start`; returns its row (to remove it later) and its position."""
+    def park(self, start: PendingStart, mode: str = "strict",
+             headers: Headers | None = None) -> tuple[Parked, int]:
+        """Park `start` (with the headers it came with); returns its row (to remove it
+        later) and its position."""
         raw = self.tx.get(self._seq_key)
         seq = int(raw) + 1 if raw else 0
         self.tx.put(self._seq_key, str(seq).encode())
         row = self._prefix + rank_key(start, mode) + struct.pack(">Q", seq)
+        if headers:
+            row += _WITH_HEADERS
+            self.tx.put(_HEADERS + row, pack_headers(headers))
+        else:
+            headers = None
         self.tx.put(row, codec.encode(start))
         count = len(self)
         self._set_count(count + 1)
         # The last row ever pushed bounds the queue from above (removals only lower the
         # real maximum), so a newcomer past it is last without a scan: the FIFO case.
         last = self.tx.get(self._last_key)
-        parked = Parked(row, start)
+        parked = Parked(row, start, headers)
         if count == 0 or last is None or row > last:
             self.tx.put(self._last_key, row)
             return parked, count
@@ -121,29 +164,46 @@ class PendingQueue:
             position += 1
         return parked, position
 
+    def _parked(self, row: bytes, value: bytes) -> Parked:
+        headers = None
+        if len(row) > self._row_len:
+            raw = self.tx.get(_HEADERS + row)
+            headers = unpack_headers(raw) if raw is not None else None
+        return Parked(row, codec.decode(PendingStart, value), headers)
+
+    def at(self, row: bytes) -> Parked | None:
+        """The start parked at `row` (a row this queue handed out), if it still is."""
+        value = self.tx.get(row)
+        return None if value is None else self._parked(row, value)
+
     def peek(self) -> Parked | None:
         for key, value in self.tx.items(self._prefix):
-            return Parked(key, codec.decode(PendingStart, value))
+            return self._parked(key, value)
         return None
 
+    def _delete(self, row: bytes) -> None:
+        self.tx.delete(row)
+        if len(row) > self._row_len:
+            self.tx.delete(_HEADERS + row)
+
     def remove(self, parked: Parked) -> None:
-        self.tx.delete(parked.row)
+        self._delete(parked.row)
         self._set_count(len(self) - 1)
 
-    def pop(self) -> PendingStart | None:
+    def pop(self) -> Parked | None:
         head = self.peek()
         if head is None:
             return None
         self.remove(head)
-        return head.start
+        return head
 
     def __iter__(self) -> Iterator[Parked]:
         for key, value in self.tx.items(self._prefix):
-            yield Parked(key, codec.decode(PendingStart, value))
+            yield self._parked(key, value)
 
     def clear(self) -> None:
-        for parked in list(self):
-            self.tx.delete(parked.row)
+        for key, _ in list(self.tx.items(self._prefix)):
+            self._delete(key)
         self._set_count(0)
 
 
@@ -170,19 +230,21 @@ class FairQueue:
     def lane(self, lane: str) -> PendingQueue:
         return PendingQueue(self.tx, self.budget + b"\x1f" + lane.encode())
 
-    def push(self, lane: str, start: PendingStart) -> int:
+    def push(self, lane: str, start: PendingStart, headers: Headers | None = None) -> int:
         """Park `start` in its lane; returns its position in that lane."""
-        return self.park(lane, start)[1]
+        return self.park(lane, start, headers)[1]
 
-    def park(self, lane: str, start: PendingStart) -> tuple[Parked, int]:
-        """Park `start` in its lane; returns its row and its position in that lane."""
+    def park(self, lane: str, start: PendingStart,
+             headers: Headers | None = None) -> tuple[Parked, int]:
+        """Park `start` (with the headers it came with) in its lane; returns its row and
+        its position in that lane."""
         marker = self._lanes_prefix + lane.encode()
         if self.tx.get(marker) is None:
             # A new lane joins the round behind every lane already waiting (as if served
             # just now): a lane that empties and refills cannot jump the queue.
             self.tx.put(marker, self.tx.get(self._turn_key) or b"0")
         self._add(1)
-        return self.lane(lane).park(start, self.mode)
+        return self.lane(lane).park(start, self.mode, headers)
 
     def lanes(self) -> list[tuple[str, int]]:
         """(lane, last served turn) for every lane with starts waiting."""

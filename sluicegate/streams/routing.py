@@ -30,7 +30,7 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, record_decision
 from sluicegate.streams.payloads import Payloads
-from sluicegate.streams.stage import Stage, StageContext
+from sluicegate.streams.stage import Headers, Stage, StageContext
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
 from sluicegate.topology.topics import Topics
 
@@ -71,9 +71,12 @@ class Router:
 
     # -- moving on -------------------------------------------------------------------
 
-    def forward(self, ctx: StageContext, start: PendingStart, payload: Any = None) -> None:
+    def forward(self, ctx: StageContext, start: PendingStart, payload: Any = None,
+                headers: Headers | None = None) -> None:
         """The current hop is done with `start`: on to the next hop that applies to its
-        origin (seed 003's matrix), or admitted when none is left."""
+        origin (seed 003's matrix), or admitted when none is left. `headers` (what a
+        group defer let go carries: docs/decisions/record-headers.md) go on with it to
+        the next stage, and end at admission."""
         route = self.routes.get(start.workflow)
         wf = self.app.get(start.workflow)
         if route is None or wf is None:
@@ -94,7 +97,7 @@ class Router:
                 last or route.hops[nxt].stage in _BUDGET_STAGES):
             # Paused: wait before taking a throttle turn or a slot (a paused member of a
             # pool must not sit on the pool's slots), or before admission.
-            self.park_paused(ctx, start)
+            self.park_paused(ctx, start, headers)
             return
         if last:
             self.admit(ctx, start)
@@ -103,8 +106,11 @@ class Router:
         if payload is None:
             payload = self.payloads.open(start.payload)
         moved = dataclasses.replace(start, hop=nxt)
-        ctx.send(ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode(),
-                 codec.encode(moved))
+        topic, key = ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode()
+        if headers is None:
+            ctx.send(topic, key, codec.encode(moved))
+        else:
+            ctx.send(topic, key, codec.encode(moved), None, headers)
 
     @staticmethod
     def key_for(wf: Workflow, hop: Hop, payload: Any) -> str:
@@ -114,9 +120,11 @@ class Router:
             # A key that cannot be evaluated is the text null (seed 003), not a lost start.
             return f"{hop.budget}\x1fnull"
 
-    def park_paused(self, ctx: StageContext, start: PendingStart) -> None:
+    def park_paused(self, ctx: StageContext, start: PendingStart,
+                    headers: Headers | None = None) -> None:
         """Send `start` to the pause stage, which forwards it from where it is on unpause."""
-        ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start))
+        ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start),
+                 None, headers)
         self.queued(ctx, start, deferral="pause", key=start.workflow)
 
     def admit(self, ctx: StageContext, start: PendingStart) -> None:

@@ -29,7 +29,7 @@ from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import dead_letter
 from sluicegate.streams.recovery import restore_task
-from sluicegate.streams.stage import InputRecord, Stage
+from sluicegate.streams.stage import Headers, InputRecord, Stage
 from sluicegate.streams.task import StageState, Task
 from sluicegate.topology.topics import Topics
 
@@ -221,7 +221,7 @@ class Worker:
         topic, offset = msg.topic(), msg.offset()
         stage = self.stage_for_topic[topic]
         record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
-                             msg.timestamp()[1])
+                             msg.timestamp()[1], msg.headers())
         ctx = task.states[stage.name].ctx
         try:
             stage.process(ctx, record)
@@ -261,10 +261,15 @@ class Worker:
                     self._cycle_records += 1
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None) -> None:
+              partition: int | None = None, headers: Headers | None = None) -> None:
         while True:
             try:
-                if partition is None:
+                if headers is not None:
+                    # -1: librdkafka's "unassigned", so the partitioner picks.
+                    self.producer.produce(topic, value, key,
+                                          -1 if partition is None else partition,
+                                          headers=headers)
+                elif partition is None:
                     self.producer.produce(topic, value, key)
                 else:
                     self.producer.produce(topic, value, key, partition)

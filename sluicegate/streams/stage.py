@@ -17,6 +17,9 @@ from sluicegate.streams.store import StoreTransaction
 from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
 
+# Kafka record headers, as the client gives and takes them: (name, value) in order.
+Headers = list[tuple[str, str | bytes | None]]
+
 
 @record
 class InputRecord:
@@ -26,6 +29,9 @@ class InputRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    # None when the record has none (nearly always). Only sluicegate's own stage topics
+    # carry headers it reads (docs/decisions/record-headers.md).
+    headers: Headers | None = None
 
 
 @record
@@ -42,10 +48,10 @@ class Table:
 
 class Send(Protocol):
     """Produce one record in the current transaction: to `partition`, or (None) to the
-    key's murmur2 partition."""
+    key's murmur2 partition; with `headers` when given."""
 
     def __call__(self, topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None = None, /) -> None: ...
+                 partition: int | None = None, headers: Headers | None = None, /) -> None: ...
 
 
 class StageContext:

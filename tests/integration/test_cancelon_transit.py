@@ -18,19 +18,23 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    CancelSweep,
     ControlRow,
     LedgerRecord,
     Origin,
     Outcome,
     PendingStart,
+    RunEvent,
+    RunEventKind,
 )
 from sluicegate.streams.decisions import execution_id_for
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stages.cancelon import KEPT, SWEEP_GRACE_MS
+from sluicegate.streams.stages.cancelon import KEPT, SWEEP_GRACE_MS, decode_for
 from sluicegate.topology.topics import Topics
+from tests.apps.operations import ISSUE_DELETED
 from tests.apps.operations_queues import app
 from tests.integration.kafka_helpers import TopicReader, WorkerThread, clock_at_now
-from tests.integration.test_cancelon import _setup
+from tests.integration.test_cancelon import _produce, _setup
 from tests.integration.test_cancelon_queues import _delete
 
 pytestmark = pytest.mark.broker
@@ -195,3 +199,150 @@ def test_a_restarted_worker_still_judges_by_the_sweeps_its_stages_kept_until_the
 
     assert _outcomes(ledger, discarded) == [Outcome.cancelled]
     assert _outcomes(ledger, late) == [Outcome.queued]
+
+
+# -- a group defer let go before defer took the sweep --------------------------------------
+
+
+def _sweep_reaches(settings: Settings, topics: Topics, stages: list[str], issue: str,
+                   event_at: int) -> None:
+    """The correlator's sweep for a `jira.issue.deleted` event, reaching these stages
+    only (as every partition of a stage takes it, one stage before another)."""
+    body = json.dumps({"issueKey": issue}).encode()
+    source = f"{topics.event(ISSUE_DELETED)}:0:{event_at}"
+    sweep = codec.encode(CancelSweep(event=ISSUE_DELETED, body=body, event_at_ms=event_at,
+                                     source=source,
+                                     workflows=decode_for(app, ISSUE_DELETED, body).workflows))
+    producer = Producer(settings.client_config())
+    for stage in stages:
+        for partition in range(settings.partitions):
+            producer.produce(topics.stage(stage), sweep, source.encode(), partition)
+    assert producer.flush(30) == 0
+
+
+def _submit(client: Client, ledger: TopicReader[LedgerRecord], workflow: str, row: str,
+            issue: str) -> Handle:
+    """A start, queued by defer before the next one comes (so arrivals keep this order)."""
+    handle = client.submit(workflow, {"rowId": row, "issueKey": issue})
+    client.flush()
+    ledger.until(lambda rs: any(r.request_id == handle.request_id for r in rs), timeout=30,
+                 what=f"{workflow} {row} queued")
+    return handle
+
+
+def _decided(ledger: TopicReader[LedgerRecord], handles: list[Handle]) -> None:
+    final = (Outcome.admitted, Outcome.cancelled)
+    ledger.until(lambda rs: all(any(r.request_id == h.request_id and r.outcome in final
+                                    for r in rs) for h in handles),
+                 timeout=30, what="every group decided")
+
+
+def test_a_debounced_group_defer_let_go_before_it_took_the_sweep_is_judged_by_its_latest_edit(
+        settings: Settings) -> None:
+    """The window the correlator's fan-out leaves: defer lets a group go, then the sweep
+    reaches concurrency, then the group does, and defer takes the sweep last."""
+    topics = _setup(settings)
+    clock = clock_at_now()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        stale = _submit(client, ledger, "editTour", "r1", "K1")
+        edited = _submit(client, ledger, "editTour", "r2", "K1")
+        other = _submit(client, ledger, "editTour", "r3", "K2")
+        clock.advance(1_000)
+        event_at = clock.now_ms()
+        clock.advance(1_000)
+        latest = _submit(client, ledger, "editTour", "r2", "K1")  # after the event
+        _sweep_reaches(settings, topics, ["concurrency"], "K1", event_at)
+        _kept(settings, topics, ["concurrency"])
+        clock.advance(60_000)  # the quiet period: defer lets every group go
+        _decided(ledger, [stale, latest, other])
+        _sweep_reaches(settings, topics, ["defer"], "K1", event_at)
+        _kept(settings, topics, ["defer"])
+        ledger.settle(1.0)
+
+    assert _outcomes(ledger, stale.request_id) == [Outcome.queued, Outcome.cancelled]
+    assert _cancelled_at(ledger, stale.request_id) == "concurrency"
+    assert _outcomes(ledger, edited.request_id) == [Outcome.queued, Outcome.collapsed]
+    assert _outcomes(ledger, latest.request_id) == [Outcome.queued, Outcome.admitted], (
+        "its latest edit, the payload that runs, came after the event")
+    assert _outcomes(ledger, other.request_id) == [Outcome.queued, Outcome.admitted]
+
+
+def test_a_batch_defer_let_go_before_it_took_the_sweep_is_discarded_when_every_item_would_be(
+        settings: Settings) -> None:
+    topics = _setup(settings)
+    clock = clock_at_now()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        matching = [_submit(client, ledger, "batchSlotTour", "a", "K1") for _ in range(2)]
+        mixed = [_submit(client, ledger, "batchSlotTour", "b", issue)
+                 for issue in ("K1", "K2")]
+        late = [_submit(client, ledger, "batchSlotTour", "c", "K1")]
+        clock.advance(1_000)
+        event_at = clock.now_ms()
+        clock.advance(1_000)
+        late.append(_submit(client, ledger, "batchSlotTour", "c", "K1"))  # after the event
+        _sweep_reaches(settings, topics, ["concurrency"], "K1", event_at)
+        _kept(settings, topics, ["concurrency"])
+        clock.advance(60_000)  # the batches' deadline: defer lets them go
+        _decided(ledger, [matching[0], mixed[0], late[0]])
+        ledger.settle(1.0)
+        admitted.settle(0.5)
+
+    # Every item would have been discarded: nothing of the run would have run.
+    assert _outcomes(ledger, matching[0].request_id) == [Outcome.queued, Outcome.cancelled]
+    assert _cancelled_at(ledger, matching[0].request_id) == "concurrency"
+    assert _outcomes(ledger, matching[1].request_id) == [Outcome.queued, Outcome.collapsed]
+    # K2 would have run: the run goes on whole, as does one with an item after the event.
+    runs = {tuple(a.request_ids) for a in admitted.records}
+    assert runs == {tuple(h.request_id for h in mixed), tuple(h.request_id for h in late)}
+    for handle in (mixed[0], late[0]):
+        assert _outcomes(ledger, handle.request_id) == [Outcome.queued, Outcome.admitted]
+
+
+def test_a_debounced_group_waiting_at_the_next_stage_is_judged_by_its_latest_edit_after_a_restart(
+        settings: Settings) -> None:
+    topics = _setup(settings)
+    clock = clock_at_now()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        holder = _submit(client, ledger, "editSlotTour", "h", "K0")
+        clock.advance(60_000)
+        _decided(ledger, [holder])  # it holds the workflow's one slot
+        stale = _submit(client, ledger, "editSlotTour", "r1", "K1")
+        first = _submit(client, ledger, "editSlotTour", "r2", "K1")
+        clock.advance(1_000)
+        event_at = clock.now_ms()
+        clock.advance(1_000)
+        latest = _submit(client, ledger, "editSlotTour", "r2", "K1")  # after the event
+        clock.advance(60_000)  # defer lets both groups go: they wait for the slot
+        ledger.until(lambda rs: all(sum(r.request_id == h.request_id and r.stage == "concurrency"
+                                        for r in rs) == 1 for h in (stale, latest)),
+                     timeout=30, what="both groups waiting for the slot")
+    # A fresh state directory: the waiting groups, headers and all, come back from the
+    # changelog.
+    with WorkerThread(app, settings.with_(state_dir=settings.state_dir / "again"),
+                      clock=clock):
+        _delete(settings, topics, "K1", event_at)
+        ledger.until(lambda rs: _cancelled_at(ledger, stale.request_id) is not None,
+                     timeout=30, what="the stale group discarded")
+        (run,) = [a for a in admitted.until(lambda rs: len(rs) >= 1, timeout=30,
+                                            what="the holder's run")]
+        _produce(settings, topics.run_events, run.execution_id.encode(),
+                 codec.encode(RunEvent(execution_id=run.execution_id, workflow="editSlotTour",
+                                       kind=RunEventKind.completed, at_ms=clock.now_ms())))
+        _decided(ledger, [latest])
+        ledger.settle(1.0)
+
+    assert _cancelled_at(ledger, stale.request_id) == "concurrency"
+    assert _outcomes(ledger, stale.request_id) == [
+        Outcome.queued, Outcome.queued, Outcome.cancelled]
+    assert _outcomes(ledger, first.request_id) == [Outcome.queued, Outcome.collapsed]
+    assert _outcomes(ledger, latest.request_id) == [
+        Outcome.queued, Outcome.queued, Outcome.admitted], (
+        "its first edit came before the event, its latest after: it runs")

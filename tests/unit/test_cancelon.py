@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,27 +13,55 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.declare import App, CancelOn, Concurrency, Debounce, Workflow
+from sluicegate.config import Settings
+from sluicegate.declare import (
+    App,
+    Batch,
+    CancelOn,
+    Concurrency,
+    Debounce,
+    Singleton,
+    Throttle,
+    Workflow,
+)
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
+    AdmittedStart,
     CancelSweep,
+    ControlRow,
+    LedgerRecord,
     Origin,
     Outcome,
     PendingStart,
     Slot,
 )
+from sluicegate.streams.control import ControlTable
 from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.cancelon import (
+    GROUP_HEADER,
     SWEEP_GRACE_MS,
+    Group,
     cancel_reason,
     decode_for,
+    group_headers,
+    group_reason,
     in_window,
+    judge,
     let_go_by_defer,
     queued_reason,
     reason_for,
 )
+from sluicegate.streams.stages.concurrency import ConcurrencyStage
+from sluicegate.streams.stages.pause import PauseStage
+from sluicegate.streams.stages.singleton import SingletonStage
+from sluicegate.streams.stages.throttle import ThrottleStage
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.topics import Topics
 from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour, app, tour
+from tests.apps.operations_queues import Tours
 from tests.unit.test_concurrency import Harness
 
 T = 1_000_000
@@ -132,7 +161,7 @@ def _in_transit(h: Harness, workflow: str, issue: str, arrived_at_ms: int, n: in
 
 
 def _take(h: Harness, sweep: CancelSweep) -> None:
-    h.inbox.append((sweep.source.encode(), codec.encode(sweep)))
+    h.inbox.append((sweep.source.encode(), codec.encode(sweep), None))
     h.pump()
 
 
@@ -226,3 +255,321 @@ def test_only_a_group_defer_let_go_is_exempt_from_the_kept_sweeps() -> None:
     # At pause a start's hop is the one it stopped after.
     assert let_go_by_defer(router, start, "pause")
     assert not let_go_by_defer(router, dataclasses.replace(start, hop=0), "pause")
+
+
+# -- a group defer let go: judged by defer's rules wherever it is ------------------------
+
+
+
+def _batched(**within: str) -> Workflow:
+    return Workflow(
+        name="batched", payload=Tours, batch=Batch(item=Tour, key="rowId", max_size=10,
+                                                   timeout="1m"),
+        concurrency=Concurrency(limit=5), cancel_on=[CancelOn(
+            event=ISSUE_DELETED, schema=JiraIssueDeleted,
+            match="event.issueKey == payload.items[0].issueKey", **within)])
+
+
+def _edits(*cancel_on: CancelOn) -> Workflow:
+    return Workflow(name="edits", payload=Tour, debounce=Debounce(key="rowId", period="1m"),
+                    concurrency=Concurrency(limit=5), cancel_on=list(cancel_on))
+
+
+BATCHED = _batched()
+GROUPS = App([EDITS, BATCHED])
+DELETED = "cancelOn:jira.issue.deleted"
+
+
+def _group_sweep(event_at_ms: int = T) -> CancelSweep:
+    return CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+                       event_at_ms=event_at_ms, source="ev:0:9", workflows=["edits", "batched"])
+
+
+def _group(workflow: str, payload: object, arrived_at_ms: int, hop: int = 1,
+           n: int = 0, execution_id: str | None = None) -> PendingStart:
+    """A group as defer lets it go (`hop` 1, defer's), its first arrival `arrived_at_ms`."""
+    execution_id = execution_id or f"{workflow}-{n}"
+    return PendingStart(
+        execution_id=execution_id, workflow=workflow, payload=json.dumps(payload).encode(),
+        origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=hop,
+        request_id=f"req-{execution_id}", request_ids=[f"req-{execution_id}"],
+        requested_at_ms=arrived_at_ms, arrived_at_ms=arrived_at_ms, priority=0.0, slots=[])
+
+
+def _row(issue: str) -> dict[str, str]:
+    return {"rowId": "r", "issueKey": issue}
+
+
+def _items(*issues: str) -> dict[str, list[dict[str, str]]]:
+    return {"items": [_row(issue) for issue in issues]}
+
+
+def test_a_debounced_group_is_judged_by_its_latest_arrival_not_its_first() -> None:
+    group = _group("edits", _row("K1"), T - 5_000)
+    assert group_reason(GROUPS, _group_sweep(), group, Group.debounced(T)) == DELETED
+    assert group_reason(GROUPS, _group_sweep(), group, Group.debounced(T + 1)) is None, (
+        "its latest edit, the payload that runs, came after the event")
+    other = _group("edits", _row("K2"), T - 5_000)
+    assert group_reason(GROUPS, _group_sweep(), other, Group.debounced(T - 1)) is None
+
+
+def test_within_is_measured_from_a_debounced_groups_latest_arrival() -> None:
+    apps = App([_edits(CancelOn(event=ISSUE_DELETED, schema=JiraIssueDeleted,
+                                match="event.issueKey == payload.issueKey", within="1m"))])
+    group = _group("edits", _row("K1"), T - 3_600_000)
+    assert group_reason(apps, _group_sweep(), group, Group.debounced(T - 60_000)) == DELETED
+    assert group_reason(apps, _group_sweep(), group, Group.debounced(T - 60_001)) is None
+
+
+def test_a_batch_run_is_discarded_only_when_each_of_its_items_would_be_alone() -> None:
+    sweep = _group_sweep()
+    every = Group.batched([T - 5, T - 1])
+    assert group_reason(GROUPS, sweep, _group("batched", _items("K1", "K1"), T - 5),
+                        every) == DELETED
+    # K2 would run had defer judged the items: the run goes on, K1 with it.
+    assert group_reason(GROUPS, sweep, _group("batched", _items("K1", "K2"), T - 5),
+                        every) is None
+    assert group_reason(GROUPS, sweep, _group("batched", _items("K2", "K1"), T - 5),
+                        every) is None
+    # An item that arrived after the event would not be discarded either.
+    assert group_reason(GROUPS, sweep, _group("batched", _items("K1", "K1"), T - 5),
+                        Group.batched([T - 5, T + 1])) is None
+
+
+def test_within_must_hold_for_every_item_of_a_batch_run() -> None:
+    apps, sweep = App([_batched(within="1m")]), _group_sweep()
+    run = _group("batched", _items("K1", "K1"), T - 60_000)
+    assert group_reason(apps, sweep, run, Group.batched([T - 60_000, T])) == DELETED
+    assert group_reason(apps, sweep, run, Group.batched([T - 60_001, T])) is None
+
+
+def test_defer_judges_a_held_batch_item_as_the_batch_of_one_it_would_be() -> None:
+    item = _group("batched", _row("K1"), T - 5)
+    alone = json.dumps(_items("K1")).encode()
+    assert group_reason(GROUPS, _group_sweep(), item, Group.batched([T - 5]),
+                        payload=alone) == DELETED
+    assert group_reason(GROUPS, _group_sweep(), item, Group.batched([T + 5]),
+                        payload=alone) is None
+
+
+def test_every_stage_judges_a_group_defer_let_go_by_defers_rules_and_other_starts_by_arrival(
+) -> None:
+    router = Router(GROUPS, 0, None)
+    sweep = _group_sweep()
+    past_defer = _group("edits", _row("K1"), T - 5_000, hop=2)
+    assert judge(GROUPS, router, "concurrency", sweep, past_defer,
+                 Group.debounced(T + 1)) is None
+    assert judge(GROUPS, router, "concurrency", sweep, past_defer,
+                 Group.debounced(T)) == DELETED
+    # Without the header (a group sent by a version before it): defer's alone.
+    assert judge(GROUPS, router, "concurrency", sweep, past_defer, None) is None
+    # On its way to defer: an ordinary start, by its own arrival.
+    assert judge(GROUPS, router, "defer", sweep, dataclasses.replace(past_defer, hop=1),
+                 None) == DELETED
+
+
+def test_the_group_header_reads_back_and_one_this_version_cannot_read_is_none() -> None:
+    for group in (Group.debounced(T), Group.batched([T + 3, T - 2, T])):
+        assert Group.of([("other", b"x"), *group.headers()]) == group
+    assert Group.batched([T + 3, T - 2, T]) == Group(True, T - 2, T + 3)
+    assert Group.of(None) is None
+    assert Group.of([("other", b"x")]) is None
+    assert Group.of([(GROUP_HEADER, b"not json")]) is None
+    assert Group.of([(GROUP_HEADER, b'{"batch":true}')]) is None
+    assert group_headers(EDITS, Group.debounced(T)) == Group.debounced(T).headers()
+    assert group_headers(_edits(), Group.debounced(T)) is None, (
+        "a workflow without cancelOn pays nothing for it")
+
+
+def _let_go(h: Harness, workflow: str, payload: object, first_ms: int, group: Group | None,
+            n: int) -> str:
+    """A group defer let go for the next hop (concurrency), with the header it gives it."""
+    start = _group(workflow, payload, first_ms, n=n)
+    h.router.forward(h.ctx, start, payload, headers=group.headers() if group else None)
+    h.pump()
+    return start.execution_id
+
+
+def test_a_group_defer_let_go_before_it_took_the_sweep_is_judged_on_arrival_by_defers_rules(
+        tmp_path: Path) -> None:
+    h = Harness(GROUPS, tmp_path / "s")
+    try:
+        h.now = T + 1_000
+        _take(h, _group_sweep())
+        stale = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T - 1), 0)
+        fresh = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T + 1), 1)
+        older = _let_go(h, "edits", _row("K1"), T - 5_000, None, 2)
+        emptied = _let_go(h, "batched", _items("K1", "K1"), T - 5,
+                          Group.batched([T - 5, T - 1]), 3)
+        mixed = _let_go(h, "batched", _items("K1", "K2"), T - 5,
+                        Group.batched([T - 5, T - 1]), 4)
+
+        assert h.outcomes(stale) == [Outcome.cancelled]
+        assert h.outcomes(emptied) == [Outcome.cancelled]
+        (row,) = [r for r in h.ledger if r.request_id == f"req-{stale}"]
+        assert row.stage == "concurrency"
+        assert h.admitted_ids() == [fresh, older, mixed]
+    finally:
+        h.close()
+
+
+def test_a_group_waiting_at_a_later_stage_when_the_sweep_comes_is_judged_by_defers_rules(
+        tmp_path: Path) -> None:
+    # The deployment cap is a second concurrency hop: the groups take a slot of their
+    # own limit, go on to the cap with their header, and wait there.
+    h = Harness(App([EDITS]), tmp_path / "s", deployment_cap=1)
+    try:
+        holder = _let_go(h, "edits", _row("K0"), T - 9_000, Group.debounced(T - 9_000), 0)
+        stale = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T - 1), 1)
+        fresh = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T + 1), 2)
+        assert h.admitted_ids() == [holder]
+        assert h.outcomes(stale) == h.outcomes(fresh) == [Outcome.queued]
+        h.restart(h.app)  # the waiting groups' headers come back with the store
+        h.now = T + 1_000
+        _take(h, _sweep())
+
+        assert h.outcomes(stale) == [Outcome.queued, Outcome.cancelled]
+        assert h.outcomes(fresh) == [Outcome.queued], (
+            "its latest edit came after the event, though its first came before")
+        h.release(holder)
+        assert h.admitted_ids() == [holder, fresh]
+    finally:
+        h.close()
+
+
+# -- the header goes on with the group through every stage after defer ---------------------
+
+TOURS = Workflow(name="tours", payload=Tour, debounce=Debounce(key="rowId", period="1m"),
+                 singleton=Singleton(key="rowId", mode="skip"),
+                 throttle=Throttle(limit=1, period="1m"), concurrency=Concurrency(limit=5),
+                 cancel_on=EDITS.cancel_on)
+
+
+class _Pauses(ControlTable):
+    """The pause table, as a set of paused workflows."""
+
+    def __init__(self) -> None:  # no consumer: nothing to read
+        self.workflows: set[str] = set()
+
+    def paused(self, workflow: str) -> bool:
+        return workflow in self.workflows
+
+
+class _AfterDefer:
+    """Singleton, throttle, concurrency and pause on one partition in memory, each with a
+    store of its own; what one sends another's topic reaches it with its headers, as the
+    runtime hands it on. `seen`: (stage, execution id, group) of every start they took."""
+
+    def __init__(self, app: App, path: Path) -> None:
+        self.topics = Topics(Settings(namespace="u."))
+        self.pauses = _Pauses()
+        self.router = Router(app, 0, self.pauses)
+        stages: list[Stage] = [SingletonStage(self.router), ThrottleStage(app, self.router),
+                               ConcurrencyStage(app, self.router, 0),
+                               PauseStage(app, 1, self.router)]
+        self.now = T - 200_000
+        self.inbox: deque[tuple[str, bytes | None, bytes, Headers | None]] = deque()
+        self.seen: list[tuple[str, str, Group | None]] = []
+        self.admitted: list[str] = []
+        self.ledger: list[LedgerRecord] = []
+        self.stores = [PartitionStore(path / stage.name) for stage in stages]
+        self.stages: dict[str, tuple[Stage, StageContext, Timers]] = {}
+        for stage, store in zip(stages, self.stores, strict=True):
+            tx = StoreTransaction(store)
+            timers = Timers(tx)
+            self.stages[self.topics.stage(stage.name)] = (stage, StageContext(
+                stage.name, 0, self.topics, tx, timers, self._send, lambda: self.now), timers)
+        self.defer = StageContext("defer", 0, self.topics, None, None, self._send,
+                                  lambda: self.now)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None = None, headers: Headers | None = None) -> None:
+        assert value is not None
+        if topic in self.stages:
+            self.inbox.append((topic, key, value, headers))
+        elif topic == self.topics.admitted:
+            self.admitted.append(codec.decode(AdmittedStart, value).execution_id)
+        elif topic == self.topics.ledger:
+            self.ledger.append(codec.decode(LedgerRecord, value))
+
+    def pump(self) -> None:
+        while self.inbox:
+            topic, key, value, headers = self.inbox.popleft()
+            stage, ctx, _ = self.stages[topic]
+            try:
+                start = codec.decode(PendingStart, value)
+                self.seen.append((stage.name, start.execution_id, Group.of(headers)))
+            except codec.DecodeError:
+                pass  # a release or a sweep
+            stage.process(ctx, InputRecord(topic, 0, 0, key, value, self.now, headers))
+
+    def let_go(self, row: str, group: Group) -> str:
+        """A group defer lets go, with the header defer gives it."""
+        start = _group("tours", {"rowId": row, "issueKey": "K1"}, T - 5_000,
+                       execution_id=row)
+        self.router.forward(self.defer, start, headers=group.headers())
+        self.pump()
+        return row
+
+    def advance(self, ms: int) -> None:
+        """Time passes; each timer fires at its due time, as a ticking clock fires them."""
+        end = self.now + ms
+        while True:
+            due = [d for _, _, timers in self.stages.values()
+                   if (d := timers.next_due) is not None and d <= end]
+            if not due:
+                break
+            self.now = max(self.now, min(due))
+            for stage, ctx, timers in self.stages.values():
+                for at, key, value in timers.due(self.now):
+                    timers.cancel(at, key)
+                    stage.fire(ctx, at, key, value)
+            self.pump()
+        self.now = end
+
+    def unpause(self, workflow: str) -> None:
+        self.pauses.workflows.discard(workflow)
+        for stage, ctx, _ in self.stages.values():
+            stage.control_changed(ctx, ControlRow(workflow=workflow, paused=False,
+                                                  at_ms=self.now))
+        self.pump()
+
+    def take(self, sweep: CancelSweep) -> None:
+        for topic in self.stages:
+            self.inbox.append((topic, sweep.source.encode(), codec.encode(sweep), None))
+        self.pump()
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+def test_the_group_header_goes_on_through_every_stage_after_defer_queued_or_not(
+        tmp_path: Path) -> None:
+    h = _AfterDefer(App([TOURS]), tmp_path)
+    try:
+        kept, discarded = Group.debounced(T + 1), Group.debounced(T - 1)
+        straight = h.let_go("r1", kept)  # singleton, a free throttle turn, a slot
+        waits = h.let_go("r2", kept)  # waits for its throttle turn
+        stale = h.let_go("r3", discarded)  # waits behind it
+        assert h.admitted == [straight]
+        h.pauses.workflows.add("tours")
+        h.advance(120_000)  # both turns come while paused: both wait at pause
+        h.now = T + 1_000
+        h.take(CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+                           event_at_ms=T, source="ev:0:1", workflows=["tours"]))
+        h.unpause("tours")
+
+        stages = ["singleton", "throttle", "pause", "concurrency"]
+        assert [(stage, group) for stage, ex, group in h.seen if ex == straight] == [
+            ("singleton", kept), ("throttle", kept), ("concurrency", kept)]
+        assert [(stage, group) for stage, ex, group in h.seen if ex == waits] == [
+            (stage, kept) for stage in stages]
+        assert [(stage, group) for stage, ex, group in h.seen if ex == stale] == [
+            (stage, discarded) for stage in stages[:3]]
+        # Both waited at pause when the sweep came, each judged by its latest arrival.
+        assert [(r.request_id, r.stage) for r in h.ledger
+                if r.outcome is Outcome.cancelled] == [(f"req-{stale}", "pause")]
+        assert h.admitted == [straight, waits]
+    finally:
+        h.close()

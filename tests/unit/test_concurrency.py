@@ -33,7 +33,7 @@ from sluicegate.schemas.records import (
     Slot,
 )
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages.concurrency import (
     NAME,
     REMOVED,
@@ -139,12 +139,14 @@ class Harness:
     def __init__(self, app: App, path: Path, deployment_cap: int = 0) -> None:
         self.app = app
         self.path = path
+        self.deployment_cap = deployment_cap
         self.topics = Topics(Settings(namespace="u."))
         self.router = Router(app, deployment_cap, None)
         self.stage = ConcurrencyStage(app, self.router, deployment_cap)
         self.store = PartitionStore(path)
         self.now = 1_000_000
-        self.inbox: deque[tuple[bytes | None, bytes]] = deque()
+        # What the stage sent its own topic: key, value and headers.
+        self.inbox: deque[tuple[bytes | None, bytes, Headers | None]] = deque()
         self.admitted: list[AdmittedStart] = []
         self.ledger: list[LedgerRecord] = []
         self.releases: list[Release] = []
@@ -158,10 +160,10 @@ class Harness:
                                 lambda: self.now)
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None) -> None:
+              partition: int | None = None, headers: Headers | None = None) -> None:
         assert value is not None
         if topic == self.topics.stage(NAME):
-            self.inbox.append((key, value))
+            self.inbox.append((key, value, headers))
         elif topic == self.topics.admitted:
             self.admitted.append(codec.decode(AdmittedStart, value))
         elif topic == self.topics.ledger:
@@ -172,9 +174,10 @@ class Harness:
     def pump(self) -> None:
         offsets = itertools.count()
         while self.inbox:
-            key, value = self.inbox.popleft()
+            key, value, headers = self.inbox.popleft()
             self.stage.process(self.ctx, InputRecord(self.topics.stage(NAME), 0,
-                                                     next(offsets), key, value, self.now))
+                                                     next(offsets), key, value, self.now,
+                                                     headers))
 
     def start(self, workflow: str, payload: dict[str, Any], *, slots: list[Slot] | None = None,
               kind: AdmittedKind = AdmittedKind.start, execution_id: str | None = None) -> str:
@@ -201,7 +204,7 @@ class Harness:
             if slot.stage == NAME:
                 self.inbox.append((slot.key.encode(), codec.encode(Release(
                     stage=NAME, key=slot.key, execution_id=execution_id,
-                    workflow=run.workflow, kind=kind, at_ms=self.now))))
+                    workflow=run.workflow, kind=kind, at_ms=self.now)), None))
         self.pump()
 
     def advance(self, ms: int) -> None:
@@ -215,8 +218,8 @@ class Harness:
         """Commit, and come back with other declarations (a redeploy)."""
         self.tx.commit(self.store.changelog_offset + 1)
         self.app = app
-        self.router = Router(app, 0, None)
-        self.stage = ConcurrencyStage(app, self.router, 0)
+        self.router = Router(app, self.deployment_cap, None)
+        self.stage = ConcurrencyStage(app, self.router, self.deployment_cap)
         self._open()
         self.stage.restored(self.ctx)
         self.advance(0)
@@ -267,7 +270,7 @@ def test_a_release_for_a_run_that_holds_nothing_here_changes_nothing(make: Any) 
     h.release(first)  # releases can repeat
     h.inbox.append((b"w\x1f", codec.encode(Release(
         stage=NAME, key="w\x1f", execution_id="stranger", workflow="w",
-        kind=ReleaseKind.ended, at_ms=0))))
+        kind=ReleaseKind.ended, at_ms=0)), None))
     h.pump()
     third = h.start("w", {"tenant": "a"})
     assert h.admitted_ids() == [first, second]
@@ -408,7 +411,7 @@ def test_a_resume_waiting_for_a_run_that_ended_is_forgotten(make: Any) -> None:
     h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
     h.inbox.append((b"w\x1f", codec.encode(Release(
         stage=NAME, key="w\x1f", execution_id=sleeper, workflow="w",
-        kind=ReleaseKind.ended, at_ms=0))))
+        kind=ReleaseKind.ended, at_ms=0)), None))
     h.pump()
     h.release(other)
     assert h.admitted_ids() == [sleeper, other]

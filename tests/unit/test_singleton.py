@@ -227,7 +227,8 @@ class Harness:
         self.router = Router(singleton_app, 0, None)
         self.stage = SingletonStage(self.router)
         self.ctx = StageContext("singleton", 0, self.topics, self.tx, Timers(self.tx),
-                                lambda t, k, v, p=None: self.sent.append((t, k, v)), lambda: 1000)
+                                lambda t, k, v, p=None, h=None: self.sent.append((t, k, v)),
+                                lambda: 1000)
         self.offset = 0
 
     def feed(self, key: str, value: bytes) -> None:

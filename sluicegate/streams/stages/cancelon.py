@@ -26,15 +26,16 @@ and a run is cancelled at most once, so a replayed cycle asks for nothing twice.
 A start can likewise be on its way between two stages when the sweep passes both, so
 every queue stage keeps the sweeps it took for the same time (`keep`) and judges each
 start that reaches it then against them (`discard_on_arrival`), whether it would wait
-there or go straight on. A group defer let go is the exception: defer judged it by rules
-of its own (a debounced group by its latest arrival, a batch item alone) against every
-sweep defer took before, and a later stage would judge it again by others
-(docs/decisions/cancelon-in-transit.md).
+there or go straight on. A group defer let go is judged by defer's rules wherever it is
+(a debounced group by its latest arrival, a batch item by item: `group_reason`), from a
+record header defer gives it (`Group`), which goes on with it through every later stage
+and queue (docs/decisions/cancelon-in-transit.md).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.decisions import describe_invalid, record_decision, reject
 from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.streams.routing import PAUSE_STAGE, Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.runs import LIVE
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
@@ -123,6 +124,110 @@ def reason_for(app: App, sweep: CancelSweep, start: PendingStart, *,
     return queued_reason(app, sweep, start.workflow,
                          start.arrived_at_ms if arrived_at_ms is None else arrived_at_ms,
                          start.payload if payload is None else payload)
+
+
+# -- a group defer let go: judged by defer's rules wherever it is --------------------
+
+# The record header that carries a `Group` (internal: sluicegate's stage topics only).
+GROUP_HEADER = "sluicegate.cancelOn.group"
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """What defer's rules read of a group it holds or let go, beyond the start itself: a
+    debounced group is judged by its latest arrival (`last_ms`), the one whose payload
+    runs; a batch (`batch`) item by item, its items having arrived from `first_ms` to
+    `last_ms`. Defer gives it to a group it lets go as a record header, which goes on
+    with the group through every later stage, queued or not."""
+
+    batch: bool
+    first_ms: int
+    last_ms: int
+
+    @classmethod
+    def debounced(cls, last_ms: int) -> Group:
+        return cls(False, last_ms, last_ms)
+
+    @classmethod
+    def batched(cls, arrivals: Iterable[int]) -> Group:
+        times = list(arrivals)
+        return cls(True, min(times), max(times))
+
+    def headers(self) -> Headers:
+        body = {"batch": self.batch, "first_ms": self.first_ms, "last_ms": self.last_ms}
+        return [(GROUP_HEADER, json.dumps(body, separators=(",", ":")).encode())]
+
+    @classmethod
+    def of(cls, headers: Headers | None) -> Group | None:
+        """The group `headers` describe; None when they describe none (or one this
+        version cannot read: the group is then defer's alone, as before the header)."""
+        if not headers:
+            return None
+        for name, value in headers:
+            if name != GROUP_HEADER or not value:
+                continue
+            try:
+                body = json.loads(value)
+                group = cls(bool(body["batch"]), int(body["first_ms"]), int(body["last_ms"]))
+            except (ValueError, TypeError, KeyError):
+                return None
+            return group
+        return None
+
+
+def group_headers(wf: Workflow, group: Group) -> Headers | None:
+    """The headers defer gives a group of `wf` it lets go: none for a workflow without
+    cancelOn, which pays nothing for it."""
+    return group.headers() if wf.cancel_on else None
+
+
+def group_reason(app: App, sweep: CancelSweep, start: PendingStart, group: Group, *,
+                 payload: bytes | None = None) -> str | None:
+    """Why `sweep` discards a group by defer's rules, or None. Defer judges the groups it
+    holds with it, and every later stage the groups defer let go, arriving or waiting,
+    so they all say what defer says.
+
+    - A debounced group: by its latest arrival and the payload that runs.
+    - A batch: each item as the batch of one it would be alone (`match` reads the run's
+      payload), and the run only when every item is discarded. Defer takes discarded
+      items out; a later stage cannot take items out of a run, so it discards the run
+      only when defer would have left nothing of it, and never an item defer would have
+      let run. An item that arrived after the event keeps the run; `within` holds for
+      every item when it holds for the earliest.
+    """
+    if not group.batch:
+        return reason_for(app, sweep, start, arrived_at_ms=group.last_ms, payload=payload)
+    wf = app.get(start.workflow)
+    if (wf is None or start.kind is not AdmittedKind.start
+            or start.workflow not in sweep.workflows or group.last_ms > sweep.event_at_ms):
+        return None
+    run = Payloads.of(app.settings).open(start.payload if payload is None else payload)
+    items = run.get("items") if isinstance(run, dict) else None
+    if not isinstance(items, list) or not items:
+        return None
+    data = json.loads(sweep.body)
+    reason = None
+    for item in items:
+        found = cancel_reason(wf, sweep.event, data, sweep.event_at_ms, group.first_ms,
+                              {"items": [item]})
+        if found is None:
+            return None
+        reason = reason or found
+    return reason
+
+
+def judge(app: App, router: Router, stage: str, sweep: CancelSweep, start: PendingStart,
+          group: Group | None, *, payload: bytes | None = None) -> str | None:
+    """Why `sweep` discards a start waiting at or reaching queue stage `stage`, or None:
+    a group defer let go by defer's rules (`group`, from its header); one defer let go
+    without that header (sent by a version before it) is left to defer; any other start
+    by its own arrival. Every queue stage judges with it, the starts that wait there when
+    a sweep comes and the starts that reach it after one, so both paths say the same."""
+    if group is not None:
+        return group_reason(app, sweep, start, group, payload=payload)
+    if let_go_by_defer(router, start, stage):
+        return None
+    return reason_for(app, sweep, start, payload=payload)
 
 
 def let_go_by_defer(router: Router, start: PendingStart, stage: str) -> bool:
@@ -196,15 +301,20 @@ def forget(ctx: StageContext, key: bytes) -> bool:
 
 
 def discard_on_arrival(ctx: StageContext, app: App, router: Router, start: PendingStart,
-                       key: str | None, *, payload: bytes | None = None) -> bool:
+                       key: str | None, *, headers: Headers | None = None,
+                       payload: bytes | None = None) -> bool:
     """A start reaching a queue stage after sweeps it kept was in transit when they passed:
-    judged against each now, as if it had been queued here (whether this stage would park
-    it or let it through), unless defer let it go. True when one discards it."""
+    judged against each now (`judge`), as if it had been queued here (whether this stage
+    would park it or let it through). `headers`: the record's. True when one discards it."""
     wf = app.get(start.workflow)
-    if wf is None or not wf.cancel_on or let_go_by_defer(router, start, ctx.stage):
+    if wf is None or not wf.cancel_on:
         return False
-    for sweep in kept(ctx):
-        reason = reason_for(app, sweep, start, payload=payload)
+    sweeps = kept(ctx)
+    if not sweeps:
+        return False
+    group = Group.of(headers)
+    for sweep in sweeps:
+        reason = judge(app, router, ctx.stage, sweep, start, group, payload=payload)
         if reason is not None:
             discard(ctx, router, start, sweep, reason, key)
             return True

@@ -34,7 +34,7 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import FairQueue, Parked, priority_mode
 from sluicegate.streams.routing import REMOVED, ControlStage, Router, with_slot
-from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
@@ -209,10 +209,8 @@ class ConcurrencyStage(ControlStage):
         if raw is None:
             return None
         lane, row = _unprefix(raw)
-        value = ctx.store.get(row)
-        if value is None:
-            return None
-        return lane, Parked(row, codec.decode(PendingStart, value))
+        parked = self.queue(ctx, key).lane(lane).at(row)
+        return None if parked is None else (lane, parked)
 
     # -- input -----------------------------------------------------------------------------
 
@@ -229,21 +227,22 @@ class ConcurrencyStage(ControlStage):
             self._cancel_queued(ctx, message)
             return
         if record.key is None:
-            self._rekey(ctx, message)
+            self._rekey(ctx, message, record.headers)
             return
-        self._arrive(ctx, record.key.decode(), message)
+        self._arrive(ctx, record.key.decode(), message, record.headers)
 
-    def _rekey(self, ctx: StageContext, start: PendingStart) -> None:
+    def _rekey(self, ctx: StageContext, start: PendingStart, headers: Headers | None) -> None:
         """A start produced without its key: send it on to the task that owns its key."""
         wf = self.router.workflow(start.workflow)
         hop = self.router.hop(start)
         if wf is None or hop is None or hop.stage != NAME:
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, start, headers=headers)
             return
         key = Router.key_for(wf, hop, self.router.payloads.open(start.payload))
-        ctx.send(ctx.topics.stage(self.name), key.encode(), codec.encode(start))
+        ctx.send(ctx.topics.stage(self.name), key.encode(), codec.encode(start), None, headers)
 
-    def _arrive(self, ctx: StageContext, key: str, start: PendingStart) -> None:
+    def _arrive(self, ctx: StageContext, key: str, start: PendingStart,
+                headers: Headers | None) -> None:
         wf = self.router.workflow(start.workflow)
         resume = start.kind is AdmittedKind.resume
         if wf is None and not resume:
@@ -253,10 +252,10 @@ class ConcurrencyStage(ControlStage):
         if wf is None or hop is None or hop.stage != NAME:
             # The route changed under it (or a resume of a workflow now gone, whose run
             # exists): no limit of this hop applies any more.
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, start, headers=headers)
             return
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
-                                       shown_key(key, wf.name)):
+                                       shown_key(key, wf.name), headers=headers):
             return
         limit = self.limit(wf, hop)
         holder = _HOLDER + _prefixed(key) + start.execution_id.encode()
@@ -268,9 +267,9 @@ class ConcurrencyStage(ControlStage):
             is not None,
             resume=resume)
         if verdict is Verdict.take:
-            self._take(ctx, key, start, hop)
+            self._take(ctx, key, start, hop, headers)
         elif verdict is Verdict.keep:
-            self.router.forward(ctx, with_slot(start, NAME, key))
+            self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
         elif verdict is Verdict.full:
             reason = (f"queue-full: {occupancy.waiting} starts already wait for a concurrency "
                       f"slot of {self._described(key, wf)} (max_queued {limit.max_queued})")
@@ -278,24 +277,25 @@ class ConcurrencyStage(ControlStage):
                                reason=reason)
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
-            self._park(ctx, key, start, wf, queue)
+            self._park(ctx, key, start, wf, queue, headers)
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
                 self._drain(ctx, key)
 
-    def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop) -> None:
+    def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop,
+              headers: Headers | None) -> None:
         row = _HOLDER + _prefixed(key) + start.execution_id.encode()
         ctx.store.put(row, f"{start.workflow}\x1f{hop.index}".encode())
         self._set_held(ctx, key, self.held(ctx, key) + 1)
-        self.router.forward(ctx, with_slot(start, NAME, key))
+        self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
-              queue: FairQueue) -> None:
+              queue: FairQueue, headers: Headers | None) -> None:
         route = self.router.routes[wf.name]
         by = lane_hop(route, start.hop)
         lane = wf.name if by is None else Router.key_for(
             wf, by, self.router.payloads.open(start.payload))
-        parked, position = queue.park(lane, start)
+        parked, position = queue.park(lane, start, headers)
         ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
                       _prefixed(lane) + parked.row)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
@@ -362,13 +362,13 @@ class ConcurrencyStage(ControlStage):
             if wf is None or hop is None or hop.stage != NAME:
                 queue.take(lane, parked)
                 self._unpark(ctx, key, start)
-                self.router.forward(ctx, start)
+                self.router.forward(ctx, start, headers=parked.headers)
                 continue
             if self.held(ctx, key) >= self.limit(wf, hop).limit:
                 return
             queue.take(lane, parked)
             self._unpark(ctx, key, start)
-            self._take(ctx, key, start, hop)
+            self._take(ctx, key, start, hop, parked.headers)
 
     def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event. A
@@ -382,7 +382,8 @@ class ConcurrencyStage(ControlStage):
                 continue
             lane, parked = found
             start = parked.start
-            reason = cancelon.reason_for(self.app, sweep, start)
+            reason = cancelon.judge(self.app, self.router, ctx.stage, sweep, start,
+                                    cancelon.Group.of(parked.headers))
             if reason is None:
                 continue
             self.queue(ctx, key).remove(lane, parked)

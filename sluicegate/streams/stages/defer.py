@@ -305,7 +305,7 @@ class DeferStage(ControlStage):
                 # Due before this start came (its timer has not fired yet): it runs alone.
                 ctx.timers.cancel(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
                 ctx.store.delete(_BURST + key)
-                self._settle_burst(ctx, wf, rule, text, held.carrier, verdict)
+                self._settle_burst(ctx, wf, rule, text, held, verdict)
                 held = None
         arrival = arrive(held.burst() if held else None, start.execution_id, start.request_id,
                          start.arrived_at_ms, now)
@@ -331,9 +331,12 @@ class DeferStage(ControlStage):
                            due_at_ms=burst.due_ms(rule))
 
     def _settle_burst(self, ctx: StageContext, wf: Workflow, rule: DebounceRule, text: str,
-                      carrier: PendingStart, verdict: Verdict) -> None:
+                      held: _Held, verdict: Verdict) -> None:
+        carrier = held.carrier
         if verdict == "run":
-            self.router.forward(ctx, carrier)
+            # The header lets a later stage judge the group by its latest arrival.
+            self.router.forward(ctx, carrier, headers=cancelon.group_headers(
+                wf, cancelon.Group.debounced(held.last_ms)))
             return
         assert rule.expire_ms is not None
         self.router.fail(
@@ -433,7 +436,9 @@ class DeferStage(ControlStage):
                 ctx, member, Outcome.collapsed, key=text, execution_id=run.execution_id,
                 reason=f"batched by key {text!r} into run {run.execution_id} "
                        f"with {len(members)} items")
-        self.router.forward(ctx, run, data)
+        # The header lets a later stage judge the run item by item.
+        self.router.forward(ctx, run, data, headers=cancelon.group_headers(
+            wf, cancelon.Group.batched(m.arrived_at_ms for m in members)))
 
     def _batch_bytes(self, members: list[PendingStart]) -> bytes:
         """The run's payload JSON, from its items opened."""
@@ -458,7 +463,8 @@ class DeferStage(ControlStage):
             held = _Held.decode(raw)
             c = held.carrier
             # The latest arrival is the one whose payload would run.
-            reason = cancelon.reason_for(self.app, sweep, c, arrived_at_ms=held.last_ms)
+            reason = cancelon.group_reason(self.app, sweep, c,
+                                           cancelon.Group.debounced(held.last_ms))
             if reason is None:
                 continue
             key = skey[len(_BURST):]
@@ -479,8 +485,9 @@ class DeferStage(ControlStage):
         for parked in members:
             item = parked.start
             # `match` reads the run's payload: an item is judged as a batch of one.
-            reason = cancelon.reason_for(self.app, sweep, item,
-                                         payload=self._batch_bytes([item]))
+            reason = cancelon.group_reason(self.app, sweep, item,
+                                           cancelon.Group.batched([item.arrived_at_ms]),
+                                           payload=self._batch_bytes([item]))
             if reason is None:
                 kept.append(item)
                 continue
@@ -548,7 +555,7 @@ class DeferStage(ControlStage):
             self.router.forward(ctx, held.carrier)
         else:
             assert verdict is not None
-            self._settle_burst(ctx, wf, rule, _key_text(key), held.carrier, verdict)
+            self._settle_burst(ctx, wf, rule, _key_text(key), held, verdict)
 
     def _fire_batch(self, ctx: StageContext, wf: Workflow | None, key: bytes) -> None:
         raw = ctx.store.get(_BATCH + key)

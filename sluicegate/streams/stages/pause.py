@@ -39,14 +39,16 @@ class PauseStage(ControlStage):
         if isinstance(start, CancelSweep):
             self._cancel_queued(ctx, start)
             return
-        if cancelon.discard_on_arrival(ctx, self.app, self.router, start, start.workflow):
+        headers = record.headers
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, start, start.workflow,
+                                       headers=headers):
             return
         if self.router.paused(start.workflow):
             queue = PendingQueue(ctx.store, queue_name(start.workflow))
-            queue.push(start, priority_mode(self.app.get(start.workflow)))
+            queue.push(start, priority_mode(self.app.get(start.workflow)), headers)
             return
         # Unpaused while it was on its way here.
-        self.router.forward(ctx, start)
+        self.router.forward(ctx, start, headers=headers)
 
     def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards the paused starts that match the event (a queue per
@@ -56,7 +58,8 @@ class PauseStage(ControlStage):
             queue = PendingQueue(ctx.store, queue_name(workflow))
             for parked in list(queue):
                 start = parked.start
-                reason = cancelon.reason_for(self.app, sweep, start)
+                reason = cancelon.judge(self.app, self.router, ctx.stage, sweep, start,
+                                        cancelon.Group.of(parked.headers))
                 if reason is not None:
                     queue.remove(parked)
                     cancelon.discard(ctx, self.router, start, sweep, reason, workflow)
@@ -69,7 +72,7 @@ class PauseStage(ControlStage):
             return
         queue = PendingQueue(ctx.store, queue_name(row.workflow))
         while not self.router.paused(row.workflow):
-            start = queue.pop()
-            if start is None:
+            head = queue.pop()
+            if head is None:
                 return
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, head.start, headers=head.headers)

@@ -36,7 +36,7 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.routing import Router, with_slot
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 
@@ -185,7 +185,7 @@ class SingletonStage(Stage):
             reject(ctx, record, f"not a singleton start, release or admission: {exc}")
             return
         if isinstance(message, PendingStart):
-            self._arrive(ctx, key, message)
+            self._arrive(ctx, key, message, record.headers)
         elif isinstance(message, AdmittedStart):
             self._admitted(ctx, key, message)
         elif message.kind is not ReleaseKind.suspended:
@@ -195,13 +195,14 @@ class SingletonStage(Stage):
             if after != hold:
                 self._save(ctx, key, after)
 
-    def _arrive(self, ctx: StageContext, key: str, start: PendingStart) -> None:
+    def _arrive(self, ctx: StageContext, key: str, start: PendingStart,
+                headers: Headers | None) -> None:
         wf = self.router.workflow(start.workflow)
         hop = self.router.hop(start)
         if wf is None or wf.singleton is None or wf.singleton.mode is None \
                 or hop is None or hop.stage != self.name:
             # Its declaration changed on the way here and has no singleton now.
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, start, headers=headers)
             return
         route = self.router.routes[wf.name]
         # Every hop after this one applies to any origin that reaches it (singleton skips
@@ -222,7 +223,8 @@ class SingletonStage(Stage):
         self._save(ctx, key, hold)
         if decision is not None:
             self._cancel(ctx, wf.name, text, decision)
-        self.router.forward(ctx, with_slot(start, self.name, key))
+        # Headers (a group defer let go) go on with it to the next stage.
+        self.router.forward(ctx, with_slot(start, self.name, key), headers=headers)
 
     def _admitted(self, ctx: StageContext, key: str, start: AdmittedStart) -> None:
         before = self._load(ctx, key)

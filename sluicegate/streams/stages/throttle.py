@@ -25,9 +25,9 @@ from sluicegate.declare import Throttle, Workflow, applies, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
-from sluicegate.streams.pending import PendingQueue, priority_mode
+from sluicegate.streams.pending import Parked, PendingQueue, priority_mode
 from sluicegate.streams.routing import REMOVED, ControlStage
-from sluicegate.streams.stage import InputRecord, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
 
@@ -156,11 +156,12 @@ class ThrottleStage(ControlStage):
             # Removed while it was on its way here: it would have waited here.
             self.router.fail(ctx, start, Outcome.failed, REMOVED, key=_key_text(record.key))
             return
+        headers = record.headers
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
-                                       _key_text(record.key)):
+                                       _key_text(record.key), headers=headers):
             return
         if wf.throttle is None or not applies("throttle", start.origin):
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, start, headers=headers)
             return
         key = record.key
         raw = ctx.store.get(_KEY + key)
@@ -168,17 +169,18 @@ class ThrottleStage(ControlStage):
         queue = PendingQueue(ctx.store, key)
         # Whoever's turn has come goes before the newcomer, so the queue stays in order.
         row = self._drain(ctx, key, row, queue)
-        row = self._arrive(ctx, key, row, queue, wf, wf.throttle, start)
+        row = self._arrive(ctx, key, row, queue, wf, wf.throttle, start, headers)
         self._settle(ctx, key, row, queue)
 
     def _arrive(self, ctx: StageContext, key: bytes, row: KeyRow, queue: PendingQueue,
-                wf: Workflow, option: Throttle, start: PendingStart) -> KeyRow:
+                wf: Workflow, option: Throttle, start: PendingStart,
+                headers: Headers | None) -> KeyRow:
         now = ctx.now_ms
         rate = Rate.of(option)
         if len(queue) == 0:
             taken = take(row.pace, rate, now)
             if taken is not None:
-                self.router.forward(ctx, start)
+                self.router.forward(ctx, start, headers=headers)
                 return replace(row, pace=taken)
         key_text = _key_text(key)
         expires = _expires_at(wf, start)
@@ -195,7 +197,7 @@ class ThrottleStage(ControlStage):
                         f"{len(queue)} starts (max_queued {option.max_queued}); a place "
                         f"frees in {format_duration(retry_after)}"))
             return row
-        position = queue.push(start, priority_mode(wf))
+        position = queue.push(start, priority_mode(wf), headers)
         self.router.queued(ctx, start, deferral="throttle", key=key_text,
                            due_at_ms=due_ms(row.pace, rate, position), position=position)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
@@ -215,22 +217,22 @@ class ThrottleStage(ControlStage):
             wf = self.app.get(start.workflow)
             if wf is None or wf.throttle is None:
                 queue.remove(head)
-                self._unjudged(ctx, key, start, wf)
+                self._unjudged(ctx, key, head, wf)
                 continue
             taken = take(row.pace, Rate.of(wf.throttle), now)
             if taken is None:
                 break
             queue.remove(head)
             row = replace(row, pace=taken)
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, start, headers=head.headers)
         return row
 
-    def _unjudged(self, ctx: StageContext, key: bytes, start: PendingStart,
+    def _unjudged(self, ctx: StageContext, key: bytes, parked: Parked,
                   wf: Workflow | None) -> None:
         if wf is None:
-            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=_key_text(key))
+            self.router.fail(ctx, parked.start, Outcome.failed, REMOVED, key=_key_text(key))
         else:
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, parked.start, headers=parked.headers)
 
     def _settle(self, ctx: StageContext, key: bytes, row: KeyRow, queue: PendingQueue) -> None:
         """Point the key's turn timer at the head's turn (with nobody waiting: at the
@@ -270,7 +272,8 @@ class ThrottleStage(ControlStage):
             discarded = False
             for parked in list(queue):
                 start = parked.start
-                reason = cancelon.reason_for(self.app, sweep, start)
+                reason = cancelon.judge(self.app, self.router, ctx.stage, sweep, start,
+                                        cancelon.Group.of(parked.headers))
                 if reason is not None:
                     queue.remove(parked)
                     cancelon.discard(ctx, self.router, start, sweep, reason, _key_text(key))
@@ -299,7 +302,7 @@ class ThrottleStage(ControlStage):
             wf = self.app.get(start.workflow)
             if wf is None or wf.throttle is None:
                 queue.remove(parked)
-                self._unjudged(ctx, key, start, wf)
+                self._unjudged(ctx, key, parked, wf)
                 continue
             expires = _expires_at(wf, start)
             if expires is None:
