@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
@@ -29,6 +30,7 @@ from sluicegate.schemas import records
 from sluicegate.schemas.records import Record
 
 NAMESPACE = "io.sluicegate"
+_BUFFER_REPR = re.compile(r" from <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
 REGISTRY_MAGIC = b"\x00"  # Confluent Schema Registry framing: 00 + 4-byte big-endian id
 
@@ -728,9 +730,12 @@ class Codec:
                 fields = schemaless_reader(buf, writer, rs.parsed)
             record: R = rs.from_avro(fields)  # type: ignore[arg-type]
         except Exception as e:  # any failure inside fastavro means the body is not ours
+            # fastavro names the buffer it read ("... from <_io.BytesIO object at 0x..>"),
+            # an address that tells a reader nothing and differs from call to call.
+            why = _BUFFER_REPR.sub("", str(e))
             raise DecodeError(
                 f"expected an Avro body of {rs.full_name}, found bytes that do not decode"
-                f" ({type(e).__name__}: {e})"
+                f" ({type(e).__name__}: {why})"
             ) from e
         if buf.tell() != len(data):
             raise DecodeError(
