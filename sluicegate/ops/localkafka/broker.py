@@ -30,11 +30,11 @@ from confluent_kafka.admin import AdminClient
 from sluicegate.ops.localkafka.processes import (
     HOST,
     alive,
-    children,
     cmdline,
     find_java,
     port_in_use,
     reap,
+    start_detached,
     tail,
     terminate,
 )
@@ -514,28 +514,11 @@ def ensure_broker(
             + tail(result.stdout + result.stderr)
         )
 
-    log = log_path(data_dir)
-    if log.exists():
-        log.replace(log.with_suffix(".log.1"))  # keep the previous run's log for post-mortems
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [*_java_cmd(java, lib, data_dir, JVM_OPTS), "kafka.Kafka", str(props)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=data_dir,
-            # Its own session: Ctrl-C in the terminal that ran `up` must not reach the broker.
-            start_new_session=True,
-        )
-    children[proc.pid] = proc
-    _pid_path(data_dir).write_text(f"{proc.pid}\n")
-    try:
-        _wait_until_answers(bootstrap, deadline, proc, data_dir)
-    except BrokerError:
-        terminate(proc.pid, 10.0)
-        _pid_path(data_dir).unlink(missing_ok=True)
-        raise
-    return LocalBroker(port, controller_port, data_dir, proc.pid, kafka_version, False,
+    pid = start_detached(
+        [*_java_cmd(java, lib, data_dir, JVM_OPTS), "kafka.Kafka", str(props)], data_dir,
+        log_path(data_dir), _pid_path(data_dir),
+        lambda proc: _wait_until_answers(bootstrap, deadline, proc, data_dir))
+    return LocalBroker(port, controller_port, data_dir, pid, kafka_version, False,
                        sasl.port if sasl else None, tls.port if tls else None)
 
 

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -114,6 +115,28 @@ def terminate(pid: int, timeout: float) -> None:
                 time.sleep(0.05)
             return
         time.sleep(0.1)
+
+
+def start_detached(cmd: list[str], data_dir: Path, log: Path, pid_file: Path,
+                   wait_until_ready: Callable[[subprocess.Popen[bytes]], None]) -> int:
+    """Start a service in its own session (Ctrl-C in the terminal that started it must not
+    reach it), logging to `log` (the previous run's log kept as `.log.1`) and its pid in
+    `pid_file`; `wait_until_ready(proc)` raises if it never comes up, and the service is
+    then stopped again. Returns its pid."""
+    if log.exists():
+        log.replace(log.with_suffix(".log.1"))
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=data_dir, start_new_session=True)
+    children[proc.pid] = proc
+    pid_file.write_text(f"{proc.pid}\n")
+    try:
+        wait_until_ready(proc)
+    except Exception:
+        terminate(proc.pid, 10.0)
+        pid_file.unlink(missing_ok=True)
+        raise
+    return proc.pid
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -28,10 +28,10 @@ from sluicegate.ops.localkafka.broker import MIN_JAVA, BrokerError
 from sluicegate.ops.localkafka.processes import (
     HOST,
     alive,
-    children,
     cmdline,
     find_java,
     port_in_use,
+    start_detached,
     tail,
     terminate,
 )
@@ -187,27 +187,14 @@ def ensure_registry(port: int = DEFAULT_REGISTRY_PORT, data_dir: Path | None = N
     java = find_java(MIN_JAVA, "the schema registry", RegistryServerError)
     runner = build_registry(version)
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / "registry.log"
-    if log.exists():
-        log.replace(log.with_suffix(".log.1"))  # keep the previous run's log
     deadline = time.monotonic() + timeout
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [java, *JVM_OPTS, _marker(data_dir),
-             f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={port}",
-             f"-Dvertx.cacheDirBase={data_dir / 'vertx'}", "-jar", str(runner)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=data_dir,
-            start_new_session=True,  # Ctrl-C in the terminal that ran `up` must not reach it
-        )
-    children[proc.pid] = proc
-    _pid_path(data_dir).write_text(f"{proc.pid}\n")
-    try:
-        _wait_until_answers(url, deadline, proc, data_dir)
-    except RegistryServerError:
-        terminate(proc.pid, 10.0)
-        _pid_path(data_dir).unlink(missing_ok=True)
-        raise
-    return LocalRegistry(port, data_dir, proc.pid)
+    pid = start_detached(
+        [java, *JVM_OPTS, _marker(data_dir),
+         f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={port}",
+         f"-Dvertx.cacheDirBase={data_dir / 'vertx'}", "-jar", str(runner)],
+        data_dir, data_dir / "registry.log", _pid_path(data_dir),
+        lambda proc: _wait_until_answers(url, deadline, proc, data_dir))
+    return LocalRegistry(port, data_dir, pid)
 
 
 def stop_registry(port: int = DEFAULT_REGISTRY_PORT, data_dir: Path | None = None,
