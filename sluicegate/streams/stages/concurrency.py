@@ -419,8 +419,8 @@ class ConcurrencyStage(ControlStage):
                    f"{self._described(key, wf)} and never got one{limit}")
 
     def restored(self, ctx: StageContext) -> None:
-        # Sending is for a transaction, which a restore is not part of: a timer due now
-        # does the sweep in the next cycle.
+        # A timer due now does the sweep in the cycle's timer pass, through the same code
+        # as any other sweep.
         if next(iter(ctx.store.items(_WAITING)), None) is not None:
             ctx.timers.schedule(ctx.now_ms, _SWEEP)
 

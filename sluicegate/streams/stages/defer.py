@@ -580,8 +580,8 @@ class DeferStage(ControlStage):
 
     def restored(self, ctx: StageContext) -> None:
         """Groups of a workflow no longer declared fail now, not when their timer comes
-        (up to a week for a debounce): their timers move to now. Nothing is sent here
-        (no transaction is open yet); `fire` fails them inside the next cycle."""
+        (up to a week for a debounce): their timers move to now, and `fire` fails them in
+        the cycle's timer pass, with the same code as any other expiry."""
         now = ctx.now_ms
         for raw, _ in list(ctx.store.items(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)

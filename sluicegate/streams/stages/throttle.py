@@ -338,8 +338,8 @@ class ThrottleStage(ControlStage):
     def restored(self, ctx: StageContext) -> None:
         """Keys whose workflow was removed (or stopped throttling) in the declarations
         this worker loaded get their sweep now, which fails (or passes on) their starts.
-        A restore runs outside any transaction, so it only schedules: the sweep decides
-        in the first cycle, where the ledger rows and onFailure starts can be written."""
+        It only schedules: the sweep decides in the cycle's timer pass, with the same
+        code that writes the ledger rows and onFailure starts for any other sweep."""
         now = ctx.now_ms
         for raw_key, raw in list(ctx.store.items(_KEY)):
             row = KeyRow.decode(raw)
