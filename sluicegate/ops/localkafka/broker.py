@@ -32,6 +32,7 @@ from sluicegate.ops.localkafka.processes import (
     alive,
     cmdline,
     find_java,
+    find_maven,
     port_in_use,
     reap,
     start_detached,
@@ -229,12 +230,7 @@ def fetch_jars(kafka_version: str = DEFAULT_KAFKA_VERSION) -> Path:
     lib = cache / "lib"
     if (cache / ".complete").exists():
         return lib
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokerError(
-            f"`mvn` not found on PATH: Maven is needed once to fetch the Kafka {kafka_version} "
-            f"jars into {cache}"
-        )
+    mvn = find_maven(f"fetch the Kafka {kafka_version} jars into {cache}", BrokerError)
     cache.mkdir(parents=True, exist_ok=True)
     pom = resources.files(_PACKAGE).joinpath("pom.xml").read_text()
     pom = re.sub(r"(<kafka.version>)[^<]*(</kafka.version>)", rf"\g<1>{kafka_version}\2", pom)

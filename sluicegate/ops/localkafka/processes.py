@@ -40,6 +40,14 @@ def find_java(min_major: int, needed_by: str, error: type[Exception]) -> str:
     return java
 
 
+def find_maven(needed_for: str, error: type[Exception]) -> str:
+    """The `mvn` on PATH; else `error` saying what it is needed for (once, then cached)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise error(f"`mvn` not found on PATH: Maven is needed once to {needed_for}")
+    return mvn
+
+
 def port_in_use(port: int, host: str = HOST) -> bool:
     """True if something holds `port` on `host` (a listener, or a socket bound without reuse)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -30,6 +30,7 @@ from sluicegate.ops.localkafka.processes import (
     alive,
     cmdline,
     find_java,
+    find_maven,
     port_in_use,
     start_detached,
     tail,
@@ -96,11 +97,7 @@ def build_registry(version: str = APICURIO_VERSION) -> Path:
     runner = cache / "app" / _RUNNER
     if (cache / ".complete").exists():
         return runner
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RegistryServerError(
-            f"`mvn` not found on PATH: Maven is needed once to build Apicurio Registry {version}"
-            f" into {cache}")
+    mvn = find_maven(f"build Apicurio Registry {version} into {cache}", RegistryServerError)
     find_java(MIN_JAVA, "the schema registry", RegistryServerError)
     cache.mkdir(parents=True, exist_ok=True)
     pom = resources.files(_PACKAGE).joinpath("registry-pom.xml").read_text()
