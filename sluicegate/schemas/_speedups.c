@@ -794,7 +794,42 @@ static PyObject *speedups_partition_for(PyObject *module, PyObject *const *args,
     return PyLong_FromLong((long)(h % (uint32_t)partitions));
 }
 
+/* -- name-based UUIDs ------------------------------------------------------------------ */
+
+/* The text of a version-5 UUID from the SHA-1 digest of its namespace and name (RFC 4122
+ * section 4.3): the first 16 bytes, version 5 in the high nibble of byte 6, the variant
+ * in the two high bits of byte 8, as lowercase hex in 8-4-4-4-12 groups. */
+static PyObject *speedups_uuid5_text(PyObject *module, PyObject *arg) {
+    static const char hex[] = "0123456789abcdef";
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.len != 20) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "a SHA-1 digest has 20 bytes, got %zd",
+                            view.len);
+    }
+    unsigned char b[16];
+    memcpy(b, view.buf, 16);
+    PyBuffer_Release(&view);
+    b[6] = (unsigned char)((b[6] & 0x0F) | 0x50);
+    b[8] = (unsigned char)((b[8] & 0x3F) | 0x80);
+    PyObject *text = PyUnicode_New(36, 127);
+    if (text == NULL)
+        return NULL;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(text);
+    for (int i = 0, j = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[j++] = '-';
+        out[j++] = (Py_UCS1)hex[b[i] >> 4];
+        out[j++] = (Py_UCS1)hex[b[i] & 0x0F];
+    }
+    return text;
+}
+
 static PyMethodDef speedups_methods[] = {
+    {"uuid5_text", speedups_uuid5_text, METH_O,
+     PyDoc_STR("uuid5_text(sha1_digest) -> str: the version-5 UUID that digest makes, as text.")},
     {"murmur2", speedups_murmur2, METH_O,
      PyDoc_STR("murmur2(data) -> int: Java's Utils.murmur2, a signed 32-bit int.")},
     {"partition_for", (PyCFunction)(void (*)(void))speedups_partition_for, METH_FASTCALL,

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 # The offsets live in their own column family so that user keys can be any bytes.
 META_CF = "meta"
@@ -26,11 +26,34 @@ _TABLE_OFFSET_KEY = b"table_offset:"
 _OFFSET = struct.Struct(">q")
 _NO_OFFSET = -1
 
+# Every store of a process shares one block cache (as Kafka Streams' bounded-memory
+# setup does), so the memory it takes does not grow with the number of stores.
+_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+_block_cache: Cache | None = None
+
 
 def _options() -> Options:
+    """Options for a store read by point lookups, most of which miss: the stages ask
+    "is there a row for this run / key / mark?" far more often than the answer is yes.
+    See docs/decisions/store-point-lookups.md."""
+    global _block_cache
+    if _block_cache is None:
+        _block_cache = Cache(_BLOCK_CACHE_BYTES)
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    table = BlockBasedOptions()
+    # A Bloom filter per table file (10 bits a key, ~1% false positives): a miss skips
+    # the file's blocks instead of reading them.
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(_block_cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    opts.set_block_based_table_factory(table)
+    # And one over the whole keys of the memtable, where a commit cycle's rows are
+    # first looked for: a miss there costs a hash, not a skiplist walk.
+    opts.set_memtable_whole_key_filtering(True)
+    opts.set_memtable_prefix_bloom_ratio(0.02)
     # With the WAL on (the default) a batch spanning both column families is
     # recovered all-or-nothing anyway; atomic flush keeps that true even if
     # someone later turns the WAL off for speed.

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluicegate.schemas import RECORD_TYPES, Codec, DecodeError, EncodeError
+from sluicegate.schemas import RECORD_TYPES, Codec, DecodeError, EncodeError, _speedups
 from sluicegate.schemas import codec as codec_module
 from sluicegate.schemas.codec import NAMED_TYPES, RecordSchema
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, StartRequest
-from sluicegate.streams.decisions import execution_id_for
+from sluicegate.streams.decisions import _uuid5_text, execution_id_for
 
 NATIVE = Codec()  # the C fast paths
 PYTHON = Codec(native=False)  # the generated Python fast paths
@@ -172,3 +172,15 @@ def test_execution_ids_are_uuid5(workflow: str, request_id: str) -> None:
     namespace = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
     expected = str(uuid.uuid5(namespace, f"{workflow}\x1f{request_id}"))
     assert execution_id_for(workflow, request_id) == expected
+
+
+@given(st.binary(min_size=20, max_size=20))
+def test_uuid_text_in_c_and_python_is_the_uuid_modules(digest: bytes) -> None:
+    expected = str(uuid.UUID(bytes=digest[:16], version=5))
+    assert _speedups.uuid5_text(digest) == expected
+    assert _uuid5_text(digest) == expected
+
+
+def test_uuid_text_refuses_a_short_digest() -> None:
+    with pytest.raises(ValueError, match="20 bytes, got 15"):
+        _speedups.uuid5_text(b"x" * 15)
