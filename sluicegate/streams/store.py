@@ -51,9 +51,10 @@ def _options() -> Options:
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     # And one over the whole keys of the memtable, where a commit cycle's rows are
-    # first looked for: a miss there costs a hash, not a skiplist walk.
+    # first looked for: a miss there costs a hash, not a skiplist walk. Its bits are
+    # allocated with each memtable, so it is kept small (~130 KiB a store).
     opts.set_memtable_whole_key_filtering(True)
-    opts.set_memtable_prefix_bloom_ratio(0.02)
+    opts.set_memtable_prefix_bloom_ratio(0.002)
     # With the WAL on (the default) a batch spanning both column families is
     # recovered all-or-nothing anyway; atomic flush keeps that true even if
     # someone later turns the WAL off for speed.
