@@ -27,18 +27,15 @@ _OFFSET = struct.Struct(">q")
 _NO_OFFSET = -1
 
 # Every store of a process shares one block cache (as Kafka Streams' bounded-memory
-# setup does), so the memory it takes does not grow with the number of stores.
-_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
-_block_cache: Cache | None = None
+# setup does), so the memory it takes does not grow with the number of stores. It fills
+# as blocks are read; making it reserves nothing.
+_BLOCK_CACHE = Cache(64 * 1024 * 1024)
 
 
 def _options() -> Options:
     """Options for a store read by point lookups, most of which miss: the stages ask
     "is there a row for this run / key / mark?" far more often than the answer is yes.
     See docs/decisions/store-point-lookups.md."""
-    global _block_cache
-    if _block_cache is None:
-        _block_cache = Cache(_BLOCK_CACHE_BYTES)
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
@@ -46,7 +43,7 @@ def _options() -> Options:
     # A Bloom filter per table file (10 bits a key, ~1% false positives): a miss skips
     # the file's blocks instead of reading them.
     table.set_bloom_filter(10, False)
-    table.set_block_cache(_block_cache)
+    table.set_block_cache(_BLOCK_CACHE)
     table.set_cache_index_and_filter_blocks(True)
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
