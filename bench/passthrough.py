@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -64,7 +65,8 @@ from bench.records import StartMaker, admission_sizes
 from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import ensure_broker, stop_broker
 from sluicegate.ops.localkafka.processes import free_ports
-from sluicegate.streams.decisions import execution_id_for
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.streams.decisions import EXECUTION_NS, execution_id_for
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 
@@ -233,8 +235,31 @@ class SystemProcess:
     def output_key(self, request_id: bytes, topic: str | None = None) -> bytes:
         """The key the system writes a start's output under (on `topic`, else the first)."""
         if self.system.startswith("worker") and topic != self.topics.ledger:
-            return execution_id_for(WORKFLOW, request_id.decode()).encode()
+            if not self.placed_ids:
+                return plain_execution_id(WORKFLOW, request_id.decode()).encode()
+            # The bench's starts are keyed by request id: identity decides on its partition.
+            n = self.settings.partitions
+            return execution_id_for(WORKFLOW, request_id.decode(),
+                                    partition_for(request_id, n), n).encode()
         return request_id
+
+    @functools.cached_property
+    def placed_ids(self) -> bool:
+        """Whether this worker's execution ids are placed on their partition
+        (docs/decisions/placed-execution-ids.md); a baseline tree from before is not."""
+        if self.system != "worker-base":
+            return True
+        assert self.baseline_tree is not None
+        found = subprocess.run(
+            [sys.executable, "-c", "import inspect, sluicegate.streams.decisions as d; "
+             "print(len(inspect.signature(d.execution_id_for).parameters))"],
+            cwd=self.baseline_tree, capture_output=True, text=True, check=True)
+        return int(found.stdout) == 4
+
+
+def plain_execution_id(workflow: str, request_id: str) -> str:
+    """An execution id as workers before placed ids made it: the version-5 UUID alone."""
+    return str(uuid.uuid5(EXECUTION_NS, f"{workflow}\x1f{request_id}"))
 
 
 # -- producing input -----------------------------------------------------------------------
@@ -299,6 +324,19 @@ def wait_committed(settings: Settings, group: str, topic: str, ends: dict[int, i
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{system.system}: committed {committed}, want {ends}")
             time.sleep(step)
+    finally:
+        consumer.close()
+
+
+def reads_back(settings: Settings, group: str, topic: str) -> bool:
+    """Whether `group` has committed offsets on `topic` (the warm-up made it, if it reads
+    the topic at all)."""
+    consumer = Consumer(settings.client_config(**{"group.id": group,
+                                                  "enable.auto.commit": False}))
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        tps = [TopicPartition(topic, p) for p in meta.partitions]
+        return any(tp.offset >= 0 for tp in consumer.committed(tps, timeout=10))
     finally:
         consumer.close()
 
@@ -515,8 +553,11 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
         producer.commit_transaction(60.0)
         t_done = wait_committed(settings, system.group, topics.starts, ends, system,
                                 opts.timeout, step=0.02)
-        if system_name.startswith("worker"):
-            # The runs stage reads the admitted starts back: the work ends when it is done.
+        if system_name.startswith("worker") and reads_back(settings, system.group,
+                                                           topics.admitted):
+            # A worker before the in-process handover (docs/decisions/in-process-handover.md)
+            # reads the admitted starts back to write the runs rows: the work ends when
+            # that is done. Since, the runs rows commit with the starts' offsets.
             t_done = wait_committed(settings, system.group, topics.admitted,
                                     data_ends(settings, topics.admitted), system,
                                     opts.timeout, step=0.02)

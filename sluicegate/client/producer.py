@@ -324,9 +324,11 @@ class Client:
         deadline = time.monotonic() + timeout
         start, kafka_key = self._builder.build(workflow, payload, id=id, at=at, origin=origin,
                                                wait_decision=True)
-        # A fresh run's execution id is known before it exists: watch its partition from now.
-        watch = _RunWatch(self.settings, self.topics.runs,
-                          execution_id_for(workflow, start.request_id))
+        # A fresh run's execution id is known before it exists (identity decides it on the
+        # partition the start is produced to): watch its partition from now.
+        n = self.settings.partitions
+        fresh_id = execution_id_for(workflow, start.request_id, partition_for(kafka_key, n), n)
+        watch = _RunWatch(self.settings, self.topics.runs, fresh_id)
         try:
             handle = Handle(start.request_id, workflow,
                             _future=self._replies.expect(start.request_id))
@@ -341,7 +343,7 @@ class Client:
                     f"workflow {workflow}: the start was {handle.status} ({handle.reason}); "
                     "there is no run to wait for")
             # Queued here means paused: the run, when unpaused, has the fresh id.
-            execution_id = handle.execution_id or execution_id_for(workflow, start.request_id)
+            execution_id = handle.execution_id or fresh_id
             handle.result = watch.ended(execution_id, deadline)
             return handle
         finally:

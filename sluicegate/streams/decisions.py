@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import python_partition_for
 from sluicegate.schemas.records import (
     AdmittedStart,
     DeadLetter,
@@ -23,8 +24,10 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.stage import InputRecord, StageContext
 
-_EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
-_EXECUTION_SHA1 = hashlib.sha1(_EXECUTION_NS.bytes, usedforsecurity=False)
+# The stage that keeps the runs table (streams/stages/runs.py).
+RUNS_STAGE = "runs"
+EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
+_EXECUTION_SHA1 = hashlib.sha1(EXECUTION_NS.bytes, usedforsecurity=False)
 
 
 def _uuid5_text(digest: bytes) -> str:
@@ -34,22 +37,40 @@ def _uuid5_text(digest: bytes) -> str:
     return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
+def _placed_uuid_text(text: str, partitions: int, partition: int) -> str | None:
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} of {partitions} partitions")
+    start = int(text[32:], 16)
+    for n in range(0x10000):
+        placed = f"{text[:32]}{(start + n) & 0xFFFF:04x}"
+        if python_partition_for(placed.encode(), partitions) == partition:
+            return placed
+    return None
+
+
 uuid5_text: Callable[[bytes], str]
+placed_uuid_text: Callable[[str, int, int], str | None]
 try:
-    from sluicegate.schemas._speedups import uuid5_text
+    from sluicegate.schemas._speedups import placed_uuid_text, uuid5_text
 except ImportError:  # pragma: no cover - the package's build compiles it
-    uuid5_text = _uuid5_text
+    uuid5_text, placed_uuid_text = _uuid5_text, _placed_uuid_text
 
 
-def execution_id_for(workflow: str, request_id: str) -> str:
-    """Deterministic, so a replayed decision names the same execution.
+def execution_id_for(workflow: str, request_id: str, partition: int, partitions: int) -> str:
+    """The execution id of a fresh run, placed on the partition that decided it.
 
-    `str(uuid.uuid5(_EXECUTION_NS, f"{workflow}\\x1f{request_id}"))`, computed without
-    the UUID object, the text made in C (a fifth of the cost; tests/unit/test_codec_fast.py
-    checks they agree)."""
+    Deterministic, so a replayed decision names the same execution: the version-5 UUID
+    `uuid.uuid5(EXECUTION_NS, f"{workflow}\\x1f{request_id}")`, its last 16 bits
+    counted up (mod 2^16) to the first value whose text murmur2 puts on `partition`. The
+    run's row then lives in the task that admits it when nothing moved it on (the
+    passthrough), and is written there in the same step
+    (docs/decisions/placed-execution-ids.md). The plain UUID when no value lands there,
+    which takes tens of thousands of partitions. Made in C; tests/unit/test_codec_fast.py
+    holds it to the Python here."""
     h = _EXECUTION_SHA1.copy()
     h.update(f"{workflow}\x1f{request_id}".encode())
-    return uuid5_text(h.digest())
+    text = uuid5_text(h.digest())
+    return placed_uuid_text(text, partitions, partition) or text
 
 
 def request_id_for(record: InputRecord) -> str:
@@ -71,7 +92,12 @@ def record_decision(ctx: StageContext, row: LedgerRecord, reply_partition: int |
 
 
 def admit(ctx: StageContext, admitted: AdmittedStart) -> None:
-    ctx.send(ctx.topics.admitted, admitted.execution_id.encode(), codec.encode(admitted))
+    """To the engines, and to the runs stage, which keeps the run's row: handed over in
+    this worker when it owns the row's partition, else through the runs stage's topic
+    (docs/decisions/in-process-handover.md)."""
+    key, value = admitted.execution_id.encode(), codec.encode(admitted)
+    ctx.send(ctx.topics.admitted, key, value)
+    ctx.send(ctx.topics.stage(RUNS_STAGE), key, value)
 
 
 def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:

@@ -7,6 +7,10 @@ changelog offsets the broker assigned). Any failure aborts the transaction, drop
 cycle's store writes and rewinds the consumer to the committed offsets. This is the
 Kafka Streams exactly-once v2 design: a kill -9 at any instant loses and duplicates
 nothing, because outputs, state and input progress commit or vanish together.
+
+A record sent to a stage input that the stage takes handed over (`Stage.handed_over`) is
+processed on the spot when this worker owns its partition: the same transaction, no
+round trip through the broker (docs/decisions/in-process-handover.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import check_access
+from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.registry import RegistryError, configure_codec
 from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
@@ -77,6 +82,9 @@ class Worker:
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
         self.stage_for_topic: dict[str, Stage] = {
             topic: stage for stage in stages for topic in stage.inputs(self.topics)
+        }
+        self._handed_over: dict[str, Stage] = {
+            topic: stage for stage in stages for topic in stage.handed_over(self.topics)
         }
         self.tasks: dict[int, Task] = {}
         # (topic, partition) -> next offset to commit, for records processed this cycle
@@ -219,9 +227,14 @@ class Worker:
         if not self._in_txn:
             self._begin()
         topic, offset = msg.topic(), msg.offset()
-        stage = self.stage_for_topic[topic]
-        record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
-                             msg.timestamp()[1], msg.headers())
+        self._handle(self.stage_for_topic[topic], task, InputRecord(
+            topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1],
+            msg.headers()))
+        self._progress[(topic, partition)] = offset + 1
+        self._cycle_records += 1
+        self.processed += 1
+
+    def _handle(self, stage: Stage, task: Task, record: InputRecord) -> None:
         ctx = task.states[stage.name].ctx
         try:
             stage.process(ctx, record)
@@ -230,11 +243,9 @@ class Worker:
             # transaction aborts, nothing is committed) rather than dead-letter it.
             raise
         except Exception as exc:
-            log.exception("stage %s failed on %s[%d]@%d", stage.name, topic, partition, offset)
+            log.exception("stage %s failed on %s[%d]@%d", stage.name, record.topic,
+                          record.partition, record.offset)
             dead_letter(ctx, record, f"{stage.name} failed: {type(exc).__name__}: {exc}")
-        self._progress[(topic, partition)] = offset + 1
-        self._cycle_records += 1
-        self.processed += 1
 
     def _apply_control(self) -> None:
         if self.control is None:
@@ -262,6 +273,16 @@ class Worker:
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, headers: Headers | None = None) -> None:
+        stage = self._handed_over.get(topic)
+        if stage is not None and key is not None:
+            p = partition_for(key, self.settings.partitions) if partition is None else partition
+            task = self.tasks.get(p)
+            if task is not None:
+                # Handed over: the stage processes it now, in this transaction; it is
+                # never written to its topic, so it has no offset.
+                self._handle(stage, task, InputRecord(topic, p, -1, key, value,
+                                                      self.clock.now_ms(), headers))
+                return
         while True:
             try:
                 if headers is not None:

@@ -109,6 +109,14 @@ class Stage(ABC):
         """The tables this stage publishes from its store (none by default)."""
         return ()
 
+    def handed_over(self, topics: Topics) -> tuple[str, ...]:
+        """The inputs whose records a stage of the same worker hands over in-process when
+        the worker owns the partition they are for: the record is processed in the
+        sender's transaction and never written to its topic (offset -1). Only for an
+        input where no record's order against another's matters
+        (docs/decisions/in-process-handover.md); none by default."""
+        return ()
+
     @abstractmethod
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         """Handle one input record. Bad input is the stage's to dead-letter and ledger."""

@@ -17,10 +17,12 @@ STATEFUL_STAGES = (
     "cancelon",
 )
 # Stages fed through a topic of their own: starts on their way, and releases of the slots
-# runs hold (identity's also takes starts a producer keyed differently than sluicegate).
+# runs hold (identity's also takes starts a producer keyed differently than sluicegate;
+# runs' takes the admitted starts whose run row another worker keeps,
+# docs/decisions/in-process-handover.md).
 ROUTED_STAGES = (
     "identity", "ratelimit", "defer", "singleton", "throttle", "concurrency", "pause",
-    "cancelon",
+    "cancelon", "runs",
 )
 
 _COMPACT = {"cleanup.policy": "compact"}

@@ -81,7 +81,8 @@ def _in_transit(settings: Settings, topics: Topics, workflow: str, stage: str, i
         hop = next(i for i, h in enumerate(hops) if h.stage == stage)
         key = Router.key_for(wf, hops[hop], payload)
     start = PendingStart(
-        execution_id=execution_id_for(workflow, request_id), workflow=workflow,
+        execution_id=execution_id_for(workflow, request_id, 0, settings.partitions),
+        workflow=workflow,
         payload=json.dumps(payload).encode(), origin=Origin.event, kind=AdmittedKind.start,
         declaration_version=wf.version, hop=hop, request_id=request_id,
         request_ids=[request_id], requested_at_ms=arrived_at_ms, arrived_at_ms=arrived_at_ms,

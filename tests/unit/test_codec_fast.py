@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from sluicegate.schemas import RECORD_TYPES, Codec, DecodeError, EncodeError, _speedups
 from sluicegate.schemas import codec as codec_module
 from sluicegate.schemas.codec import NAMED_TYPES, RecordSchema
+from sluicegate.schemas.murmur2 import python_partition_for
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, StartRequest
-from sluicegate.streams.decisions import _uuid5_text, execution_id_for
+from sluicegate.streams.decisions import _placed_uuid_text, _uuid5_text, execution_id_for
 
 NATIVE = Codec()  # the C fast paths
 PYTHON = Codec(native=False)  # the generated Python fast paths
@@ -167,11 +168,43 @@ def test_long_varints_match_fastavro(n: int) -> None:
             codec_module._long(n)
 
 
-@given(TEXT, st.text(max_size=64))
-def test_execution_ids_are_uuid5(workflow: str, request_id: str) -> None:
+@given(TEXT, st.text(max_size=64), st.integers(1, 48).flatmap(
+    lambda n: st.tuples(st.just(n), st.integers(0, n - 1))))
+def test_execution_ids_are_the_uuid5_placed_on_their_partition(
+        workflow: str, request_id: str, placement: tuple[int, int]) -> None:
+    partitions, partition = placement
     namespace = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
-    expected = str(uuid.uuid5(namespace, f"{workflow}\x1f{request_id}"))
-    assert execution_id_for(workflow, request_id) == expected
+    plain = str(uuid.uuid5(namespace, f"{workflow}\x1f{request_id}"))
+    placed = execution_id_for(workflow, request_id, partition, partitions)
+    assert python_partition_for(placed.encode(), partitions) == partition
+    # The same version-5 UUID but for its last 16 bits, which count up from the plain
+    # one's to the first value on the partition.
+    assert uuid.UUID(placed).version == 5 and uuid.UUID(placed).variant == uuid.RFC_4122
+    assert placed[:32] == plain[:32]
+    start, chosen = int(plain[32:], 16), int(placed[32:], 16)
+    for n in range((chosen - start) % 0x10000):
+        skipped = f"{plain[:32]}{(start + n) % 0x10000:04x}"
+        assert python_partition_for(skipped.encode(), partitions) != partition
+    assert _placed_uuid_text(plain, partitions, partition) == placed
+    if partitions == 1:
+        assert placed == plain
+
+
+def test_an_id_no_16_bit_value_places_stays_the_plain_uuid5() -> None:
+    plain = str(uuid.uuid5(uuid.NAMESPACE_OID, "x"))
+    # Among a billion partitions, one no 16-bit suffix reaches (the search ends, not hangs).
+    reached = {python_partition_for(f"{plain[:32]}{v:04x}".encode(), 10**9)
+               for v in range(0x10000)}
+    unreached = next(p for p in range(10**9) if p not in reached)
+    assert _speedups.placed_uuid_text(plain, 10**9, unreached) is None
+    assert _placed_uuid_text(plain, 10**9, unreached) is None
+
+
+@pytest.mark.parametrize("placed", [_speedups.placed_uuid_text, _placed_uuid_text])
+def test_a_partition_outside_the_topic_is_refused(placed: Any) -> None:
+    plain = str(uuid.uuid5(uuid.NAMESPACE_OID, "x"))
+    with pytest.raises(ValueError, match="partition 6 of 6 partitions"):
+        placed(plain, 6, 6)
 
 
 @given(st.binary(min_size=20, max_size=20))

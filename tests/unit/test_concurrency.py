@@ -166,6 +166,9 @@ class Harness:
             self.inbox.append((key, value, headers))
         elif topic == self.topics.admitted:
             self.admitted.append(codec.decode(AdmittedStart, value))
+        elif topic == self.topics.stage("runs"):
+            # The runs stage's copy of an admission: the same bytes as the engines'.
+            assert codec.decode(AdmittedStart, value) == self.admitted[-1]
         elif topic == self.topics.ledger:
             self.ledger.append(codec.decode(LedgerRecord, value))
         elif topic.startswith(self.topics.stage("")):

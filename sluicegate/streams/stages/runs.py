@@ -1,6 +1,8 @@
 """Runs: each admitted run's lifecycle, the `sg.runs` table, and the releases of its holds.
 
-Keyed by execution id, fed by `sg.admitted` and `sg.run-events` (co-partitioned). When
+Keyed by execution id, fed by the admitted starts (each stage that admits one hands it
+over in its own worker when the run's partition is there, and sends it to this stage's
+topic otherwise: docs/decisions/in-process-handover.md) and by `sg.run-events`. When
 the engine reports that a run ended, every slot the run holds (a concurrency slot, a
 singleton hold, an identity key with a ttl) is released on the partition that owns it;
 when it reports `suspended`, concurrency slots are offered back (a steps-mode limit
@@ -42,7 +44,7 @@ from sluicegate.schemas.records import (
     RunRow,
     RunStatus,
 )
-from sluicegate.streams.decisions import record_decision, reject
+from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
 from sluicegate.streams.timers import STATE_PREFIX
@@ -50,7 +52,7 @@ from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
 
-NAME = "runs"
+NAME = RUNS_STAGE
 _RUN = STATE_PREFIX + b"R"
 _EARLY = STATE_PREFIX + b"E"
 _EARLY_MARK = STATE_PREFIX + b"e"
@@ -213,7 +215,12 @@ class RunsStage(Stage):
         self.router = router
 
     def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.admitted, topics.run_events)
+        return (topics.stage(self.name), topics.run_events)
+
+    def handed_over(self, topics: Topics) -> tuple[str, ...]:
+        # One admitted start per run (a resume follows its run's own report), so no
+        # admission's order against another matters.
+        return (topics.stage(self.name),)
 
     def tables(self, topics: Topics) -> tuple[Table, ...]:
         # The runs table is this store's run rows: sg.runs is their log, so a row is
@@ -221,7 +228,7 @@ class RunsStage(Stage):
         return (Table("runs", _RUN, topics.runs),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
-        if record.topic == ctx.topics.admitted:
+        if record.topic != ctx.topics.run_events:
             try:
                 admitted = codec.decode(AdmittedStart, record.value)
             except codec.DecodeError as exc:
