@@ -109,11 +109,16 @@ def worker(
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
     from sluicegate.ops.worker import run_worker
+    from sluicegate.topology.admin import TopologyError
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
-               metrics_port=metrics_port)
+    try:
+        run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
+                   metrics_port=metrics_port)
+    except TopologyError as exc:
+        typer.echo(f"sluicegate worker: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @app.command("demo")

@@ -36,6 +36,7 @@ from sluicegate.streams.decisions import dead_letter
 from sluicegate.streams.recovery import restore_task
 from sluicegate.streams.stage import Headers, InputRecord, Stage
 from sluicegate.streams.task import StageState, Task
+from sluicegate.topology.admin import require_topics
 from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ class Worker:
 
     def start(self) -> None:
         check_access(self.settings)
+        require_topics(self.settings)
         configure_codec(self.settings)
         if self.control is not None:
             self.control.catch_up()

@@ -40,18 +40,7 @@ def create_topics(settings: Settings, app: App | None = None,
     if app is not None:
         specs += topics.event_specs(
             [entry.event for wf in app.workflows.values() for entry in wf.cancel_on])
-    present = admin.list_topics(timeout=timeout_s).topics
-    existing: list[TopicSpec] = []
-    mismatched: list[tuple[TopicSpec, int]] = []
-    missing: list[TopicSpec] = []
-    for spec in specs:
-        meta = present.get(spec.name)
-        if meta is None:
-            missing.append(spec)
-        elif len(meta.partitions) != spec.partitions:
-            mismatched.append((spec, len(meta.partitions)))
-        else:
-            existing.append(spec)
+    existing, mismatched, missing = _compare(specs, admin, timeout_s)
     created: list[TopicSpec] = []
     if missing:
         futures = admin.create_topics(
@@ -78,6 +67,43 @@ def create_topics(settings: Settings, app: App | None = None,
     if created:
         _wait_for_leaders(admin, [s.name for s in created], timeout_s)
     return CreateReport(created, existing, mismatched)
+
+
+def _compare(specs: list[TopicSpec], admin: AdminClient, timeout_s: float) -> tuple[
+        list[TopicSpec], list[tuple[TopicSpec, int]], list[TopicSpec]]:
+    """The specs whose topic exists as specified, exists with another partition count
+    (and that count), and does not exist."""
+    present = admin.list_topics(timeout=timeout_s).topics
+    existing: list[TopicSpec] = []
+    mismatched: list[tuple[TopicSpec, int]] = []
+    missing: list[TopicSpec] = []
+    for spec in specs:
+        meta = present.get(spec.name)
+        if meta is None:
+            missing.append(spec)
+        elif len(meta.partitions) != spec.partitions:
+            mismatched.append((spec, len(meta.partitions)))
+        else:
+            existing.append(spec)
+    return existing, mismatched, missing
+
+
+def require_topics(settings: Settings, timeout_s: float = 30.0) -> None:
+    """Raise TopologyError unless every sluicegate topic exists with its partition count:
+    a worker on a missing stage topic would fail every cycle that sends to it, and one on
+    a topic with another partition count would put a key's state on two tasks. (The
+    cancelOn event topics may come later: a worker notices them when they appear.)"""
+    admin = AdminClient(settings.client_config())
+    _, mismatched, missing = _compare(Topics(settings).specs(), admin, timeout_s)
+    problems = [f"{spec.name} is missing" for spec in missing] + [
+        f"{spec.name} has {found} partitions, not {spec.partitions}"
+        for spec, found in mismatched]
+    if problems:
+        raise TopologyError(
+            "the topics are not ready for a worker: " + "; ".join(problems)
+            + (". Create them with `sluicegate topics create` (idempotent)." if missing
+               else ". A topic's partition count must equal SLUICEGATE_PARTITIONS"
+               f" ({settings.partitions}) for every stage to see a key on the same task."))
 
 
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) -> None:

@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from sluicegate.config import Settings
+from sluicegate.declare import load_app
 from sluicegate.kafkautil import watermarks
 from sluicegate.ops.cli import app as cli
 from sluicegate.schemas import RECORD_TYPES, codec
-from sluicegate.topology.admin import create_topics
+from sluicegate.streams.runtime import Worker
+from sluicegate.topology.admin import TopologyError, create_topics
 from sluicegate.topology.topics import Topics
 from tests.unit.test_codec import records_of
 
@@ -54,6 +56,24 @@ def test_the_topics_command_reports_what_it_created(settings: Settings) -> None:
     assert "(compacted)" in first.output
     assert again.exit_code == 0
     assert "0 created" in again.output
+
+
+def test_a_worker_refuses_to_start_on_missing_topics_and_says_how_to_create_them(
+        settings: Settings) -> None:
+    env = {"SLUICEGATE_BOOTSTRAP": settings.bootstrap, "SLUICEGATE_NAMESPACE": settings.namespace,
+           "SLUICEGATE_STATE_DIR": str(settings.state_dir)}
+    result = CliRunner().invoke(cli, ["worker", "--app", "tests.apps.identity"], env=env)
+    assert result.exit_code == 2, result.output
+    assert f"{settings.namespace}stage.runs is missing" in result.output
+    assert "sluicegate topics create" in result.output
+
+
+def test_a_worker_refuses_topics_with_another_partition_count(settings: Settings) -> None:
+    create_topics(settings.with_(partitions=3))
+    with pytest.raises(TopologyError) as refused:
+        Worker.for_app(load_app("tests.apps.identity"), settings).start()
+    assert f"{settings.namespace}starts has 3 partitions, not 6" in str(refused.value)
+    assert "SLUICEGATE_PARTITIONS (6)" in str(refused.value)
 
 
 _TYPES = sorted(RECORD_TYPES, key=lambda c: c.__name__)
