@@ -2,9 +2,10 @@
 
 `python -m bench.micro [--starts N] [--profile]`: the same encoded StartRequests the SDK
 produces go through `IdentityStage.process`, and the admitted starts it writes through
-`RunsStage.process` (with a real RocksDB store, committed every 2,000 records as the
-worker does), with contexts whose sends only collect the bytes. This is the Python work
-per start that the worker adds to a raw pipe, less the runtime's own loop.
+`RunsStage.process` (as the worker hands them over; with a real RocksDB store, committed
+every 2,000 records as the worker does), with contexts whose sends only collect the
+bytes. This is the Python work per start that the worker adds to a raw pipe, less the
+runtime's own loop.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def run(starts: int, profiler: cProfile.Profile | None = None) -> tuple[float, f
     assert len(admitted) == starts, len(admitted)
     with tempfile.TemporaryDirectory(prefix="bench-micro-") as tmp:
         runs = in_memory_runs(app, Path(tmp))
-        runs_us = timed(runs, runs.topics.admitted, admitted, profiler)
+        runs_us = timed(runs, runs.topics.stage("runs"), admitted, profiler)
         assert sum(topic == runs.topics.runs for topic, _ in runs.sent) == starts
         assert runs.tx is not None
         runs.tx.store.close()
