@@ -742,27 +742,36 @@ static PyTypeObject ProgramType = {
 
 /* -- murmur2 ------------------------------------------------------------------------- */
 
+#define MURMUR2_M 0x5bd1e995u
+
+/* One 4-byte block (little-endian) into the running hash. */
+static inline uint32_t murmur2_block(uint32_t h, const unsigned char *block) {
+    uint32_t k = (uint32_t)block[0] | (uint32_t)block[1] << 8 | (uint32_t)block[2] << 16 |
+                 (uint32_t)block[3] << 24;
+    k *= MURMUR2_M;
+    k ^= k >> 24;
+    k *= MURMUR2_M;
+    return (h * MURMUR2_M) ^ k;
+}
+
+static inline uint32_t murmur2_final(uint32_t h) {
+    h ^= h >> 13;
+    h *= MURMUR2_M;
+    h ^= h >> 15;
+    return h;
+}
+
 static int32_t murmur2_of(const unsigned char *data, Py_ssize_t length) {
-    const uint32_t m = 0x5bd1e995;
     uint32_t h = 0x9747b28cu ^ (uint32_t)length;
     Py_ssize_t whole = length & ~(Py_ssize_t)3;
-    for (Py_ssize_t i = 0; i < whole; i += 4) {
-        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 |
-                     (uint32_t)data[i + 2] << 16 | (uint32_t)data[i + 3] << 24;
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        h = (h * m) ^ k;
-    }
+    for (Py_ssize_t i = 0; i < whole; i += 4)
+        h = murmur2_block(h, data + i);
     switch (length & 3) {
     case 3: h ^= (uint32_t)data[whole + 2] << 16; /* fall through */
     case 2: h ^= (uint32_t)data[whole + 1] << 8;  /* fall through */
-    case 1: h ^= (uint32_t)data[whole]; h *= m;
+    case 1: h ^= (uint32_t)data[whole]; h *= MURMUR2_M;
     }
-    h ^= h >> 13;
-    h *= m;
-    h ^= h >> 15;
-    return (int32_t)h;
+    return (int32_t)murmur2_final(h);
 }
 
 static PyObject *speedups_murmur2(PyObject *module, PyObject *arg) {
@@ -863,29 +872,14 @@ static PyObject *speedups_placed_uuid_text(PyObject *module, PyObject *const *ar
             return PyErr_Format(PyExc_ValueError, "a UUID's text is lowercase hex");
         start = start << 4 | v;
     }
-    const uint32_t m = 0x5bd1e995;
     uint32_t prefix = 0x9747b28cu ^ 36u;
-    for (int i = 0; i < 32; i += 4) {
-        uint32_t k = (uint32_t)text[i] | (uint32_t)text[i + 1] << 8 |
-                     (uint32_t)text[i + 2] << 16 | (uint32_t)text[i + 3] << 24;
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        prefix = (prefix * m) ^ k;
-    }
+    for (int i = 0; i < 32; i += 4)
+        prefix = murmur2_block(prefix, text + i);
     for (unsigned int n = 0; n < 0x10000u; n++) {
         unsigned int v = (start + n) & 0xFFFFu;
         unsigned char last[4] = {(unsigned char)hex[v >> 12], (unsigned char)hex[(v >> 8) & 15],
                                  (unsigned char)hex[(v >> 4) & 15], (unsigned char)hex[v & 15]};
-        uint32_t k = (uint32_t)last[0] | (uint32_t)last[1] << 8 | (uint32_t)last[2] << 16 |
-                     (uint32_t)last[3] << 24;
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        uint32_t h = (prefix * m) ^ k;
-        h ^= h >> 13;
-        h *= m;
-        h ^= h >> 15;
+        uint32_t h = murmur2_final(murmur2_block(prefix, last));
         if ((long)((h & 0x7fffffffu) % (uint32_t)partitions) == partition) {
             memcpy(text + 32, last, 4);
             return PyUnicode_FromStringAndSize((const char *)text, 36);
