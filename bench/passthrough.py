@@ -394,7 +394,12 @@ class OutputReader:
 
     @staticmethod
     def high_watermarks(settings: Settings, topic: str) -> dict[int, int]:
-        consumer = Consumer(settings.client_config(**{"group.id": "bench-watermarks"}))
+        # read_uncommitted: a read_committed client is answered the last stable offset,
+        # which stays before a committed transaction's records until the broker has
+        # written its marker on that partition; the group's offsets can be visible first,
+        # and the warm-up's last outputs would then be read as the latency phase's.
+        consumer = Consumer(settings.client_config(**{
+            "group.id": "bench-watermarks", "isolation.level": "read_uncommitted"}))
         try:
             meta = consumer.list_topics(topic, timeout=10).topics[topic]
             return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
