@@ -66,7 +66,7 @@ from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import ensure_broker, stop_broker
 from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.streams.decisions import EXECUTION_NS, execution_id_for
+from sluicegate.streams.decisions import execution_id_for, plain_execution_id
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 
@@ -255,11 +255,6 @@ class SystemProcess:
              "print(len(inspect.signature(d.execution_id_for).parameters))"],
             cwd=self.baseline_tree, capture_output=True, text=True, check=True)
         return int(found.stdout) == 4
-
-
-def plain_execution_id(workflow: str, request_id: str) -> str:
-    """An execution id as workers before placed ids made it: the version-5 UUID alone."""
-    return str(uuid.uuid5(EXECUTION_NS, f"{workflow}\x1f{request_id}"))
 
 
 # -- producing input -----------------------------------------------------------------------

@@ -805,11 +805,12 @@ static PyObject *speedups_partition_for(PyObject *module, PyObject *const *args,
 
 /* -- name-based UUIDs ------------------------------------------------------------------ */
 
+static const char HEX_DIGITS[] = "0123456789abcdef";
+
 /* The text of a version-5 UUID from the SHA-1 digest of its namespace and name (RFC 4122
  * section 4.3): the first 16 bytes, version 5 in the high nibble of byte 6, the variant
  * in the two high bits of byte 8, as lowercase hex in 8-4-4-4-12 groups. */
 static PyObject *speedups_uuid5_text(PyObject *module, PyObject *arg) {
-    static const char hex[] = "0123456789abcdef";
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -830,8 +831,8 @@ static PyObject *speedups_uuid5_text(PyObject *module, PyObject *arg) {
     for (int i = 0, j = 0; i < 16; i++) {
         if (i == 4 || i == 6 || i == 8 || i == 10)
             out[j++] = '-';
-        out[j++] = (Py_UCS1)hex[b[i] >> 4];
-        out[j++] = (Py_UCS1)hex[b[i] & 0x0F];
+        out[j++] = (Py_UCS1)HEX_DIGITS[b[i] >> 4];
+        out[j++] = (Py_UCS1)HEX_DIGITS[b[i] & 0x0F];
     }
     return text;
 }
@@ -844,7 +845,6 @@ static PyObject *speedups_uuid5_text(PyObject *module, PyObject *arg) {
  * eight blocks is computed once. */
 static PyObject *speedups_placed_uuid_text(PyObject *module, PyObject *const *args,
                                            Py_ssize_t nargs) {
-    static const char hex[] = "0123456789abcdef";
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "placed_uuid_text(text, partitions, partition)");
         return NULL;
@@ -877,8 +877,9 @@ static PyObject *speedups_placed_uuid_text(PyObject *module, PyObject *const *ar
         prefix = murmur2_block(prefix, text + i);
     for (unsigned int n = 0; n < 0x10000u; n++) {
         unsigned int v = (start + n) & 0xFFFFu;
-        unsigned char last[4] = {(unsigned char)hex[v >> 12], (unsigned char)hex[(v >> 8) & 15],
-                                 (unsigned char)hex[(v >> 4) & 15], (unsigned char)hex[v & 15]};
+        unsigned char last[4];
+        for (int i = 0; i < 4; i++)
+            last[i] = (unsigned char)HEX_DIGITS[(v >> (12 - 4 * i)) & 15];
         uint32_t h = murmur2_final(murmur2_block(prefix, last));
         if ((long)((h & 0x7fffffffu) % (uint32_t)partitions) == partition) {
             memcpy(text + 32, last, 4);

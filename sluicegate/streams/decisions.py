@@ -26,8 +26,8 @@ from sluicegate.streams.stage import InputRecord, StageContext
 
 # The stage that keeps the runs table (streams/stages/runs.py).
 RUNS_STAGE = "runs"
-EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
-_EXECUTION_SHA1 = hashlib.sha1(EXECUTION_NS.bytes, usedforsecurity=False)
+_EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
+_EXECUTION_SHA1 = hashlib.sha1(_EXECUTION_NS.bytes, usedforsecurity=False)
 
 
 def _uuid5_text(digest: bytes) -> str:
@@ -56,20 +56,26 @@ except ImportError:  # pragma: no cover - the package's build compiles it
     uuid5_text, placed_uuid_text = _uuid5_text, _placed_uuid_text
 
 
+def plain_execution_id(workflow: str, request_id: str) -> str:
+    """`str(uuid.uuid5(_EXECUTION_NS, f"{workflow}\\x1f{request_id}"))` without the UUID
+    object: the execution id before it is placed (and as workers before placed ids made
+    it)."""
+    h = _EXECUTION_SHA1.copy()
+    h.update(f"{workflow}\x1f{request_id}".encode())
+    return uuid5_text(h.digest())
+
+
 def execution_id_for(workflow: str, request_id: str, partition: int, partitions: int) -> str:
     """The execution id of a fresh run, placed on the partition that decided it.
 
     Deterministic, so a replayed decision names the same execution: the version-5 UUID
-    `uuid.uuid5(EXECUTION_NS, f"{workflow}\\x1f{request_id}")`, its last 16 bits
-    counted up (mod 2^16) to the first value whose text murmur2 puts on `partition`. The
-    run's row then lives in the task that admits it when nothing moved it on (the
-    passthrough), and is written there in the same step
-    (docs/decisions/placed-execution-ids.md). The plain UUID when no value lands there,
-    which takes tens of thousands of partitions. Made in C; tests/unit/test_codec_fast.py
-    holds it to the Python here."""
-    h = _EXECUTION_SHA1.copy()
-    h.update(f"{workflow}\x1f{request_id}".encode())
-    text = uuid5_text(h.digest())
+    of `plain_execution_id`, its last 16 bits counted up (mod 2^16) to the first value
+    whose text murmur2 puts on `partition`. The run's row then lives in the task that
+    admits it when nothing moved it on (the passthrough), and is written there in the
+    same step (docs/decisions/placed-execution-ids.md). The plain UUID when no value
+    lands there, which takes tens of thousands of partitions. Made in C;
+    tests/unit/test_codec_fast.py holds it to the Python here."""
+    text = plain_execution_id(workflow, request_id)
     return placed_uuid_text(text, partitions, partition) or text
 
 

@@ -196,16 +196,16 @@ class IdentityStage(Stage):
 
         key = identity_key(wf, start, payload)
         now = ctx.now_ms
-        skey = store_key(wf.name, key) if key is not None else None
-        if skey is not None and partition_for(skey, self.partitions) != ctx.partition:
-            # Produced under another key: re-key it so this key's state has one owner.
-            ctx.send(ctx.topics.stage(self.name), skey, record.value)
-            return
-        # On this partition: a passthrough's run row is written in this task.
+        # Placed on this partition: a passthrough's run row is written in this task.
         execution_id = execution_id_for(wf.name, start.request_id, ctx.partition,
                                         self.partitions)
         slots: list[Slot] = []
-        if key is not None and skey is not None:
+        if key is not None:
+            skey = store_key(wf.name, key)
+            if partition_for(skey, self.partitions) != ctx.partition:
+                # Produced under another key: re-key it so this key's state has one owner.
+                ctx.send(ctx.topics.stage(self.name), skey, record.value)
+                return
             raw = ctx.store.get(STATE_PREFIX + skey)
             decision = decide(IdentityRow.decode(raw) if raw else None, execution_id,
                               start.request_id, now)
