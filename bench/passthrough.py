@@ -10,6 +10,11 @@ encodes them), one system at a time (the machine has 2 cores):
   (a') raw-io the same pipe writing, per input, the records an admission writes: one to
               the admitted topic, one to the ledger, one to the runs table, each of the
               size the worker writes (the I/O any passthrough must do);
+  floor       the raw-io pipe admitting each start with sluicegate's own pieces and no
+              runtime (`bench.floor`): decode, validate, execution id, the three records
+              built and encoded, the run looked up and written to RocksDB; the least any
+              passthrough in Python does, so the worker's distance from it is its own
+              orchestration;
   (b) worker  `python -m sluicegate worker --app bench.apps`: identity -> passthrough,
               exactly once (an admitted record, a ledger record and a runs-table row per
               start; the phase ends when all three exist);
@@ -71,7 +76,7 @@ from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("raw", "raw-io", "worker", "worker-base", "faust")
+SYSTEMS = ("raw", "raw-io", "floor", "worker", "worker-base", "faust")
 # Where a faust-streaming virtualenv is looked for (bench/README.md says how to make one).
 FAUST_PYTHONS = (ROOT / "bench" / ".venv-faust" / "bin" / "python",
                  Path("/tmp/venv-faust/bin/python"))
@@ -141,11 +146,11 @@ class SystemProcess:
         # Every topic the system writes per start, each with its size for raw-io.
         self.sizes = sizes or {}
         self.outputs = [self.output]
-        if system.startswith("worker") or system == "raw-io":
+        if system.startswith("worker") or system in ("raw-io", "floor"):
             self.outputs = [self.topics.admitted, self.topics.ledger, self.topics.runs]
         if system.startswith("worker"):
             self.group = self.topics.group
-        elif system.startswith("raw"):
+        elif system.startswith("raw") or system == "floor":
             self.group = f"{settings.namespace}rawpipe"
         else:
             self.group = f"{settings.namespace}faust"
@@ -170,6 +175,10 @@ class SystemProcess:
             })
             return [sys.executable, "-m", "sluicegate", "worker", "--app", "bench.apps",
                     "--log-level", "WARNING"], env
+        if self.system == "floor":
+            return [sys.executable, "-m", "bench.rawpipe", "--bootstrap", s.bootstrap,
+                    "--input", self.topics.starts, "--group", self.group,
+                    "--floor", s.namespace, "--state-dir", str(self.workdir / "floor")], env
         if self.system.startswith("raw"):
             outputs = [self.output] if self.system == "raw" else [
                 f"{topic}:{self.sizes[kind]}" for topic, kind in zip(
@@ -234,7 +243,8 @@ class SystemProcess:
 
     def output_key(self, request_id: bytes, topic: str | None = None) -> bytes:
         """The key the system writes a start's output under (on `topic`, else the first)."""
-        if self.system.startswith("worker") and topic != self.topics.ledger:
+        if (self.system.startswith("worker") or self.system == "floor") \
+                and topic != self.topics.ledger:
             if not self.placed_ids:
                 return plain_execution_id(WORKFLOW, request_id.decode()).encode()
             # The bench's starts are keyed by request id: identity decides on its partition.
@@ -726,7 +736,7 @@ def main() -> None:
     parser.add_argument("--latency-rate", type=float, default=1_000.0,
                         help="starts/s during the latency measurement")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", default="raw,raw-io,worker,faust",
+    parser.add_argument("--systems", default="raw,raw-io,floor,worker,faust",
                         help="comma-separated subset of " + ",".join(SYSTEMS))
     parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
                         help="a source tree (e.g. `git archive` of an older commit) whose "

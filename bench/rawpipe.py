@@ -8,10 +8,13 @@ exactly-once transport alone. Runs until SIGTERM or SIGINT.
 By default each input record is copied unchanged to one output topic. With
 `--output TOPIC:SIZE` given several times, each input writes one record to every such
 topic, its value SIZE bytes long (the input's bytes, repeated or cut) and its key the
-input's: the same records, by count and size, that an admission writes.
+input's: the same records, by count and size, that an admission writes. With `--floor`,
+each input is admitted by `bench.floor.Floor` instead: the least work any Python
+passthrough does, writing the worker's own three records (the outputs are its topics).
 
     python -m bench.rawpipe --bootstrap HOST:PORT --input T --output T --group G
     python -m bench.rawpipe ... --output sg.admitted:172 --output sg.ledger:150 ...
+    python -m bench.rawpipe ... --floor NAMESPACE --state-dir DIR
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import argparse
 import signal
 import time
 import uuid
+from pathlib import Path
 from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from bench.floor import Floor
 from sluicegate.config import Settings
 
 
@@ -33,7 +38,7 @@ def sized(value: bytes, size: int) -> bytes:
 
 
 def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
-        group: str) -> int:
+        group: str, floor: Floor | None = None) -> int:
     settings = Settings(bootstrap=bootstrap)
     stop = False
 
@@ -80,6 +85,8 @@ def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
         offsets = [TopicPartition(input_topic, p, o) for p, o in progress.items()]
         producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30.0)
         producer.commit_transaction(30.0)
+        if floor is not None:
+            floor.commit()
         progress.clear()
         in_txn = False
 
@@ -101,6 +108,16 @@ def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
                     started = time.monotonic()
                     records = 0
                 key, value = msg.key(), msg.value() or b""
+                if floor is not None:
+                    admission = floor.admit(value, msg.partition() or 0)
+                    for topic, out_key, out, partition in admission:
+                        while True:
+                            try:
+                                producer.produce(topic, out, out_key,
+                                                 -1 if partition is None else partition)
+                                break
+                            except BufferError:
+                                producer.poll(0.05)
                 for topic, size in outputs:
                     out = value if size is None else sized(value, size)
                     while True:
@@ -119,6 +136,8 @@ def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
     finally:
         consumer.close()
         producer.flush(5.0)
+        if floor is not None:
+            floor.close()
     return processed
 
 
@@ -127,13 +146,27 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--input", required=True)
-    parser.add_argument("--output", required=True, action="append",
+    parser.add_argument("--output", action="append", default=[],
                         help="TOPIC (a copy of the input) or TOPIC:SIZE; repeatable")
     parser.add_argument("--group", required=True)
+    parser.add_argument("--floor", metavar="NAMESPACE", default=None,
+                        help="admit each input as bench.floor does, to that namespace's "
+                             "topics (bench.apps' workflow)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="--floor's RocksDB store")
     args = parser.parse_args()
     outputs = [(topic, int(size) if size else None)
                for topic, _, size in (o.partition(":") for o in args.output)]
-    processed = run(args.bootstrap, args.input, outputs, args.group)
+    floor = None
+    if args.floor is not None:
+        if args.state_dir is None:
+            parser.error("--floor needs --state-dir")
+        from bench.apps import WORKFLOW, app
+        floor = Floor(app, WORKFLOW, Settings(bootstrap=args.bootstrap,
+                                             namespace=args.floor), args.state_dir)
+    elif not outputs:
+        parser.error("give --output, or --floor")
+    processed = run(args.bootstrap, args.input, outputs, args.group, floor)
     print(f"rawpipe: {processed} records piped")
 
 
