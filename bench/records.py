@@ -11,7 +11,7 @@ from sluicegate.declare import App
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.identity import IdentityStage
 from sluicegate.streams.stages.runs import RunsStage, admitted_row
 from sluicegate.streams.store import PartitionStore, StoreTransaction
@@ -44,8 +44,9 @@ def make_starts(app: App, workflow: str, n: int, note_bytes: int = 0,
 
 class InMemoryStage:
     """One of the worker's stages run in memory, without a broker: sends are collected as
-    (topic, value), and a stateful stage gets a real store (RocksDB in `state_dir`) whose
-    writes are committed every `commit_every` records, as the runtime would."""
+    (topic, value), or handed over to the stage `hand_over` names for their topic, as the
+    worker does (`Stage.handed_over`); a stateful stage gets a real store (RocksDB in
+    `state_dir`), committed when the caller says, as the runtime would."""
 
     def __init__(self, stage: Stage, settings: Settings | None = None,
                  state_dir: Path | None = None) -> None:
@@ -53,6 +54,7 @@ class InMemoryStage:
         self.topics = Topics(settings)
         self.stage = stage
         self.sent: list[tuple[str, bytes | None]] = []
+        self.hand_over: dict[str, InMemoryStage] = {}
         self.tx: StoreTransaction | None = None
         timers = None
         if state_dir is not None:
@@ -60,8 +62,14 @@ class InMemoryStage:
             timers = Timers(self.tx)
 
         def send(topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None = None) -> None:
-            self.sent.append((topic, value))
+                 partition: int | None = None, headers: Headers | None = None,
+                 message: object | None = None) -> None:
+            to = self.hand_over.get(topic)
+            if to is None:
+                self.sent.append((topic, value))
+            else:
+                to.stage.process(to.ctx, InputRecord(topic, 0, -1, key, value, 0, headers,
+                                                     message))
 
         self.ctx = StageContext(stage.name, 0, self.topics, self.tx, timers, send,
                                 lambda: int(time.time() * 1000))

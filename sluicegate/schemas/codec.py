@@ -678,6 +678,11 @@ class Codec:
         elif fast:
             for cls, (enc, dec) in _FAST.items():
                 self._fast[cls] = (partial(_with_header, self._headers[cls], enc), dec)
+        # A record framed with its type's current header needs nothing of the framing: the
+        # body follows the header (the first test in `decode`).
+        self._current: dict[type, tuple[bytes, int, Callable[[bytes, int], Any]]] = {
+            cls: (self._headers[cls], len(self._headers[cls]), dec)
+            for cls, (_enc, dec) in self._fast.items()}
 
     @property
     def framing(self) -> Framing:
@@ -704,6 +709,12 @@ class Codec:
     def decode(self, cls: type[R], data: bytes | None) -> R:
         """``data`` may be a Kafka value as it comes (None for a tombstone): anything
         that is not a well-formed ``cls`` raises `DecodeError`, never another error."""
+        current = self._current.get(cls)
+        if current is not None and data.__class__ is bytes and data.startswith(current[0]):
+            try:
+                return current[2](data, current[1])
+            except Exception:  # not a plain case: the framing and fastavro decide below
+                pass
         rs = _TYPES.get(cls)
         if rs is None:
             raise TypeError(f"{getattr(cls, '__name__', cls)!r} is not a sluicegate record type")

@@ -103,7 +103,7 @@ def admit(ctx: StageContext, admitted: AdmittedStart) -> None:
     (docs/decisions/in-process-handover.md)."""
     key, value = admitted.execution_id.encode(), codec.encode(admitted)
     ctx.send(ctx.topics.admitted, key, value)
-    ctx.send(ctx.topics.stage(RUNS_STAGE), key, value)
+    ctx.send(ctx.topics.stage(RUNS_STAGE), key, value, None, None, admitted)
 
 
 def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:

@@ -274,7 +274,8 @@ class Worker:
                     self._cycle_records += 1
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None) -> None:
+              partition: int | None = None, headers: Headers | None = None,
+              message: object | None = None) -> None:
         stage = self._handed_over.get(topic)
         if stage is not None and key is not None:
             p = partition_for(key, self.settings.partitions) if partition is None else partition
@@ -283,7 +284,7 @@ class Worker:
                 # Handed over: the stage processes it now, in this transaction; it is
                 # never written to its topic, so it has no offset.
                 self._handle(stage, task, InputRecord(topic, p, -1, key, value,
-                                                      self.clock.now_ms(), headers))
+                                                      self.clock.now_ms(), headers, message))
                 return
         while True:
             try:

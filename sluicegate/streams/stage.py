@@ -32,6 +32,9 @@ class InputRecord:
     # None when the record has none (nearly always). Only sluicegate's own stage topics
     # carry headers it reads (docs/decisions/record-headers.md).
     headers: Headers | None = None
+    # The value decoded, when the record was handed over in-process by a stage that had
+    # it (`Stage.handed_over`): the receiving stage need not decode `value` again.
+    message: object | None = None
 
 
 @record
@@ -48,10 +51,12 @@ class Table:
 
 class Send(Protocol):
     """Produce one record in the current transaction: to `partition`, or (None) to the
-    key's murmur2 partition; with `headers` when given."""
+    key's murmur2 partition; with `headers` when given. `message` is the record `value`
+    encodes, for a stage the record may be handed over to (`InputRecord.message`)."""
 
     def __call__(self, topic: str, key: bytes | None, value: bytes | None,
-                 partition: int | None = None, headers: Headers | None = None, /) -> None: ...
+                 partition: int | None = None, headers: Headers | None = None,
+                 message: object | None = None, /) -> None: ...
 
 
 class StageContext:

@@ -483,7 +483,8 @@ class _AfterDefer:
                                   lambda: self.now)
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None) -> None:
+              partition: int | None = None, headers: Headers | None = None,
+              message: object | None = None) -> None:
         assert value is not None
         if topic in self.stages:
             self.inbox.append((topic, key, value, headers))

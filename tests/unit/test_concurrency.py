@@ -160,7 +160,8 @@ class Harness:
                                 lambda: self.now)
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None) -> None:
+              partition: int | None = None, headers: Headers | None = None,
+              message: object | None = None) -> None:
         assert value is not None
         if topic == self.topics.stage(NAME):
             self.inbox.append((key, value, headers))

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.config import Settings
 from sluicegate.declare import Concurrency, Workflow
-from sluicegate.schemas.records import RunEvent, RunEventKind, RunRow, RunStatus, Slot
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    Origin,
+    RunEvent,
+    RunEventKind,
+    RunRow,
+    RunStatus,
+    Slot,
+)
+from sluicegate.streams.routing import Router
+from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages.runs import (
     DEFAULT_LEASE_MS,
     ENDED,
     Backstop,
+    RunsStage,
+    admitted_row,
     alive,
     apply_event,
     backstop_for,
@@ -23,7 +39,11 @@ from sluicegate.streams.stages.runs import (
     lease_of,
     redriven,
 )
+from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.topics import Topics
 from tests.apps.lifecycle import Job
+from tests.apps.lifecycle import app as lifecycle_app
 
 ADMITTED_AT = 1_000_000
 
@@ -186,3 +206,36 @@ def test_a_backstop_round_trips_through_its_store_row() -> None:
     for backstop in [Backstop(), Backstop(1, None, None), Backstop(None, 5, 9)]:
         assert Backstop.decode(backstop.encode()) == backstop
     assert dataclasses.replace(Backstop(None, 5, 9), lease_until_ms=None).idle is False
+
+
+# -- the stage, handed an admission in-process -----------------------------------------
+
+
+def _admitted(execution_id: str) -> AdmittedStart:
+    return AdmittedStart(execution_id=execution_id, workflow="flakyJob", payload=b"{}",
+                         declaration_version="v", origin=Origin.event,
+                         kind=AdmittedKind.start, slots=[], request_ids=["r"],
+                         requested_at_ms=ADMITTED_AT, admitted_at_ms=ADMITTED_AT)
+
+
+def test_an_admission_handed_over_is_taken_as_the_record_it_carries(tmp_path: Path) -> None:
+    topics = Topics(Settings(namespace="sg."))
+    sent: list[tuple[str, bytes | None]] = []
+    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
+    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
+                       lambda t, k, v, p=None, h=None, m=None: sent.append((t, v)),
+                       lambda: ADMITTED_AT)
+    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
+    read = _admitted("e-read")
+    handed = _admitted("e-handed")
+    # Read from its topic: the bytes are decoded. Handed over by the admitting stage in
+    # the same worker: the record it carries is the admission, its bytes are not read
+    # again (these are not even an admitted start).
+    stage.process(ctx, InputRecord(topics.stage("runs"), 0, 7, b"e-read",
+                                   codec.encode(read), 0))
+    stage.process(ctx, InputRecord(topics.stage("runs"), 0, -1, b"e-handed",
+                                   b"not decoded", 0, None, handed))
+    assert RunsStage.load(ctx, "e-read") == admitted_row(read)
+    assert RunsStage.load(ctx, "e-handed") == admitted_row(handed)
+    assert sent == []  # nothing dead-lettered or rejected
+    tx.store.close()

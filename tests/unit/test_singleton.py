@@ -227,7 +227,7 @@ class Harness:
         self.router = Router(singleton_app, 0, None)
         self.stage = SingletonStage(self.router)
         self.ctx = StageContext("singleton", 0, self.topics, self.tx, Timers(self.tx),
-                                lambda t, k, v, p=None, h=None: self.sent.append((t, k, v)),
+                                lambda t, k, v, p=None, h=None, m=None: self.sent.append((t, k, v)),
                                 lambda: 1000)
         self.offset = 0
 

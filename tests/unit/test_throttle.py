@@ -265,7 +265,7 @@ class Harness:
         self.timers = Timers(self.tx)
         self.stage = ThrottleStage(app, Router(app, 0, None))
         self.ctx = StageContext("throttle", 0, self.topics, self.tx, self.timers,
-                                lambda t, k, v, p=None, h=None: self.sent.append((t, k, v)),
+                                lambda t, k, v, p=None, h=None, m=None: self.sent.append((t, k, v)),
                                 lambda: self.now)
         self.stage.restored(self.ctx)
 

@@ -174,12 +174,13 @@ class IdentityStage(Stage):
             reject(ctx, record, f"unknown workflow {start.workflow!r}", start)
             return
         payloads = self.router.payloads
-        kept = payloads.seal_bytes(wf, start.payload)
-        if kept is not start.payload:
-            # A producer that does not seal: every copy from here on is sealed, a dead
-            # letter's too.
-            start = dataclasses.replace(start, payload=kept)
-            record = dataclasses.replace(record, value=codec.encode(start))
+        if wf.encrypt_payloads:
+            kept = payloads.seal_bytes(wf, start.payload)
+            if kept is not start.payload:
+                # A producer that does not seal: every copy from here on is sealed, a dead
+                # letter's too.
+                start = dataclasses.replace(start, payload=kept)
+                record = dataclasses.replace(record, value=codec.encode(start))
         try:
             plain = payloads.open_bytes(start.payload)
             validate(wf.start_model, plain)
@@ -210,7 +211,7 @@ class IdentityStage(Stage):
             decision = decide(IdentityRow.decode(raw) if raw else None, execution_id,
                               start.request_id, now)
             if isinstance(decision, Spent):
-                self._existing(ctx, start, wf, key, decision.execution_id)
+                self._existing(ctx, start, wf, key, decision.execution_id, now)
                 return
             ctx.store.put(STATE_PREFIX + skey, decision.row.encode())
             if wf.idempotency is not None and wf.idempotency.ttl is not None:
@@ -225,7 +226,7 @@ class IdentityStage(Stage):
                 kind=AdmittedKind.start, slots=slots, request_ids=[start.request_id],
                 requested_at_ms=start.requested_at_ms, admitted_at_ms=now,
             ))
-            self._decided(ctx, start, wf, Outcome.admitted, key, execution_id)
+            self._decided(ctx, start, wf, Outcome.admitted, key, execution_id, now)
             return
 
         pending = PendingStart(
@@ -304,13 +305,13 @@ class IdentityStage(Stage):
     # -- decisions -----------------------------------------------------------------------
 
     def _existing(self, ctx: StageContext, start: StartRequest, wf: Workflow, key: str,
-                  execution_id: str) -> None:
-        self._decided(ctx, start, wf, Outcome.existing, key, execution_id,
+                  execution_id: str, now: int) -> None:
+        self._decided(ctx, start, wf, Outcome.existing, key, execution_id, now,
                       f"idempotency key {key!r} already spent")
 
     def _decided(self, ctx: StageContext, start: StartRequest, wf: Workflow, outcome: Outcome,
-                 key: str | None, execution_id: str | None, reason: str | None = None) -> None:
-        now = ctx.now_ms
+                 key: str | None, execution_id: str | None, now: int,
+                 reason: str | None = None) -> None:
         record_decision(ctx, LedgerRecord(
             request_id=start.request_id, workflow=wf.name, outcome=outcome,
             requested_at_ms=start.requested_at_ms, decided_at_ms=now,
