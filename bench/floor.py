@@ -33,8 +33,8 @@ from sluicegate.streams.payloads import validate
 from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.topology.topics import Topics
 
-# (topic, key, value, partition: None for the key's)
-Output = tuple[str, bytes, bytes, int | None]
+# (topic, key, value, partition: -1 for the key's, as librdkafka takes it)
+Output = tuple[str, bytes, bytes, int]
 _RUN = b"R"
 
 
@@ -69,8 +69,8 @@ class Floor:
             waited_ms=max(0, now - start.requested_at_ms), stage="identity",
             execution_id=execution_id, declaration_version=wf.version)
         out: list[Output] = [
-            (self.topics.admitted, key, codec.encode(admitted), None),
-            (self.topics.ledger, start.request_id.encode(), codec.encode(ledger), None),
+            (self.topics.admitted, key, codec.encode(admitted), -1),
+            (self.topics.ledger, start.request_id.encode(), codec.encode(ledger), -1),
         ]
         if self.store.get(_RUN + key) is None:
             row = codec.encode(RunRow(

@@ -113,8 +113,7 @@ def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
                     for topic, out_key, out, partition in admission:
                         while True:
                             try:
-                                producer.produce(topic, out, out_key,
-                                                 -1 if partition is None else partition)
+                                producer.produce(topic, out, out_key, partition)
                                 break
                             except BufferError:
                                 producer.poll(0.05)

@@ -761,6 +761,11 @@ static inline uint32_t murmur2_final(uint32_t h) {
     return h;
 }
 
+/* The Java default partitioner's step from a key's murmur2 to its partition. */
+static inline uint32_t partition_of_hash(uint32_t h, uint32_t partitions) {
+    return (h & 0x7fffffffu) % partitions;
+}
+
 static int32_t murmur2_of(const unsigned char *data, Py_ssize_t length) {
     uint32_t h = 0x9747b28cu ^ (uint32_t)length;
     Py_ssize_t whole = length & ~(Py_ssize_t)3;
@@ -798,9 +803,9 @@ static PyObject *speedups_partition_for(PyObject *module, PyObject *const *args,
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    uint32_t h = (uint32_t)murmur2_of(view.buf, view.len) & 0x7fffffffu;
+    uint32_t h = (uint32_t)murmur2_of(view.buf, view.len);
     PyBuffer_Release(&view);
-    return PyLong_FromLong((long)(h % (uint32_t)partitions));
+    return PyLong_FromLong((long)partition_of_hash(h, (uint32_t)partitions));
 }
 
 /* -- name-based UUIDs ------------------------------------------------------------------ */
@@ -881,7 +886,7 @@ static PyObject *speedups_placed_uuid_text(PyObject *module, PyObject *const *ar
         for (int i = 0; i < 4; i++)
             last[i] = (unsigned char)HEX_DIGITS[(v >> (12 - 4 * i)) & 15];
         uint32_t h = murmur2_final(murmur2_block(prefix, last));
-        if ((long)((h & 0x7fffffffu) % (uint32_t)partitions) == partition) {
+        if ((long)partition_of_hash(h, (uint32_t)partitions) == partition) {
             memcpy(text + 32, last, 4);
             return PyUnicode_FromStringAndSize((const char *)text, 36);
         }

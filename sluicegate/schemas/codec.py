@@ -710,7 +710,9 @@ class Codec:
         """``data`` may be a Kafka value as it comes (None for a tombstone): anything
         that is not a well-formed ``cls`` raises `DecodeError`, never another error."""
         current = self._current.get(cls)
+        tried = False
         if current is not None and data.__class__ is bytes and data.startswith(current[0]):
+            tried = True
             try:
                 return current[2](data, current[1])
             except Exception:  # not a plain case: the framing and fastavro decide below
@@ -725,7 +727,7 @@ class Codec:
                 raise DecodeError(f"expected {rs.full_name} bytes, found {type(data).__name__}")
             data = bytes(data)
         writer, offset = self._framing.writer_schema(rs, data)
-        if writer is rs.parsed:
+        if writer is rs.parsed and not tried:
             fast = self._fast.get(cls)
             if fast is not None:
                 try:

@@ -174,13 +174,12 @@ class IdentityStage(Stage):
             reject(ctx, record, f"unknown workflow {start.workflow!r}", start)
             return
         payloads = self.router.payloads
-        if wf.encrypt_payloads:
-            kept = payloads.seal_bytes(wf, start.payload)
-            if kept is not start.payload:
-                # A producer that does not seal: every copy from here on is sealed, a dead
-                # letter's too.
-                start = dataclasses.replace(start, payload=kept)
-                record = dataclasses.replace(record, value=codec.encode(start))
+        kept = payloads.seal_bytes(wf, start.payload)
+        if kept is not start.payload:
+            # A producer that does not seal: every copy from here on is sealed, a dead
+            # letter's too.
+            start = dataclasses.replace(start, payload=kept)
+            record = dataclasses.replace(record, value=codec.encode(start))
         try:
             plain = payloads.open_bytes(start.payload)
             validate(wf.start_model, plain)
