@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -14,6 +15,19 @@ from sluicegate.streams.runtime import Worker
 
 log = logging.getLogger(__name__)
 
+# Collections of the youngest generation once this many more objects are tracked than
+# freed (Python's default is 700): see settle_garbage_collector.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_garbage_collector() -> None:
+    """Once the worker's long-lived objects exist (modules, declarations, clients), keep
+    Python's cyclic collector from walking them again and again, and let it run less
+    often: the admission path makes many short-lived objects and no cycles, which
+    reference counting frees (docs/decisions/worker-garbage-collector.md)."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
+
 
 def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None,
                metrics_port: int | None = None) -> Worker:
@@ -21,6 +35,7 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     stop = stop or threading.Event()
     app = load_app(app_spec, settings)
     worker = Worker.for_app(app, settings, clock=clock_from_env())
+    settle_garbage_collector()
     if metrics_port is not None:
         from sluicegate.ops.metrics import serve_worker_metrics
 
