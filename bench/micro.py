@@ -3,9 +3,12 @@
 `python -m bench.micro [--starts N] [--profile]`: the same encoded StartRequests the SDK
 produces go through `IdentityStage.process`, which hands each admitted start over to
 `RunsStage.process` as the worker does (with the record it encodes, and a real RocksDB
-store committed every 2,000 starts), with contexts whose sends only collect the bytes.
-This is the Python work per start that the worker adds to a raw pipe, less the runtime's
-own loop.
+store committed every 2,000 starts), with contexts whose sends only collect the bytes,
+and Python's garbage collector set as the worker sets it. This is the Python work per
+start that the worker adds to a raw pipe, less the runtime's own loop.
+
+`--once` processes the first N of MADE starts once, with no warm-up and no timing: what
+`bench.instructions` counts under callgrind.
 """
 
 from __future__ import annotations
@@ -20,12 +23,18 @@ from pathlib import Path
 
 from bench.apps import WORKFLOW, app
 from bench.records import in_memory_identity, in_memory_runs, make_starts
+from sluicegate.ops.worker import settle_garbage_collector
 
 COMMIT_EVERY = 2000
+# The starts `--once` makes whatever N it processes, so that two counts differ only by
+# the starts processed.
+MADE = 12_000
 
 
-def run(starts: int, profiler: cProfile.Profile | None = None) -> float:
-    values = [value for _key, value in make_starts(app, WORKFLOW, starts)]
+def run(starts: int, profiler: cProfile.Profile | None = None,
+        values: list[bytes] | None = None) -> float:
+    if values is None:
+        values = [value for _key, value in make_starts(app, WORKFLOW, starts)]
     identity = in_memory_identity(app)
     with tempfile.TemporaryDirectory(prefix="bench-micro-") as tmp:
         runs = in_memory_runs(app, Path(tmp))
@@ -57,7 +66,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--starts", type=int, default=50_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--once", action="store_true")
     args = parser.parse_args()
+    if args.once:
+        if args.starts > MADE:
+            parser.error(f"--once processes at most {MADE:,} starts")
+        made = [value for _key, value in make_starts(app, WORKFLOW, MADE)]
+        settle_garbage_collector()
+        run(args.starts, values=made[:args.starts])
+        return
+    settle_garbage_collector()
     run(2000)  # warm up
     us = median_of_3(lambda: run(args.starts))
     print(f"identity and runs (the passthrough, handed over): {us:.1f} µs/start "
