@@ -977,11 +977,15 @@ static PyObject *construct(PyObject *cls, PyObject *const *args, size_t nargsf,
     for (Py_ssize_t i = 0; i < nargs; i++)
         values[i] = args[i];
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t next = nargs;  /* where the next keyword's field most likely is */
     for (Py_ssize_t k = 0; k < nkw; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k);
         Py_ssize_t at = -1;
-        /* Keyword names in code are interned, as the field names are: the same object. */
-        for (Py_ssize_t j = 0; j < c->nfields && at < 0; j++) {
+        /* Keyword names in code are interned, as the field names are: the same object.
+         * Callers mostly name fields in their declared order, so the search starts after
+         * the field named last. */
+        for (Py_ssize_t i = 0; i < c->nfields && at < 0; i++) {
+            Py_ssize_t j = next + i < c->nfields ? next + i : next + i - c->nfields;
             if (c->names[j] == name)
                 at = j;
         }
@@ -994,6 +998,7 @@ static PyObject *construct(PyObject *cls, PyObject *const *args, size_t nargsf,
         if (at < 0 || values[at] != NULL)  /* unknown, or given twice */
             return construct_slowly(cls, args, nargs, kwnames);
         values[at] = args[nargs + k];
+        next = at + 1;
     }
     for (Py_ssize_t j = 0; j < c->nfields; j++) {
         if (values[j] == NULL) {
