@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -342,3 +344,27 @@ TransactionMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None
 )
 test_transaction_behaves_like_a_dict_over_a_dict = TransactionMachine.TestCase
+
+
+_KILLED_AFTER_WRITING = """
+import os, sys
+from pathlib import Path
+from sluicegate.streams.store import PartitionStore
+store = PartitionStore(Path(sys.argv[1]))
+store.write({b"a": b"2", b"b": b"2"}, 8, {"runs": 4})
+assert store.get(b"b") == b"2" and store.changelog_offset == 8
+os._exit(0)  # as a kill -9: no close, no flush
+"""
+
+
+def test_a_store_killed_keeps_a_committed_state_with_its_own_offsets(tmp_path: Path) -> None:
+    """No write-ahead log: a write not yet flushed is lost by a kill, and the offsets
+    written with it are lost with it, so the store is never ahead of or behind them
+    (the changelog replay from those offsets brings it back)."""
+    with PartitionStore(tmp_path / "s") as store:
+        store.write({b"a": b"1"}, 7, {"runs": 3})
+    subprocess.run([sys.executable, "-c", _KILLED_AFTER_WRITING, str(tmp_path / "s")],
+                   check=True)
+    with PartitionStore(tmp_path / "s") as store:
+        assert (store.get(b"a"), store.get(b"b")) == (b"1", None)
+        assert (store.changelog_offset, store.table_offset("runs")) == (7, 3)
