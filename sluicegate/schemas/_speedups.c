@@ -990,11 +990,12 @@ static PyObject *construct(PyObject *cls, PyObject *const *args, size_t nargsf,
                 at = j;
         }
         for (Py_ssize_t j = 0; j < c->nfields && at < 0; j++) {
-            if (PyUnicode_Compare(c->names[j], name) == 0)
+            int differs = PyUnicode_Compare(c->names[j], name);
+            if (differs == -1 && PyErr_Occurred())
+                return NULL;
+            if (differs == 0)
                 at = j;
         }
-        if (PyErr_Occurred())
-            return NULL;
         if (at < 0 || values[at] != NULL)  /* unknown, or given twice */
             return construct_slowly(cls, args, nargs, kwnames);
         values[at] = args[nargs + k];
@@ -1015,6 +1016,14 @@ static PyObject *construct(PyObject *cls, PyObject *const *args, size_t nargsf,
         *(PyObject **)((char *)out + c->offsets[j]) = values[j];
     }
     return out;
+}
+
+/* Drops what an entry being filled in holds (its names and defaults). */
+static void constructor_release(constructor *c) {
+    for (Py_ssize_t j = 0; j < c->nfields; j++) {
+        Py_DECREF(c->names[j]);
+        Py_XDECREF(c->defaults[j]);
+    }
 }
 
 static PyObject *speedups_install_constructor(PyObject *module, PyObject *args) {
@@ -1053,10 +1062,7 @@ static PyObject *speedups_install_constructor(PyObject *module, PyObject *args) 
     if (found < 0)
         goto fail;
     if (found == 0) {
-        for (Py_ssize_t j = 0; j < c->nfields; j++) {
-            Py_DECREF(c->names[j]);
-            Py_XDECREF(c->defaults[j]);
-        }
+        constructor_release(c);
         Py_RETURN_FALSE;
     }
     Py_INCREF(cls);
@@ -1065,10 +1071,7 @@ static PyObject *speedups_install_constructor(PyObject *module, PyObject *args) 
     type->tp_vectorcall = construct;
     Py_RETURN_TRUE;
 fail:
-    for (Py_ssize_t j = 0; j < c->nfields; j++) {
-        Py_DECREF(c->names[j]);
-        Py_XDECREF(c->defaults[j]);
-    }
+    constructor_release(c);
     return NULL;
 }
 

@@ -60,8 +60,8 @@ def _options() -> Options:
     # allocated with each memtable, so it is kept small (~130 KiB a store).
     opts.set_memtable_whole_key_filtering(True)
     opts.set_memtable_prefix_bloom_ratio(0.002)
-    # Rows are small and short-lived in the memtable's flush: compressing them costs
-    # more CPU than the disk it saves (Kafka Streams' stores do not compress either).
+    # Rows are small: compressing the table files a flush writes costs more CPU than the
+    # disk it saves (Kafka Streams' stores do not compress either).
     opts.set_compression_type(DBCompressionType.none())
     # There is no write-ahead log (_write_options): what a crash keeps is what the last
     # memtable flush wrote, and an atomic flush writes both column families together, so
