@@ -9,6 +9,11 @@ there (at commit, in one WriteBatch). No stages, no contexts, no routing, no run
 What the worker costs beyond this is its own orchestration; what this costs beyond the
 raw-io pipe is the work itself. So it says how close to the raw pipe any design of the
 passthrough in Python can come (docs/benchmarks.md).
+
+`Bound` (`--bound`) is the floor with the three records' bytes made at no cost: the same
+decode, validation, execution id and RocksDB lookup and write, and values of the sizes an
+admission writes cut from the start's bytes, as the raw-io pipe makes its own. Building
+and encoding the records in C from the start's bytes could at best reach it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bench.records import admission_sizes
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.schemas import codec
@@ -88,3 +94,33 @@ class Floor:
 
     def close(self) -> None:
         self.store.store.close()
+
+
+class Bound(Floor):
+    """The floor less building and encoding its records (see the module's text)."""
+
+    def __init__(self, app: App, workflow: str, settings: Settings, state_dir: Path) -> None:
+        super().__init__(app, workflow, settings, state_dir)
+        self.sizes = admission_sizes(app, workflow)
+
+    def admit(self, value: bytes, partition: int) -> list[Output]:
+        start = codec.decode(StartRequest, value)
+        validate(self.workflow.start_model, start.payload)
+        execution_id = execution_id_for(start.workflow, start.request_id, partition,
+                                        self.partitions)
+        key = execution_id.encode()
+        sizes = self.sizes
+        out: list[Output] = [
+            (self.topics.admitted, key, sized(value, sizes["admitted"]), -1),
+            (self.topics.ledger, start.request_id.encode(), sized(value, sizes["ledger"]), -1),
+        ]
+        if self.store.get(_RUN + key) is None:
+            row = sized(value, sizes["runs"])
+            self.store.put(_RUN + key, row)
+            out.append((self.topics.runs, key, row, partition))
+        return out
+
+
+def sized(value: bytes, size: int) -> bytes:
+    """`size` bytes made of `value` (repeated, then cut): realistic bytes for lz4."""
+    return (value * (size // max(1, len(value)) + 1))[:size]

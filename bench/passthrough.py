@@ -15,6 +15,8 @@ encodes them), one system at a time (the machine has 2 cores):
               built and encoded, the run looked up and written to RocksDB; the least any
               passthrough in Python does, so the worker's distance from it is its own
               orchestration;
+  bound       the floor with the three records' bytes made at no cost (`bench.floor.Bound`):
+              the most that building and encoding them in C could reach;
   (b) worker  `python -m sluicegate worker --app bench.apps`: identity -> passthrough,
               exactly once (an admitted record, a ledger record and a runs-table row per
               start; the phase ends when all three exist);
@@ -76,7 +78,7 @@ from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("raw", "raw-io", "floor", "worker", "worker-base", "faust")
+SYSTEMS = ("raw", "raw-io", "floor", "bound", "worker", "worker-base", "faust")
 # Where a faust-streaming virtualenv is looked for (bench/README.md says how to make one).
 FAUST_PYTHONS = (ROOT / "bench" / ".venv-faust" / "bin" / "python",
                  Path("/tmp/venv-faust/bin/python"))
@@ -146,11 +148,11 @@ class SystemProcess:
         # Every topic the system writes per start, each with its size for raw-io.
         self.sizes = sizes or {}
         self.outputs = [self.output]
-        if system.startswith("worker") or system in ("raw-io", "floor"):
+        if system.startswith("worker") or system in ("raw-io", "floor", "bound"):
             self.outputs = [self.topics.admitted, self.topics.ledger, self.topics.runs]
         if system.startswith("worker"):
             self.group = self.topics.group
-        elif system.startswith("raw") or system == "floor":
+        elif system.startswith("raw") or system in ("floor", "bound"):
             self.group = f"{settings.namespace}rawpipe"
         else:
             self.group = f"{settings.namespace}faust"
@@ -175,10 +177,11 @@ class SystemProcess:
             })
             return [sys.executable, "-m", "sluicegate", "worker", "--app", "bench.apps",
                     "--log-level", "WARNING"], env
-        if self.system == "floor":
+        if self.system in ("floor", "bound"):
             return [sys.executable, "-m", "bench.rawpipe", "--bootstrap", s.bootstrap,
                     "--input", self.topics.starts, "--group", self.group,
-                    "--floor", s.namespace, "--state-dir", str(self.workdir / "floor")], env
+                    "--floor", s.namespace, "--state-dir", str(self.workdir / self.system),
+                    *(["--bound"] if self.system == "bound" else [])], env
         if self.system.startswith("raw"):
             outputs = [self.output] if self.system == "raw" else [
                 f"{topic}:{self.sizes[kind]}" for topic, kind in zip(
@@ -243,7 +246,7 @@ class SystemProcess:
 
     def output_key(self, request_id: bytes, topic: str | None = None) -> bytes:
         """The key the system writes a start's output under (on `topic`, else the first)."""
-        if (self.system.startswith("worker") or self.system == "floor") \
+        if (self.system.startswith("worker") or self.system in ("floor", "bound")) \
                 and topic != self.topics.ledger:
             if not self.placed_ids:
                 return plain_execution_id(WORKFLOW, request_id.decode()).encode()

@@ -10,11 +10,12 @@ By default each input record is copied unchanged to one output topic. With
 topic, its value SIZE bytes long (the input's bytes, repeated or cut) and its key the
 input's: the same records, by count and size, that an admission writes. With `--floor`,
 each input is admitted by `bench.floor.Floor` instead: the least work any Python
-passthrough does, writing the worker's own three records (the outputs are its topics).
+passthrough does, writing the worker's own three records (the outputs are its topics);
+with `--bound` as well, by `bench.floor.Bound` (the floor less building and encoding).
 
     python -m bench.rawpipe --bootstrap HOST:PORT --input T --output T --group G
     python -m bench.rawpipe ... --output sg.admitted:172 --output sg.ledger:150 ...
-    python -m bench.rawpipe ... --floor NAMESPACE --state-dir DIR
+    python -m bench.rawpipe ... --floor NAMESPACE --state-dir DIR [--bound]
 """
 
 from __future__ import annotations
@@ -28,13 +29,8 @@ from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from bench.floor import Floor
+from bench.floor import Bound, Floor, sized
 from sluicegate.config import Settings
-
-
-def sized(value: bytes, size: int) -> bytes:
-    """`size` bytes made of `value` (repeated, then cut): realistic bytes for lz4."""
-    return (value * (size // max(1, len(value)) + 1))[:size]
 
 
 def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
@@ -153,6 +149,8 @@ def main() -> None:
                              "topics (bench.apps' workflow)")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="--floor's RocksDB store")
+    parser.add_argument("--bound", action="store_true",
+                        help="with --floor: make the records' bytes at no cost (bench.floor)")
     args = parser.parse_args()
     outputs = [(topic, int(size) if size else None)
                for topic, _, size in (o.partition(":") for o in args.output)]
@@ -161,8 +159,9 @@ def main() -> None:
         if args.state_dir is None:
             parser.error("--floor needs --state-dir")
         from bench.apps import WORKFLOW, app
-        floor = Floor(app, WORKFLOW, Settings(bootstrap=args.bootstrap,
-                                             namespace=args.floor), args.state_dir)
+        floor = (Bound if args.bound else Floor)(
+            app, WORKFLOW, Settings(bootstrap=args.bootstrap, namespace=args.floor),
+            args.state_dir)
     elif not outputs:
         parser.error("give --output, or --floor")
     processed = run(args.bootstrap, args.input, outputs, args.group, floor)

@@ -239,3 +239,28 @@ def test_an_admission_handed_over_is_taken_as_the_record_it_carries(tmp_path: Pa
     assert RunsStage.load(ctx, "e-handed") == admitted_row(handed)
     assert sent == []  # nothing dead-lettered or rejected
     tx.store.close()
+
+
+def test_a_report_read_before_its_admission_is_applied_when_the_admission_arrives(
+        tmp_path: Path) -> None:
+    topics = Topics(Settings(namespace="sg."))
+    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
+    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
+                       lambda t, k, v, p=None, h=None, m=None: None, lambda: ADMITTED_AT)
+    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
+    started = RunEvent(execution_id="e-early", workflow="flakyJob",
+                       kind=RunEventKind.started, at_ms=ADMITTED_AT + 5, run_id="run-1")
+    # The engine's report and the admission travel on two topics: a worker that reads
+    # the admission from its topic can read the report first, and keeps it.
+    stage.process(ctx, InputRecord(topics.run_events, 0, 3, b"e-early",
+                                   codec.encode(started), 0))
+    assert RunsStage.load(ctx, "e-early") is None
+    stage.process(ctx, InputRecord(topics.stage("runs"), 0, 8, b"e-early",
+                                   codec.encode(_admitted("e-early")), 0))
+    row = RunsStage.load(ctx, "e-early")
+    assert row is not None
+    assert (row.status, row.run_id, row.updated_at_ms) == (
+        RunStatus.running, "run-1", ADMITTED_AT + 5)
+    # Applied once: the kept report is gone.
+    assert not any(b"e-early\x1f" in key for key, _ in ctx.store.items(b""))
+    tx.store.close()

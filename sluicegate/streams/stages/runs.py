@@ -230,13 +230,16 @@ class RunsStage(Stage):
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
             admitted = record.message
-            if not isinstance(admitted, AdmittedStart):  # read from the topic, not handed over
+            handed_over = isinstance(admitted, AdmittedStart)
+            if not isinstance(admitted, AdmittedStart):  # read from the topic
                 try:
                     admitted = codec.decode(AdmittedStart, record.value)
                 except codec.DecodeError as exc:
                     reject(ctx, record, f"not an admitted start: {exc}")
                     return
-            self._admitted(ctx, admitted)
+            # An engine reads an admission once it commits. Handed over, it commits with
+            # its run's row, so no report of the run can have come before the row.
+            self._admitted(ctx, admitted, reports_may_precede=not handed_over)
             return
         try:
             event = codec.decode(RunEvent, record.value)
@@ -262,7 +265,8 @@ class RunsStage(Stage):
         """The run's row, in the store and (at commit) in the runs table."""
         ctx.store.put(_RUN + row.execution_id.encode(), codec.encode(row))
 
-    def _admitted(self, ctx: StageContext, admitted: AdmittedStart) -> None:
+    def _admitted(self, ctx: StageContext, admitted: AdmittedStart,
+                  reports_may_precede: bool) -> None:
         row = self.load(ctx, admitted.execution_id)
         if admitted.kind is AdmittedKind.resume:
             if row is None:
@@ -291,6 +295,8 @@ class RunsStage(Stage):
         for slot in admitted.slots:
             if slot.stage == "singleton":
                 ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(admitted))
+        if not reports_may_precede:
+            return
         # A point lookup first: a prefix scan per admitted start would cost a walk of the
         # whole cycle's write buffer.
         mark = _EARLY_MARK + admitted.execution_id.encode()
