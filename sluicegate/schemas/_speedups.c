@@ -369,6 +369,10 @@ static int encode_node(node *n, PyObject *v, buffer *b) {
     case K_ENUM: {
         if (!PyUnicode_Check(v))
             return not_fast("not an enum symbol");
+        /* A member is found by identity: hashing one runs Enum.__hash__, Python code. */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(n->members); i++)
+            if (PyList_GET_ITEM(n->members, i) == v)
+                return put_long(b, i);
         PyObject *index = PyDict_GetItemWithError(n->symbols, v);
         if (index == NULL) {
             PyErr_Clear();
