@@ -58,12 +58,26 @@ class Floor:
 
     def admit(self, value: bytes, partition: int) -> list[Output]:
         start = codec.decode(StartRequest, value)
-        wf = self.workflow
-        validate(wf.start_model, start.payload)
+        validate(self.workflow.start_model, start.payload)
         now = time.time_ns() // 1_000_000
         execution_id = execution_id_for(start.workflow, start.request_id, partition,
                                         self.partitions)
         key = execution_id.encode()
+        admitted, ledger = self.decision(value, start, execution_id, now)
+        out: list[Output] = [
+            (self.topics.admitted, key, admitted, -1),
+            (self.topics.ledger, start.request_id.encode(), ledger, -1),
+        ]
+        if self.store.get(_RUN + key) is None:
+            row = self.run_row(value, start, execution_id, now)
+            self.store.put(_RUN + key, row)
+            out.append((self.topics.runs, key, row, partition))
+        return out
+
+    def decision(self, value: bytes, start: StartRequest, execution_id: str,
+                 now: int) -> tuple[bytes, bytes]:
+        """The admitted record and the ledger row, encoded."""
+        wf = self.workflow
         admitted = AdmittedStart(
             execution_id=execution_id, workflow=wf.name, payload=start.payload,
             declaration_version=wf.version, origin=start.origin, kind=AdmittedKind.start,
@@ -74,18 +88,15 @@ class Floor:
             requested_at_ms=start.requested_at_ms, decided_at_ms=now,
             waited_ms=max(0, now - start.requested_at_ms), stage="identity",
             execution_id=execution_id, declaration_version=wf.version)
-        out: list[Output] = [
-            (self.topics.admitted, key, codec.encode(admitted), -1),
-            (self.topics.ledger, start.request_id.encode(), codec.encode(ledger), -1),
-        ]
-        if self.store.get(_RUN + key) is None:
-            row = codec.encode(RunRow(
-                execution_id=execution_id, workflow=wf.name, status=RunStatus.admitted,
-                payload=start.payload, declaration_version=wf.version, admitted_at_ms=now,
-                updated_at_ms=now, slots=[], keys={}))
-            self.store.put(_RUN + key, row)
-            out.append((self.topics.runs, key, row, partition))
-        return out
+        return codec.encode(admitted), codec.encode(ledger)
+
+    def run_row(self, value: bytes, start: StartRequest, execution_id: str, now: int) -> bytes:
+        """The run's row, encoded."""
+        wf = self.workflow
+        return codec.encode(RunRow(
+            execution_id=execution_id, workflow=wf.name, status=RunStatus.admitted,
+            payload=start.payload, declaration_version=wf.version, admitted_at_ms=now,
+            updated_at_ms=now, slots=[], keys={}))
 
     def commit(self) -> None:
         """After the Kafka transaction: the cycle's rows into RocksDB, in one WriteBatch."""
@@ -103,22 +114,12 @@ class Bound(Floor):
         super().__init__(app, workflow, settings, state_dir)
         self.sizes = admission_sizes(app, workflow)
 
-    def admit(self, value: bytes, partition: int) -> list[Output]:
-        start = codec.decode(StartRequest, value)
-        validate(self.workflow.start_model, start.payload)
-        execution_id = execution_id_for(start.workflow, start.request_id, partition,
-                                        self.partitions)
-        key = execution_id.encode()
-        sizes = self.sizes
-        out: list[Output] = [
-            (self.topics.admitted, key, sized(value, sizes["admitted"]), -1),
-            (self.topics.ledger, start.request_id.encode(), sized(value, sizes["ledger"]), -1),
-        ]
-        if self.store.get(_RUN + key) is None:
-            row = sized(value, sizes["runs"])
-            self.store.put(_RUN + key, row)
-            out.append((self.topics.runs, key, row, partition))
-        return out
+    def decision(self, value: bytes, start: StartRequest, execution_id: str,
+                 now: int) -> tuple[bytes, bytes]:
+        return sized(value, self.sizes["admitted"]), sized(value, self.sizes["ledger"])
+
+    def run_row(self, value: bytes, start: StartRequest, execution_id: str, now: int) -> bytes:
+        return sized(value, self.sizes["runs"])
 
 
 def sized(value: bytes, size: int) -> bytes:

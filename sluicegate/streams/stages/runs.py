@@ -229,17 +229,17 @@ class RunsStage(Stage):
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
-            admitted = record.message
-            handed_over = isinstance(admitted, AdmittedStart)
-            if not isinstance(admitted, AdmittedStart):  # read from the topic
-                try:
-                    admitted = codec.decode(AdmittedStart, record.value)
-                except codec.DecodeError as exc:
-                    reject(ctx, record, f"not an admitted start: {exc}")
-                    return
-            # An engine reads an admission once it commits. Handed over, it commits with
-            # its run's row, so no report of the run can have come before the row.
-            self._admitted(ctx, admitted, reports_may_precede=not handed_over)
+            if isinstance(record.message, AdmittedStart):
+                # Handed over: it commits with its run's row, and an engine reads an
+                # admission once it commits, so no report of the run came before the row.
+                self._admitted(ctx, record.message, reports_may_precede=False)
+                return
+            try:
+                admitted = codec.decode(AdmittedStart, record.value)
+            except codec.DecodeError as exc:
+                reject(ctx, record, f"not an admitted start: {exc}")
+                return
+            self._admitted(ctx, admitted, reports_may_precede=True)
             return
         try:
             event = codec.decode(RunEvent, record.value)
