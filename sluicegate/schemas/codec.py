@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from functools import partial
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 from io import BytesIO
 from types import ModuleType
 from typing import Any, Protocol, TypeVar, get_args
@@ -68,9 +69,13 @@ class RecordSchema:
 # -- loading the .avsc files -------------------------------------------------------
 
 
-def _load_avsc() -> dict[str, dict[str, Any]]:
+_AVRO = files(__package__).joinpath("avro")
+
+
+def _load_avsc(folder: Traversable = _AVRO) -> dict[str, dict[str, Any]]:
+    """Every .avsc directly in `folder`, by full name (not the history below it)."""
     by_name: dict[str, dict[str, Any]] = {}
-    for entry in sorted(files(__package__).joinpath("avro").iterdir(), key=lambda e: e.name):
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".avsc"):
             schema = json.loads(entry.read_text(encoding="utf-8"))
             full_name = f"{schema['namespace']}.{schema['name']}"
@@ -241,6 +246,60 @@ NAMED_TYPES: Mapping[str, type] = _NAMED
 def fingerprint(cls: type[Record]) -> bytes:
     """The 8-byte fingerprint a record of this type carries in its frame."""
     return _TYPES[cls].fingerprint
+
+
+# -- released schemas ------------------------------------------------------------------
+#
+# avro/history/<release>/ holds every .avsc as that release shipped it. A record written
+# by an earlier release (a row in a store, a start parked on a stage topic before a
+# rolling upgrade) names its writer schema by fingerprint; the reader finds that schema
+# here and resolves the record into the current class by Avro's rules, a field the writer
+# did not have taking its default. docs/decisions/schema-evolution.md.
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class ReleasedSchema:
+    """An earlier schema of a record type, as a release wrote it."""
+
+    cls: type[Record]
+    full_name: str
+    release: str  # the first release in the history that has it
+    fingerprint: bytes
+    parsed: Any
+
+
+def _release_order(name: str) -> tuple[int, ...]:
+    # Numerically: 0.10.0 came after 0.9.0.
+    return tuple(int(n) for n in re.findall(r"\d+", name))
+
+
+def _load_history(types: Iterable[RecordSchema]) -> dict[bytes, ReleasedSchema]:
+    current = {rs.full_name: rs for rs in types}
+    released: dict[bytes, ReleasedSchema] = {}
+    history = _AVRO.joinpath("history")
+    if not history.is_dir():
+        return released
+    folders = sorted((e for e in history.iterdir() if e.is_dir()),
+                     key=lambda e: _release_order(e.name))
+    for folder in folders:
+        # A release's files inline one another, as the current ones do: an older record
+        # is read with the enums and Slot of its own release.
+        defs = _load_avsc(folder)
+        for full_name, schema in defs.items():
+            rs = current.get(full_name)
+            if schema["type"] != "record" or rs is None:
+                continue  # a type no longer kept has no class to read into
+            standalone = _inline(full_name, defs, set())
+            fp = schema_fingerprint(to_parsing_canonical_form(standalone))
+            if fp == rs.fingerprint or fp in released:
+                continue
+            released[fp] = ReleasedSchema(rs.cls, full_name, folder.name, fp,
+                                          parse_writer_schema(standalone))
+    return released
+
+
+RELEASED: Mapping[bytes, ReleasedSchema] = _load_history(_TYPES.values())
+"""Fingerprint -> every released schema that is no longer its record type's current one."""
 
 
 # -- compiled fast paths ---------------------------------------------------------------
@@ -606,14 +665,18 @@ class Framing(Protocol):
 
 
 class SingleObjectFraming:
-    """Avro single-object encoding; knows the current schema of every record type."""
+    """Avro single-object encoding; reads the current schema of every record type and
+    every released one (`RELEASED`), and refuses any other fingerprint."""
 
     header_size = len(SINGLE_OBJECT_MARKER) + 8
 
-    def __init__(self, types: Iterable[RecordSchema]) -> None:
+    def __init__(self, types: Iterable[RecordSchema],
+                 released: Iterable[ReleasedSchema] | None = None) -> None:
         known = tuple(types)
         self._by_fingerprint = {rs.fingerprint: rs for rs in known}
         self._headers = {rs.cls: SINGLE_OBJECT_MARKER + rs.fingerprint for rs in known}
+        older = RELEASED.values() if released is None else released
+        self._released = {r.fingerprint: r for r in older}
 
     def header(self, rs: RecordSchema) -> bytes:
         return SINGLE_OBJECT_MARKER + rs.fingerprint
@@ -621,8 +684,9 @@ class SingleObjectFraming:
     def record_type(self, data: bytes) -> type | None:
         if not data.startswith(SINGLE_OBJECT_MARKER):
             return None
-        rs = self._by_fingerprint.get(data[2 : self.header_size])
-        return None if rs is None else rs.cls
+        found = data[2 : self.header_size]
+        known = self._by_fingerprint.get(found) or self._released.get(found)
+        return None if known is None else known.cls
 
     def writer_schema(self, expected: RecordSchema, data: bytes) -> tuple[Any, int]:
         if data.startswith(self._headers[expected.cls]):
@@ -646,13 +710,21 @@ class SingleObjectFraming:
                 f"expected {wanted} starting with marker c3 01, found {data[:2].hex(' ')}"
             )
         found = data[2 : self.header_size]
-        other = self._by_fingerprint.get(found)
+        released = self._released.get(found)
+        if released is not None and released.cls is expected.cls:
+            return released.parsed, self.header_size  # resolved into the current class
+        other = self._by_fingerprint.get(found) or released
         if other is not None:
             raise DecodeError(f"expected {wanted}, found {other.full_name} ({found.hex()})")
-        raise DecodeError(
-            f"expected {wanted}, found unknown fingerprint {found.hex()}:"
-            " written with a schema this reader does not know"
-        )
+        raise DecodeError(unknown_writer(expected.full_name, found))
+
+
+def unknown_writer(expected: str, found: bytes) -> str:
+    """Why a single-object frame with a fingerprint this reader does not know is refused:
+    most likely a newer release wrote it (during a rolling upgrade, say)."""
+    return (f"written by a newer version (or an unknown writer): expected {expected},"
+            f" unknown schema fingerprint {found.hex()}; a process of the release that wrote"
+            " it reads it (upgrade this one)")
 
 
 def _with_header(header: bytes, encode_body: Callable[[Any], bytes], record: Any) -> bytes:
@@ -771,6 +843,11 @@ class Codec:
             if named in classes:
                 return self.decode(named, data)
         names = " or ".join(_TYPES[c].full_name for c in classes)
+        if (named is None and isinstance(data, bytes) and data.startswith(SINGLE_OBJECT_MARKER)
+                and len(data) >= SingleObjectFraming.header_size):
+            # A complete single-object header whose type no framing knows: a fingerprint
+            # neither current nor released, as decode says of it.
+            raise DecodeError(unknown_writer(names, data[2:SingleObjectFraming.header_size]))
         if data is None:
             found = "no value (a tombstone)"
         elif named is not None:

@@ -39,7 +39,14 @@ from sluicegate.schemas import (
     fingerprint,
     load_payload,
 )
-from sluicegate.schemas.codec import SINGLE_OBJECT_MARKER, parse_writer_schema, schema_fingerprint
+from sluicegate.schemas.codec import (
+    RELEASED,
+    SINGLE_OBJECT_MARKER,
+    ReleasedSchema,
+    SingleObjectFraming,
+    parse_writer_schema,
+    schema_fingerprint,
+)
 
 # These tests are about single-object framing, whatever codec the process uses.
 _SINGLE_OBJECT = Codec()
@@ -48,24 +55,27 @@ encode, decode = _SINGLE_OBJECT.encode, _SINGLE_OBJECT.decode
 AVRO_LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 RECORD_CLASSES = sorted(RECORD_TYPES, key=lambda c: c.__name__)
 
-# Changing one of these changes the bytes on the wire: old readers will refuse new
-# records. Update the table only together with docs/wire-format.md.
+# Every schema each record type has had, oldest first; the last is the current one.
+# Changing an .avsc changes the bytes on the wire: append its new fingerprint (keeping the
+# earlier ones) together with docs/wire-format.md, and make sure the version it replaces
+# is in sluicegate/schemas/avro/history/ (a release's folder has it once that release is
+# out): readers of the new version must still read what the old one wrote.
 PINNED_FINGERPRINTS = {
-    "AdmittedStart": "0c1c2e8302038724",
-    "CancelSweep": "a84268df03602e6b",
-    "ControlRow": "169fc12db8a32c7d",
-    "DeadLetter": "41bf56937f62f2fd",
-    "EngineCommand": "0d0500815e3a9f47",
-    "FailureReportRecord": "bd0c4f1464eeddb1",
-    "IdentityAlias": "5477608d3edd6039",
-    "LedgerRecord": "15b3363074c5d885",
-    "PendingStart": "b777d6c986184f76",
-    "Release": "465edb096de24533",
-    "Reply": "fdda1162b93a2102",
-    "RunEvent": "9462448059425459",
-    "RunRow": "06447376cd9c7853",
-    "Slot": "16224862afffa95e",
-    "StartRequest": "bd2bd67921797a9d",
+    "AdmittedStart": ("0c1c2e8302038724",),
+    "CancelSweep": ("a84268df03602e6b",),
+    "ControlRow": ("169fc12db8a32c7d",),
+    "DeadLetter": ("41bf56937f62f2fd",),
+    "EngineCommand": ("0d0500815e3a9f47",),
+    "FailureReportRecord": ("bd0c4f1464eeddb1",),
+    "IdentityAlias": ("5477608d3edd6039",),
+    "LedgerRecord": ("15b3363074c5d885",),
+    "PendingStart": ("b777d6c986184f76",),
+    "Release": ("465edb096de24533",),
+    "Reply": ("fdda1162b93a2102",),
+    "RunEvent": ("9462448059425459",),
+    "RunRow": ("06447376cd9c7853",),
+    "Slot": ("16224862afffa95e",),
+    "StartRequest": ("bd2bd67921797a9d",),
 }
 
 
@@ -170,7 +180,30 @@ def test_every_frame_is_marker_then_its_types_fingerprint(cls: Any, data: Any) -
 
 def test_fingerprints_are_pinned_so_a_wire_change_is_deliberate() -> None:
     actual = {cls.__name__: rs.fingerprint.hex() for cls, rs in RECORD_TYPES.items()}
-    assert actual == PINNED_FINGERPRINTS
+    assert actual == {name: pinned[-1] for name, pinned in PINNED_FINGERPRINTS.items()}
+
+
+def test_every_earlier_schema_of_a_record_type_is_kept_in_the_history() -> None:
+    # Fails when an .avsc changed and the version it replaces was not kept: records that
+    # version wrote (in stores, changelogs, on stage topics) would no longer be read.
+    lost = [
+        f"{name} {earlier}" for name, pinned in PINNED_FINGERPRINTS.items()
+        for earlier in pinned[:-1]
+        if getattr(RELEASED.get(bytes.fromhex(earlier)), "cls", None) is not NAMED_TYPES[
+            f"io.sluicegate.{name}"]
+    ]
+    assert not lost, (f"no schema in sluicegate/schemas/avro/history/ has these pinned"
+                      f" fingerprints: {lost}; keep the released .avsc files there")
+
+
+def test_every_schema_in_the_history_is_pinned() -> None:
+    # A history file edited by hand would be a version no release ever wrote.
+    unpinned = [
+        f"{released.full_name} {released.fingerprint.hex()} (history/{released.release})"
+        for released in RELEASED.values()
+        if released.fingerprint.hex() not in PINNED_FINGERPRINTS[released.cls.__name__][:-1]
+    ]
+    assert not unpinned
 
 
 def test_fingerprint_is_the_crc64_avro_of_the_canonical_form() -> None:
@@ -206,10 +239,16 @@ def test_a_frame_of_another_type_is_refused_naming_both_types() -> None:
     assert "io.sluicegate.Reply" in str(err.value)
 
 
-def test_an_unknown_fingerprint_is_refused_saying_the_schema_is_unknown() -> None:
-    frame = SINGLE_OBJECT_MARKER + b"\x00" * 8 + encode(a_start_request())[10:]
-    with pytest.raises(DecodeError, match="unknown fingerprint 0000000000000000"):
+def test_an_unknown_fingerprint_is_refused_as_written_by_a_newer_version() -> None:
+    frame = SINGLE_OBJECT_MARKER + bytes.fromhex("0123456789abcdef") + encode(
+        a_start_request())[10:]
+    newer = (r"written by a newer version \(or an unknown writer\): expected"
+             r" {}, unknown schema fingerprint 0123456789abcdef")
+    with pytest.raises(DecodeError, match=newer.format(r"io\.sluicegate\.StartRequest")):
         decode(StartRequest, frame)
+    with pytest.raises(DecodeError, match=newer.format(
+            r"io\.sluicegate\.StartRequest or io\.sluicegate\.Reply")):
+        _SINGLE_OBJECT.decode_one_of((StartRequest, Reply), frame)
 
 
 def test_a_wrong_marker_is_refused_showing_the_bytes_found() -> None:
@@ -278,6 +317,85 @@ def test_encoding_something_that_is_not_a_record_is_a_type_error() -> None:
         encode({"request_id": "req-1"})  # type: ignore[arg-type]
 
 
+# -- released schemas: what earlier releases wrote -------------------------------------
+
+
+def older_start_request() -> dict[str, Any]:
+    """StartRequest's schema as an earlier release might have had it: no `wait` field."""
+    current = RECORD_TYPES[StartRequest].schema
+    return {**current, "fields": [f for f in current["fields"] if f["name"] != "wait"]}
+
+
+def released(schema: dict[str, Any], cls: Any) -> ReleasedSchema:
+    canonical = fastavro.schema.to_parsing_canonical_form(schema)
+    return ReleasedSchema(cls, RECORD_TYPES[cls].full_name, "0.0.1",
+                          schema_fingerprint(canonical), parse_writer_schema(schema))
+
+
+def written_by(release: ReleasedSchema, record: Any) -> bytes:
+    """The single-object frame a process of that release writes for `record` (the fields
+    its schema has)."""
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, release.parsed, RECORD_TYPES[type(record)].to_avro(record))
+    return SINGLE_OBJECT_MARKER + release.fingerprint + body.getvalue()
+
+
+def knowing(*releases: ReleasedSchema) -> Codec:
+    return Codec(SingleObjectFraming(RECORD_TYPES.values(), releases))
+
+
+def test_a_record_an_earlier_release_wrote_reads_with_the_fields_it_lacked_defaulted() -> None:
+    older = released(older_start_request(), StartRequest)
+    codec = knowing(older)
+    frame = written_by(older, a_start_request(wait=True))
+    assert codec.decode(StartRequest, frame) == a_start_request(wait=False)
+    assert codec.decode_one_of((Reply, StartRequest), frame) == a_start_request(wait=False)
+    assert codec.framing.record_type(frame) is StartRequest
+    with pytest.raises(DecodeError, match="written by a newer version"):
+        decode(StartRequest, frame)  # a reader without that release in its history
+
+
+def test_a_released_schema_of_another_type_is_refused_naming_both_types() -> None:
+    older = released(older_start_request(), StartRequest)
+    with pytest.raises(DecodeError, match=r"expected io\.sluicegate\.Reply .*found"
+                                          r" io\.sluicegate\.StartRequest"):
+        knowing(older).decode(Reply, written_by(older, a_start_request()))
+
+
+class CountingFraming(SingleObjectFraming):
+    def __init__(self, *releases: ReleasedSchema) -> None:
+        super().__init__(RECORD_TYPES.values(), releases)
+        self.asked = 0
+
+    def writer_schema(self, expected: RecordSchema, data: bytes) -> tuple[Any, int]:
+        self.asked += 1
+        return super().writer_schema(expected, data)
+
+
+def test_only_a_record_of_an_earlier_schema_leaves_the_fast_path() -> None:
+    older = released(older_start_request(), StartRequest)
+    framing = CountingFraming(older)
+    codec = Codec(framing)
+    assert codec.decode(StartRequest, codec.encode(a_start_request())) == a_start_request()
+    assert framing.asked == 0
+    codec.decode(StartRequest, written_by(older, a_start_request()))
+    assert framing.asked == 1
+
+
+@given(data=st.data())
+@settings(max_examples=20)
+def test_every_released_schema_reads_into_its_current_class(data: Any) -> None:
+    # RELEASED is what this package's history holds; the made-up one keeps the test
+    # meaningful while no schema has changed since the first release.
+    for release in [*RELEASED.values(), released(older_start_request(), StartRequest)]:
+        record = data.draw(records_of(release.cls))
+        written = {f["name"] for f in release.parsed["fields"]}
+        lacked = {f.name: f.default for f in dataclasses.fields(release.cls)
+                  if f.name not in written}
+        assert knowing(release).decode(release.cls, written_by(release, record)) == (
+            dataclasses.replace(record, **lacked)), release.release
+
+
 # -- the framing hook ----------------------------------------------------------------
 
 
@@ -287,11 +405,8 @@ class ToyRegistryFraming:
 
     def __init__(self) -> None:
         current = RECORD_TYPES[StartRequest]
-        older = {
-            **current.schema,
-            "fields": [f for f in current.schema["fields"] if f["name"] != "wait"],
-        }
-        self.by_id: dict[int, Any] = {1: parse_writer_schema(older), 2: current.parsed}
+        self.by_id: dict[int, Any] = {1: parse_writer_schema(older_start_request()),
+                                      2: current.parsed}
         self.ids: dict[type, int] = {StartRequest: 2}
 
     def header(self, rs: RecordSchema) -> bytes:
