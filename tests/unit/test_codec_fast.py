@@ -80,9 +80,10 @@ def fastavro_body(rs: RecordSchema, record: Any) -> bytes:
 
 
 def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
-    """What a call does: its result, or its error's type and message."""
+    """What a call does: its result, or its error's type and message. The result as its
+    repr, so that a damaged float read as NaN compares equal to itself."""
     try:
-        return "ok", fn(*args)
+        return "ok", repr(fn(*args))
     except (DecodeError, EncodeError, TypeError) as exc:
         return type(exc).__name__, str(exc)
 
