@@ -2,7 +2,9 @@
 
 A value is framed in Avro single-object encoding: ``C3 01``, the 8-byte
 little-endian CRC-64-AVRO fingerprint of the writer schema's parsing canonical
-form, then the Avro binary body. The framing is pluggable (`Framing`): with a
+form, then the Avro binary body. Readers also take the schemas earlier releases wrote
+(`avro/history/`, resolved into the current classes) and refuse any other fingerprint
+as written by a newer version. The framing is pluggable (`Framing`): with a
 schema registry configured, `sluicegate.schemas.registry` installs Confluent
 Schema Registry framing as the process default (`use`). Keys are plain UTF-8
 strings; payloads are compact JSON. See docs/wire-format.md.
