@@ -97,10 +97,10 @@ def evolved_package(dest: Path) -> Path:
     return dest
 
 
-def next_release_env(package: Path) -> dict[str, str]:
-    """Environment that runs `python -m sluicegate` from the copy: PYTHONSAFEPATH keeps
-    the working directory (this checkout) off the front of sys.path."""
-    return {"PYTHONSAFEPATH": "1", "PYTHONPATH": f"{package}:{ROOT}"}
+def next_release_env(copy: Path) -> dict[str, str]:
+    """Environment that runs `python -m sluicegate` from the copy in `copy`: PYTHONSAFEPATH
+    keeps the working directory (this checkout) off the front of sys.path."""
+    return {"PYTHONSAFEPATH": "1", "PYTHONPATH": f"{copy}:{ROOT}"}
 
 
 def _produce(settings: Settings, topic: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -164,9 +164,9 @@ def test_the_next_release_restores_and_admits_every_start_this_one_parked(
 
     # The next release, on a state dir of its own: it restores the stores from their
     # changelogs, rows this release wrote.
-    package = evolved_package(tmp_path / "next")
+    next_release = evolved_package(tmp_path / "next")
     upgraded = WorkerProcess(settings, APP, tmp_path / "upgraded",
-                             **clock, **next_release_env(package)).start()
+                             **clock, **next_release_env(next_release)).start()
     try:
         FileClock.write(clock_file, t0 + 6 * MINUTE)  # the debounce period is 5 minutes
         with Engine(settings=settings, group=f"engine-{uuid.uuid4().hex[:6]}") as engine:
