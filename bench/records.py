@@ -92,7 +92,8 @@ class InMemoryStage:
 
 def in_memory_identity(app: App) -> InMemoryStage:
     """The identity stage of `app` (no pause table: that would need a broker)."""
-    return InMemoryStage(IdentityStage(app, Settings().partitions, Router(app, 0, None)))
+    return InMemoryStage(IdentityStage(app, Settings().partitions, Router(app, 0, None),
+                                       Settings().max_payload_bytes))
 
 
 def in_memory_runs(app: App, state_dir: Path) -> InMemoryStage:

@@ -9,12 +9,28 @@ schema registry client settings (basic auth, TLS) through `schema_registry`.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+# librdkafka's message.max.bytes default.
+DEFAULT_MAX_RECORD_BYTES = 1_000_000
+PAYLOAD_RESERVE_BYTES = 64 * 1024
+
+
+class _ClientLog:
+    """What librdkafka logs (`logger` of a client), as DEBUG lines of `sluicegate.kafka`."""
+
+    _log = logging.getLogger("sluicegate.kafka")
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        self._log.debug(msg, *args)
+
+
+CLIENT_LOG = _ClientLog()
 
 
 def _env(name: str, default: str) -> str:
@@ -75,11 +91,30 @@ class Settings:
     schema_registry: dict[str, str] = field(default_factory=_registry_from_env)
 
     def client_config(self, **overrides: Any) -> dict[str, Any]:
-        """The configuration for one confluent-kafka client: bootstrap, security, overrides."""
-        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        """The configuration for one confluent-kafka client: bootstrap, security, overrides.
+
+        librdkafka's own log lines go to the DEBUG level of the `sluicegate.kafka` logger:
+        a broker that is away makes a client log every reconnection attempt, and what
+        that means is said once, by whoever waits on it, not hundreds of times."""
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "logger": CLIENT_LOG}
         config.update(self.kafka)
         config.update(overrides)
         return config
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record a sluicegate producer writes (its `message.max.bytes`,
+        librdkafka's default unless set); the broker and topics must accept it."""
+        return int(self.kafka.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES))
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload (sealed, when the workflow encrypts) a start may carry: a
+        record minus room for what travels with a payload (the admitted start's and the
+        run row's other fields, a pending start's, a batch's item framing). A bigger one
+        could be taken but not admitted, so the SDK refuses it and the worker rejects it
+        (docs/decisions/record-size-limit.md)."""
+        return self.max_record_bytes - PAYLOAD_RESERVE_BYTES
 
     def registry_config(self) -> dict[str, Any]:
         """The configuration of a schema registry client: the URL and the pass-through."""

@@ -103,3 +103,52 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) 
                 # The client's metadata predates the topic: ask for it explicitly.
                 consumer.list_topics(tp.topic, timeout=5.0)
             time.sleep(0.1)
+
+
+# Errors a client reports while it cannot reach the cluster; it retries them by itself.
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError._RESOLVE, KafkaError._TIMED_OUT})
+_REPEAT_EVERY_S = 60.0
+
+
+class ClientErrors:
+    """The error callbacks of one process's clients, said the way an operator can read
+    them: a broker that cannot be reached is one WARNING line when it starts (and one a
+    minute while it lasts), not a line per client per reconnection attempt; `reached()`
+    says when it is over. Other errors are one line each, repeats within a minute aside."""
+
+    def __init__(self, who: str) -> None:
+        self._who = who
+        self._log = logging.getLogger("sluicegate.kafka")
+        self._down_since: float | None = None
+        self._said: dict[tuple[int, str], float] = {}
+
+    def config(self, client: str) -> dict[str, object]:
+        return {"error_cb": lambda error: self._error(client, error)}
+
+    def _error(self, client: str, error: KafkaError) -> None:
+        now = time.monotonic()
+        if error.code() in _UNREACHABLE:
+            if self._down_since is None:
+                self._down_since = now
+                self._said.clear()
+            key = (KafkaError._ALL_BROKERS_DOWN, "")
+        else:
+            key = (error.code(), client)
+        last = self._said.get(key)
+        if last is not None and now - last < _REPEAT_EVERY_S:
+            self._log.debug("%s %s: %s", self._who, client, error.str())
+            return
+        self._said[key] = now
+        if error.code() in _UNREACHABLE:
+            self._log.warning("%s: Kafka cannot be reached (%s); retrying", self._who,
+                              error.str())
+        else:
+            self._log.warning("%s %s: %s: %s", self._who, client, error.name(), error.str())
+
+    def reached(self) -> None:
+        """The cluster answered: end an outage, saying how long it lasted."""
+        if self._down_since is not None:
+            self._log.warning("%s: Kafka reached again after %.1fs", self._who,
+                              time.monotonic() - self._down_since)
+            self._down_since = None

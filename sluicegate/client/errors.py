@@ -20,6 +20,11 @@ class PayloadError(ClientError, ValueError):
     """The payload does not validate against the workflow's schema; nothing was produced."""
 
 
+class PayloadTooLarge(PayloadError):
+    """The payload is over the largest a start can carry (`Settings.max_payload_bytes`): it
+    could be taken, but its admitted start could not be written; nothing was produced."""
+
+
 class BlockingCallerRefused(ClientError):
     pass
 

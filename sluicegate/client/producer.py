@@ -27,11 +27,12 @@ from sluicegate.client.errors import (
     ClientError,
     DecisionTimeout,
     PayloadError,
+    PayloadTooLarge,
     RateLimited,
     SingletonHeld,
     UnknownWorkflow,
 )
-from sluicegate.config import Settings
+from sluicegate.config import PAYLOAD_RESERVE_BYTES, Settings
 from sluicegate.declare import App, Origin, load_app
 from sluicegate.kafkautil import check_access, watermarks
 from sluicegate.schemas import codec
@@ -207,6 +208,7 @@ class StartBuilder:
         self.app = app
         self.reply_partition = reply_partition
         self._payloads = Payloads.of(settings)
+        self._max_payload = settings.max_payload_bytes
 
     def build(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
               id: str | None = None, at: datetime | int | None = None,
@@ -228,10 +230,19 @@ class StartBuilder:
             validate(wf.start_model, document)
         except (codec.EncodeError, ValidationError) as exc:
             raise PayloadError(f"workflow {workflow}: payload does not validate: {exc}") from exc
+        kept = self._payloads.seal_bytes(wf, document)
+        if len(kept) > self._max_payload:
+            sealed = " sealed" if kept is not document else ""
+            raise PayloadTooLarge(
+                f"workflow {workflow}: the payload is {len(kept):,} bytes{sealed}, over the "
+                f"{self._max_payload:,}-byte limit of a start's payload (message.max.bytes, "
+                f"{self._max_payload + PAYLOAD_RESERVE_BYTES:,}, less room for the admitted "
+                "start's other fields): it could not be admitted. Pass a reference to the "
+                "data (a URL, a key in your store) instead of the data itself.")
         start = StartRequest(
             request_id=uuid.uuid4().hex,
             workflow=workflow,
-            payload=self._payloads.seal_bytes(wf, document),
+            payload=kept,
             origin=origin,
             requested_at_ms=int(time.time() * 1000),
             idempotency_id=id,

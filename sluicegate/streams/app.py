@@ -32,9 +32,9 @@ def build_pipeline(app: App, settings: Settings) -> Pipeline:
     control = ControlTable(settings)
     router = Router(app, settings.deployment_cap, control)
     stages: list[Stage] = [
-        IdentityStage(app, settings.partitions, router),
+        IdentityStage(app, settings.partitions, router, settings.max_payload_bytes),
         PauseStage(app, settings.partitions, router),
-        DeferStage(app, router),
+        DeferStage(app, router, settings.max_payload_bytes),
         SingletonStage(router),
         ConcurrencyStage(app, router, settings.deployment_cap),
         RateLimitStage(app, router),

@@ -24,6 +24,10 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.stage import InputRecord, StageContext
 
+# Room a dead letter keeps for what is not the record's key and value (its reason, where
+# the record came from, its framing); and the longest reason it carries.
+DEAD_LETTER_RESERVE_BYTES = 16 * 1024
+MAX_REASON_CHARS = 4000
 # The stage that keeps the runs table (streams/stages/runs.py).
 RUNS_STAGE = "runs"
 _EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
@@ -107,12 +111,29 @@ def admit(ctx: StageContext, admitted: AdmittedStart) -> None:
 
 
 def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:
+    """The record as it came, and why it could not be handled. A record too large to be
+    copied whole (with the reason and where it came from) into a dead letter is cut, and
+    the reason says where: a dead letter must always be writable, or the record would be
+    lost with it."""
+    key, value = record.key, record.value
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[:MAX_REASON_CHARS] + " [...]"
+    room = ctx.topics.settings.max_record_bytes - DEAD_LETTER_RESERVE_BYTES
+    if key is not None and len(key) > room // 2:
+        reason += f"; key cut to its first {room // 2:,} of {len(key):,} bytes"
+        key = key[:room // 2]
+    if value is not None and len(value) > room - len(key or b""):
+        keep = room - len(key or b"")
+        reason += (f"; value cut to its first {keep:,} of {len(value):,} bytes to fit the "
+                   "dead-letter topic")
+        value = value[:keep]
     letter = DeadLetter(
         source_topic=record.topic, source_partition=record.partition,
         source_offset=record.offset, reason=reason, stage=ctx.stage, at_ms=ctx.now_ms,
-        key=record.key, value=record.value,
+        key=key, value=value,
     )
-    ctx.send(ctx.topics.deadletter, record.key, codec.encode(letter))
+    # Keyed as the record was (within the limit), so a key's dead letters stay in order.
+    ctx.send(ctx.topics.deadletter, key, codec.encode(letter))
 
 
 def reject(ctx: StageContext, record: InputRecord, reason: str,

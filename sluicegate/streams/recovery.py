@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sluicegate.kafkautil import watermarks
 from sluicegate.streams.store import PartitionStore
 from sluicegate.streams.task import Task
+from sluicegate.streams.transactions import Stopping
 from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,12 @@ class RestoreError(RuntimeError):
     pass
 
 
-def restore_task(task: Task, consumer: Consumer, topics: Topics, timeout_s: float = 120.0) -> int:
-    """Bring every store of `task` to the end of its logs; returns records replayed."""
+def restore_task(task: Task, consumer: Consumer, topics: Topics,
+                 stopping: Callable[[], bool] = lambda: False,
+                 timeout_s: float = 120.0) -> int:
+    """Bring every store of `task` to the end of its logs; returns records replayed.
+    Raises RestoreError (or a KafkaException) when the logs cannot be read, and
+    `Stopping` as soon as `stopping()` says so."""
     replayed = 0
     for state in task.stateful():
         store = state.store
@@ -44,7 +50,7 @@ def restore_task(task: Task, consumer: Consumer, topics: Topics, timeout_s: floa
         logs: list[tuple[str, bytes, str | None]] = [
             (state.changelog, b"", None),
             *((table.topic, table.prefix, table.name) for table in state.tables)]
-        ranges = [watermarks(consumer, TopicPartition(topic, task.partition))
+        ranges = [watermarks(consumer, TopicPartition(topic, task.partition), 10.0)
                   for topic, _, _ in logs]
         for (topic, _, table), (low, high) in zip(logs, ranges, strict=True):
             at = store.changelog_offset if table is None else store.table_offset(table)
@@ -58,18 +64,23 @@ def restore_task(task: Task, consumer: Consumer, topics: Topics, timeout_s: floa
             start = max(at + 1, low)
             if start < high:
                 replayed += _replay(store, consumer, TopicPartition(topic, task.partition, start),
-                                    high, timeout_s, prefix, table)
+                                    high, timeout_s, stopping, prefix, table)
     return replayed
 
 
 def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high: int,
-            timeout_s: float, prefix: bytes = b"", table: str | None = None) -> int:
+            timeout_s: float, stopping: Callable[[], bool], prefix: bytes = b"",
+            table: str | None = None) -> int:
     consumer.assign([tp])
     deadline = time.monotonic() + timeout_s
     replayed = 0
     done = False
     while not done:
+        if stopping():
+            consumer.unassign()
+            raise Stopping(f"restoring {tp.topic}[{tp.partition}]")
         if time.monotonic() > deadline:
+            consumer.unassign()
             raise RestoreError(f"restoring {tp.topic}[{tp.partition}] did not reach offset {high}")
         # Wait for one record, then take what is already fetched: consume(n, timeout) alone
         # waits the whole timeout for n records, which a small changelog never has (half a

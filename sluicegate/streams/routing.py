@@ -28,9 +28,9 @@ from sluicegate.schemas.records import (
     StartRequest,
 )
 from sluicegate.streams.control import ControlTable
-from sluicegate.streams.decisions import admit, record_decision
+from sluicegate.streams.decisions import admit, dead_letter, record_decision, reject
 from sluicegate.streams.payloads import Payloads
-from sluicegate.streams.stage import Headers, Stage, StageContext
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
 from sluicegate.topology.topics import Topics
 
@@ -183,6 +183,21 @@ class Router:
                             payload=start.payload, reason=reason, execution_id=None,
                             tag=f"{outcome.value}:{start.request_id}")
 
+    def give_up(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+        """`record` will not be processed (`Stage.unprocessable`): a dead letter with the
+        reason, and the decision its request is owed: a start request is `rejected`, a
+        start between controls `failed` (with its onFailure notified)."""
+        try:
+            message = codec.decode_one_of((StartRequest, PendingStart), record.value)
+        except codec.DecodeError:
+            dead_letter(ctx, record, reason)
+            return
+        if isinstance(message, StartRequest):
+            reject(ctx, record, reason, message)
+            return
+        dead_letter(ctx, record, reason)
+        self.fail(ctx, message, Outcome.failed, reason)
+
     @staticmethod
     def alias(ctx: StageContext, start: PendingStart, execution_id: str) -> None:
         """`start` will not run as itself but as `execution_id` (folded into another run, or
@@ -242,6 +257,9 @@ class ControlStage(Stage):
 
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.stage(self.name),)
+
+    def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+        self.router.give_up(ctx, record, reason)
 
 
 def identity_store_key(workflow: str, key: str) -> bytes:

@@ -3,10 +3,24 @@
 Per commit cycle: consume a batch, hand each record to its stage, fire due timers, then
 commit — produce the stores' changelog writes, flush, send the consumed offsets with the
 group metadata, commit the transaction, and only then write the stores (with the
-changelog offsets the broker assigned). Any failure aborts the transaction, drops the
-cycle's store writes and rewinds the consumer to the committed offsets. This is the
-Kafka Streams exactly-once v2 design: a kill -9 at any instant loses and duplicates
-nothing, because outputs, state and input progress commit or vanish together.
+changelog offsets the broker assigned). This is the Kafka Streams exactly-once v2 design:
+a kill -9 at any instant loses and duplicates nothing, because outputs, state and input
+progress commit or vanish together.
+
+Any failure aborts the cycle: its store writes are dropped and every partition it read
+from goes back to where the cycle began, so each of its records is read again
+(docs/decisions/runtime-faults.md):
+- a record whose processing fails (a stage raises, or one of its outputs cannot be
+  written) is retried once in the replayed cycle; failing again, it is given to its
+  stage's `unprocessable` hook (a dead letter with the reason, and the ledger row its
+  request needs) instead of `process`, and the partition moves on;
+- a broker that is away, or a transaction that fails, aborts the cycle the same way; a
+  producer that turns fatal or hangs is replaced (streams/transactions.py); when the
+  commit's own outcome is unknown, every task is restored from its changelogs and every
+  partition rewound to the offsets the broker has, so nothing is applied twice.
+
+A task is restored from the loop, not in the assignment callback: its partitions stay
+paused until its stores have caught up with their changelogs.
 
 A record sent to a stage input that the stage takes handed over (`Stage.handed_over`) is
 processed on the spot when this worker owns its partition: the same transaction, no
@@ -23,20 +37,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.kafkautil import check_access
+from sluicegate.kafkautil import ClientErrors, KafkaAuthError, check_access
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.registry import RegistryError, configure_codec
 from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
-from sluicegate.streams.decisions import dead_letter
-from sluicegate.streams.recovery import restore_task
+from sluicegate.streams.recovery import RestoreError, restore_task
 from sluicegate.streams.stage import Headers, InputRecord, Stage
 from sluicegate.streams.task import StageState, Task
-from sluicegate.topology.admin import require_topics
+from sluicegate.streams.transactions import (
+    CallHung,
+    Stopping,
+    TransactionalProducer,
+    describe,
+    error_of,
+)
+from sluicegate.topology.admin import TopologyError, require_topics
 from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:
@@ -44,16 +64,47 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A record (or timer) whose processing failed this many times is not processed again.
+POISON_AFTER = 2
+# Produce errors that say the record itself cannot be written. Any other Kafka error is
+# about the broker or the transaction, and says nothing against the record.
+_RECORD_ERRORS = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE, KafkaError._INVALID_ARG, KafkaError.INVALID_MSG,
+    KafkaError._BAD_MSG,
+})
+# Errors no retry can fix: the worker stops with one line saying so.
+_CONFIG_ERRORS = frozenset({
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL, KafkaError.INVALID_CONFIG,
+    KafkaError.FENCED_INSTANCE_ID,
+})
+# How long a record may wait for room in the producer's queue.
+_QUEUE_WAIT_S = 30.0
+_MAX_BACKOFF_S = 5.0
+
 
 class WorkerError(RuntimeError):
-    pass
+    """The worker cannot go on: a configuration or authorisation problem, said in one line."""
+
+
+class RecordFailed(Exception):
+    """Processing one record (or one timer) failed; `unit` names it for the replay."""
+
+    def __init__(self, unit: tuple[Any, ...], reason: str) -> None:
+        super().__init__(reason)
+        self.unit = unit
+        self.reason = reason
 
 
 def _worker_identity(state_dir: Path) -> tuple[str, Any]:
     """A stable id per state directory, and a lock so one process uses it at a time.
 
-    The transactional id derives from it, so a worker restarted after a kill -9 fences
-    its predecessor's open transaction at once instead of waiting for it to time out.
+    The transactional id and the static group membership derive from it, so a worker
+    restarted after a kill -9 fences its predecessor's open transaction at once and takes
+    its partitions back without a rebalance.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     lock = open(state_dir / "worker.lock", "w")  # noqa: SIM115 - held for the process's life
@@ -65,6 +116,17 @@ def _worker_identity(state_dir: Path) -> tuple[str, Any]:
     if not id_file.exists():
         id_file.write_text(uuid.uuid4().hex[:12])
     return id_file.read_text().strip(), lock
+
+
+def _about_the_record(exc: BaseException) -> bool:
+    """Whether a failure while processing a record is the record's (retry it, then give
+    up on it) rather than the broker's or the registry's (retry the cycle as it was)."""
+    if isinstance(exc, RegistryError | Stopping | CallHung):
+        return False
+    if isinstance(exc, KafkaException):
+        error = error_of(exc)
+        return error is not None and error.code() in _RECORD_ERRORS
+    return True
 
 
 class Worker:
@@ -87,29 +149,62 @@ class Worker:
         self._handed_over: dict[str, Stage] = {
             topic: stage for stage in stages for topic in stage.handed_over(self.topics)
         }
+        # Tasks that process, and tasks whose stores are being restored (their partitions
+        # are paused meanwhile).
         self.tasks: dict[int, Task] = {}
+        self._restoring: dict[int, Task] = {}
+        self._restore_at = 0.0
+        self._restore_backoff = 0.1
         # (topic, partition) -> next offset to commit, for records processed this cycle
         self._progress: dict[tuple[str, int], int] = {}
+        # (topic, partition) -> the first offset read this cycle: where an abort goes back to
+        self._first: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the offset of the last record of a store's log this cycle
         self._log_offsets: dict[tuple[str, int], int] = {}
+        # A record or timer whose processing failed -> (failures, the last reason)
+        self._suspects: dict[tuple[Any, ...], tuple[int, str]] = {}
         self._in_txn = False
+        self._commit_asked = False
         self._cycle_started = 0.0
         self._cycle_records = 0
+        self._failed_cycles = 0
+        self._stop: Callable[[], bool] = lambda: False
         self.processed = 0
         self.commits = 0
         # Set by `sluicegate worker --metrics-port`; counted per commit, not per record.
         self.metrics: WorkerMetrics | None = None
 
-        self.producer = Producer(settings.client_config(**{
+        self._clients = ClientErrors(f"worker {self.worker_id}")
+        self._txn = TransactionalProducer(settings.client_config(**{
             "transactional.id": f"{settings.namespace}worker-{self.worker_id}",
             "partitioner": "murmur2_random",
             "linger.ms": 5,
             "transaction.timeout.ms": 15000,
             "compression.type": "lz4",
+            **self._clients.config("producer"),
+        }), self._stopping)
+        self.consumer = self._new_consumer()
+        self.restorer = Consumer(settings.client_config(**{
+            "group.id": f"{self.topics.group}-restore",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            # A fetch at a changelog's end is held this long by the broker, and the next
+            # store's watermark request waits behind it on the connection: at the default
+            # (500 ms) every store would cost half a second.
+            "fetch.wait.max.ms": 10,
+            **self._clients.config("restore consumer"),
         }))
-        self.consumer = Consumer(settings.client_config(**{
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(self.settings.client_config(**{
             "group.id": self.topics.group,
             "client.id": f"worker-{self.worker_id}",
+            # Static membership: a worker restarted with the same state directory takes
+            # its partitions back at once, without a rebalance of the group
+            # (docs/decisions/runtime-faults.md).
+            "group.instance.id": f"{self.settings.namespace}worker-{self.worker_id}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -123,18 +218,13 @@ class Worker:
             # An input topic created after the worker started (a cancelOn event topic)
             # is noticed within seconds, not at the default five minutes.
             "topic.metadata.refresh.interval.ms": 10000,
+            **self._clients.config("consumer"),
         }))
-        self.restorer = Consumer(settings.client_config(**{
-            "group.id": f"{self.topics.group}-restore",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            # A fetch at a changelog's end is held this long by the broker, and the next
-            # store's watermark request waits behind it on the connection: at the default
-            # (500 ms) every store would cost half a second.
-            "fetch.wait.max.ms": 10,
-        }))
+
+    @property
+    def producer(self) -> Any:
+        """The transactional producer as it is now (it is replaced after a fatal error)."""
+        return self._txn.producer
 
     @classmethod
     def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
@@ -146,13 +236,18 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def _stopping(self) -> bool:
+        return self._stop()
+
     def start(self) -> None:
-        check_access(self.settings)
-        require_topics(self.settings)
+        """Get ready to process: a broker that is not there yet is waited for; a
+        configuration or authorisation problem raises WorkerError."""
+        self._until_kafka_answers("check access", lambda: check_access(self.settings))
+        self._until_kafka_answers("check the topics", lambda: require_topics(self.settings))
         configure_codec(self.settings)
         if self.control is not None:
-            self.control.catch_up()
-        self.producer.init_transactions(30.0)
+            self._until_kafka_answers("read the control table", self.control.catch_up)
+        self._txn.init()
         self.consumer.subscribe(
             sorted(self.stage_for_topic),
             on_assign=self._on_assign,
@@ -160,34 +255,83 @@ class Worker:
             on_lost=self._on_lost,
         )
 
+    def _until_kafka_answers(self, what: str, step: Callable[[], None]) -> None:
+        backoff = 0.5
+        said = False
+        while True:
+            try:
+                step()
+                return
+            except (KafkaAuthError, TopologyError) as exc:
+                raise WorkerError(str(exc)) from exc
+            except (KafkaException, TimeoutError) as exc:
+                self._check_config(exc)
+                if not said:
+                    log.warning("waiting for Kafka at %s to %s: %s", self.settings.bootstrap,
+                                what, describe(exc))
+                    said = True
+            self._sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
     def run(self, should_stop: Callable[[], bool]) -> None:
+        self._stop = should_stop
         try:
             self.start()
             while not should_stop():
                 self.run_once()
-            if self._in_txn:
-                self._commit()
+            self._finish()
+        except Stopping:
+            log.info("stopped while waiting on Kafka; the open transaction is left to the "
+                     "broker to abort")
         finally:
             self.close()
 
-    def close(self) -> None:
+    def _finish(self) -> None:
+        """Commit the last cycle, so the partitions' next owner starts after it."""
+        if not self._in_txn:
+            return
         try:
-            if self._in_txn:
-                self._abort()
-            self.consumer.close()
+            self._commit()
+        except KafkaException as exc:
+            log.warning("the last cycle did not commit (%s): its records are read again by "
+                        "the partitions' next owner", describe(exc))
+
+    def close(self) -> None:
+        """Give back the partitions and the state directory. Bounded: a broker that is
+        away is not waited for (an open transaction is aborted by the broker, or fenced
+        by this state directory's next worker)."""
+        stopped = self._stop
+        self._stop = lambda: True  # nothing below waits on the broker
+        try:
+            if self._in_txn and not stopped():
+                try:
+                    self._txn.abort()
+                except (KafkaException, Stopping) as exc:
+                    log.debug("abort at close: %s", describe(exc))
+                self._in_txn = False
+            try:
+                self.consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("consumer close: %s", describe(exc))
         finally:
-            for task in self.tasks.values():
+            for task in [*self.tasks.values(), *self._restoring.values()]:
                 task.close()
             self.tasks.clear()
-            self.restorer.close()
+            self._restoring.clear()
+            try:
+                self.restorer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("restore consumer close: %s", describe(exc))
             if self.control is not None:
                 self.control.close()
-            self.producer.flush(5.0)
+            self._txn.close()
             self._lock.close()  # releases the state directory for the next worker
 
     # -- the loop --------------------------------------------------------------------
 
     def run_once(self, timeout_s: float = 0.05) -> None:
+        if self._restoring and time.monotonic() >= self._restore_at:
+            self._restore_one()
         # Wait for one record, then take what is already fetched: consume(n, timeout) alone
         # would hold a lone record for the whole timeout waiting for n of them.
         first = self.consumer.poll(timeout_s)
@@ -197,22 +341,31 @@ class Worker:
             for msg in messages:
                 error = msg.error()
                 if error is not None:
-                    if error.fatal():
-                        raise KafkaException(error)
-                    log.warning("consumer: %s", error)
+                    self._consumer_error(error)
                     continue
                 self._process(msg)
             self._apply_control()
             self._fire_timers()
             if self._in_txn and self._cycle_due():
                 self._commit()
+        except RecordFailed as failure:
+            self._suspect(failure)
+            self._abort(failure, messages)
         except KafkaException as exc:
-            self._recover(exc)
+            self._check_config(exc)
+            log.warning("aborting the cycle after: %s", describe(exc))
+            self._abort(exc, messages)
+
+    def _consumer_error(self, error: KafkaError) -> None:
+        if error.fatal() or error.code() in _CONFIG_ERRORS:
+            raise WorkerError(f"the consumer cannot go on: {error.name()}: {error.str()}")
+        log.debug("consumer: %s", error)
 
     def _begin(self) -> None:
         if not self._in_txn:
-            self.producer.begin_transaction()
+            self._txn.begin()
             self._in_txn = True
+            self._commit_asked = False
             self._cycle_started = time.monotonic()
             self._cycle_records = 0
 
@@ -224,30 +377,69 @@ class Worker:
     def _process(self, msg: Any) -> None:
         partition = msg.partition()
         task = self.tasks.get(partition)
-        if task is None:  # a record of a partition revoked within this batch
-            return
+        topic, offset = msg.topic(), msg.offset()
+        if task is None:
+            if partition in self._restoring:
+                # Fetched before its partition was paused: read it again once restored.
+                self._seek(TopicPartition(topic, partition, offset))
+            return  # else: a record of a partition revoked within this batch
         if not self._in_txn:
             self._begin()
-        topic, offset = msg.topic(), msg.offset()
-        self._handle(self.stage_for_topic[topic], task, InputRecord(
-            topic, partition, offset, msg.key(), msg.value(), msg.timestamp()[1],
-            msg.headers()))
-        self._progress[(topic, partition)] = offset + 1
+        tp = (topic, partition)
+        if tp not in self._progress:
+            self._first[tp] = offset
+        record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
+                             msg.timestamp()[1], msg.headers())
+        stage = self.stage_for_topic[topic]
+        if not (self._suspects
+                and self._given_up(stage, task, (topic, partition, offset), record)):
+            self._handle(stage, task, record)
+        self._progress[tp] = offset + 1
         self._cycle_records += 1
         self.processed += 1
 
     def _handle(self, stage: Stage, task: Task, record: InputRecord) -> None:
-        ctx = task.states[stage.name].ctx
         try:
-            stage.process(ctx, record)
-        except (KafkaException, RegistryError):
-            # A registry that does not answer says nothing about the record: stop (the
-            # transaction aborts, nothing is committed) rather than dead-letter it.
+            stage.process(task.states[stage.name].ctx, record)
+        except RecordFailed:
             raise
         except Exception as exc:
-            log.exception("stage %s failed on %s[%d]@%d", stage.name, record.topic,
-                          record.partition, record.offset)
-            dead_letter(ctx, record, f"{stage.name} failed: {type(exc).__name__}: {exc}")
+            # A record handed over in-process has no offset of its own: the record whose
+            # processing sent it is the one to retry, and to give up on.
+            if record.offset < 0 or not _about_the_record(exc):
+                raise
+            raise RecordFailed(
+                (record.topic, record.partition, record.offset),
+                f"{stage.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
+                f"{describe(exc)}") from exc
+
+    def _suspect(self, failure: RecordFailed) -> None:
+        failures = self._suspects.get(failure.unit, (0, ""))[0] + 1
+        self._suspects[failure.unit] = (failures, failure.reason)
+        if failures >= POISON_AFTER:
+            log.error("%s (failed %d times: it will be dead-lettered)", failure.reason, failures)
+        else:
+            log.warning("%s (retrying it once in a replayed cycle)", failure.reason)
+
+    def _given_up(self, stage: Stage, task: Task, unit: tuple[Any, ...],
+                  record: InputRecord) -> bool:
+        """Whether `record` failed too often to be processed again; if so, its stage's
+        `unprocessable` hook has just recorded it instead."""
+        suspect = self._suspects.get(unit)
+        if suspect is None or suspect[0] < POISON_AFTER:
+            return False
+        ctx = task.states[stage.name].ctx
+        reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
+        try:
+            stage.unprocessable(ctx, record, reason)
+        except Exception as exc:
+            if not _about_the_record(exc):
+                raise
+            # The stage's own account of it cannot be written either: a bare dead letter.
+            log.error("%s: its stage could not record it (%s); a bare dead letter instead",
+                      reason, describe(exc))
+            Stage.unprocessable(stage, ctx, record, reason)
+        return True
 
     def _apply_control(self) -> None:
         if self.control is None:
@@ -270,8 +462,24 @@ class Worker:
                 self._begin()
                 for due_ms, key, value in timers.due(now):
                     timers.cancel(due_ms, key)
-                    state.stage.fire(state.ctx, due_ms, key, value)
+                    self._fire(state, task.partition, due_ms, key, value)
                     self._cycle_records += 1
+
+    def _fire(self, state: StageState, partition: int, due_ms: int, key: bytes,
+              value: bytes) -> None:
+        stage = state.stage
+        unit = ("timer", stage.name, partition, due_ms, key)
+        if self._suspects and unit in self._suspects:
+            timer = InputRecord(f"timer:{stage.name}", partition, -1, key, value, due_ms)
+            if self._given_up(stage, self.tasks[partition], unit, timer):
+                return
+        try:
+            stage.fire(state.ctx, due_ms, key, value)
+        except Exception as exc:
+            if not _about_the_record(exc):
+                raise
+            raise RecordFailed(unit, f"{stage.name} failed on its timer due at {due_ms} "
+                                     f"({key!r}): {describe(exc)}") from exc
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, headers: Headers | None = None,
@@ -286,20 +494,36 @@ class Worker:
                 self._handle(stage, task, InputRecord(topic, p, -1, key, value,
                                                       self.clock.now_ms(), headers, message))
                 return
+        producer = self._txn.producer
+        deadline = None
         while True:
             try:
                 if headers is not None:
                     # -1: librdkafka's "unassigned", so the partitioner picks.
-                    self.producer.produce(topic, value, key,
-                                          -1 if partition is None else partition,
-                                          headers=headers)
+                    producer.produce(topic, value, key, -1 if partition is None else partition,
+                                     headers=headers)
                 elif partition is None:
-                    self.producer.produce(topic, value, key)
+                    producer.produce(topic, value, key)
                 else:
-                    self.producer.produce(topic, value, key, partition)
+                    producer.produce(topic, value, key, partition)
                 return
             except BufferError:
-                self.producer.poll(0.05)
+                deadline = self._wait_for_room(deadline)
+
+    def _wait_for_room(self, deadline: float | None) -> float:
+        """The producer's queue is full: serve deliveries for a moment, and give up (the
+        cycle aborts) when there has been no room for a while: the broker is away."""
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + _QUEUE_WAIT_S
+        elif now > deadline:
+            raise KafkaException(KafkaError(
+                KafkaError._QUEUE_FULL, f"no room in the producer's queue for "
+                f"{_QUEUE_WAIT_S:.0f}s: {len(self._txn.producer)} records wait for the broker"))
+        if self._stopping():
+            raise Stopping("produce")
+        self._txn.producer.poll(0.05)
+        return deadline
 
     # -- commit, abort, recover ------------------------------------------------------
 
@@ -311,18 +535,18 @@ class Worker:
                 assert state.tx is not None
                 if state.tx.changes:
                     self._produce_logs(state, task.partition)
-        undelivered = self.producer.flush(30.0)
-        if undelivered:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
-                                            f"{undelivered} records undelivered at commit"))
         consumed = [TopicPartition(t, p, o) for (t, p), o in self._progress.items()]
-        if consumed:
-            self.producer.send_offsets_to_transaction(
-                consumed, self.consumer.consumer_group_metadata(), 30.0)
-        self.producer.commit_transaction(30.0)
+        self._txn.commit(consumed, self.consumer.consumer_group_metadata(), self._asked)
         self._in_txn = False
         self._progress.clear()
+        self._first.clear()
+        if self._suspects:
+            self._suspects.clear()
+        if self._failed_cycles:
+            log.info("committing again after %d aborted cycles", self._failed_cycles)
+            self._failed_cycles = 0
         self.commits += 1
+        self._clients.reached()
         # The transaction is durable; the stores now catch up, each with the offsets of
         # its last records in its logs, in one WriteBatch.
         logged = self._log_offsets
@@ -337,6 +561,9 @@ class Worker:
         if self.metrics is not None:
             self.metrics.committed(self, time.monotonic() - started)
 
+    def _asked(self) -> None:
+        self._commit_asked = True
+
     def _produce_logs(self, state: StageState, partition: int) -> None:
         """The cycle's store writes of one stage and partition: each row to its log (the
         changelog, or the topic of a table the stage publishes), in that partition."""
@@ -350,10 +577,11 @@ class Worker:
                     topic, log_key = table.topic, key[len(table.prefix):]
                     break
             logs.setdefault(topic, []).append((log_key, value))
-        produce = self.producer.produce
+        produce = self._txn.producer.produce
         for topic, rows in logs.items():
             last = len(rows) - 1
             for i, (key, value) in enumerate(rows):
+                deadline = None
                 while True:
                     try:
                         if i == last:
@@ -364,7 +592,7 @@ class Worker:
                             produce(topic, value, key, partition)
                         break
                     except BufferError:
-                        self.producer.poll(0.05)
+                        deadline = self._wait_for_room(deadline)
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         if err is None:
@@ -372,34 +600,103 @@ class Worker:
             if msg.offset() > self._log_offsets.get(tp, -1):
                 self._log_offsets[tp] = msg.offset()
 
-    def _abort(self) -> None:
+    def _abort(self, cause: BaseException, batch: list[Any]) -> None:
+        """Undo the cycle: drop its store writes, end its transaction, and go back to where
+        it began, so that every record it read (and every record of `batch` it did not get
+        to) is read again. When the commit was asked for, whether it happened is unknown
+        until the broker answers: every task is then restored from its logs and rewound
+        to the offsets the broker has."""
         if self.metrics is not None:
             self.metrics.aborted()
-        try:
-            self.producer.abort_transaction(30.0)
-        finally:
-            self._in_txn = False
-            for task in self.tasks.values():
-                task.discard()
-            self._rewind()
-
-    def _rewind(self) -> None:
-        """Seek every partition touched this cycle back to its committed offset."""
-        touched = [TopicPartition(t, p) for (t, p) in self._progress]
+        self._failed_cycles += 1
+        # Whether the broker may have committed it after all.
+        uncertain = self._commit_asked
+        self._in_txn = False
+        self._commit_asked = False
+        for task in self.tasks.values():
+            task.discard()
+        targets = dict(self._first)
+        for msg in batch:
+            if msg.error() is None:
+                targets.setdefault((msg.topic(), msg.partition()), msg.offset())
         self._progress.clear()
-        if not touched:
-            return
-        for tp in self.consumer.committed(touched, timeout=30.0):
-            offset = tp.offset if tp.offset >= 0 else 0
-            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        self._first.clear()
+        for (topic, partition), offset in targets.items():
+            if partition in self.tasks or partition in self._restoring:
+                self._seek(TopicPartition(topic, partition, offset))
+        # A producer replaced here aborts nothing itself: its successor's init fences it,
+        # and the broker aborts what it left open, which was never asked to commit.
+        self._txn.abort(cause)
+        if uncertain:
+            self._restore_all()
+        if self._failed_cycles > 1:
+            # The same trouble again: do not spin on it.
+            self._sleep(min(0.1 * 2 ** (self._failed_cycles - 2), _MAX_BACKOFF_S))
 
-    def _recover(self, exc: KafkaException) -> None:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.fatal():
-            raise WorkerError(f"fatal Kafka error, the worker must restart: {error}") from exc
-        log.warning("aborting the cycle after: %s", error)
-        if self._in_txn:
-            self._abort()
+    def _seek(self, tp: TopicPartition) -> None:
+        try:
+            self.consumer.seek(tp)
+        except KafkaException as exc:
+            # Not assigned any more (a rebalance is under way): its next owner starts at
+            # the committed offset anyway.
+            log.debug("seek %s[%d] to %d: %s", tp.topic, tp.partition, tp.offset, describe(exc))
+
+    def _check_config(self, exc: BaseException) -> None:
+        error = error_of(exc)
+        if error is not None and error.code() in _CONFIG_ERRORS:
+            raise WorkerError(f"Kafka refused this worker: {error.name()}: {error.str()}")
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self._stopping():
+                raise Stopping("backoff")
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+    # -- restore ---------------------------------------------------------------------
+
+    def _restore_all(self) -> None:
+        """Every task goes back through restore: its stores catch up with their logs and
+        its partitions are rewound to the offsets the broker has."""
+        for partition in list(self.tasks):
+            self._restoring[partition] = self.tasks.pop(partition)
+        self.consumer.pause([tp for tp in self.consumer.assignment()
+                             if tp.partition in self._restoring])
+        self._restore_at = 0.0
+
+    def _restore_one(self) -> None:
+        """Restore the next paused task; a broker that does not answer is tried again
+        later, with the task still paused."""
+        partition = min(self._restoring)
+        task = self._restoring[partition]
+        tps = [tp for tp in self.consumer.assignment() if tp.partition == partition]
+        try:
+            replayed = restore_task(task, self.restorer, self.topics, self._stopping)
+            committed = self.consumer.committed(tps, timeout=10.0)
+        except (KafkaException, RestoreError) as exc:
+            self._check_config(exc)
+            log.warning("restoring partition %d: %s; trying again", partition, describe(exc))
+            self._restore_at = time.monotonic() + self._restore_backoff
+            self._restore_backoff = min(self._restore_backoff * 2, _MAX_BACKOFF_S)
+            return
+        self._restore_backoff = 0.1
+        del self._restoring[partition]
+        self.tasks[partition] = task
+        for tp in committed:
+            # No offset committed yet: from the start, as auto.offset.reset says.
+            offset = tp.offset if tp.offset >= 0 else -2
+            self._seek(TopicPartition(tp.topic, tp.partition, offset))
+        self.consumer.resume(tps)
+        log.info("partition %d ready, %d changelog records replayed", partition, replayed)
+        # In a transaction, so a stage can act on what it finds (fail the starts of a
+        # workflow that is no longer declared, say), and catch up with the control table.
+        self._begin()
+        for state in task.stateful():
+            state.stage.restored(state.ctx)
+        if self.control is not None:
+            for row in list(self.control.rows.values()):
+                for state in task.states.values():
+                    state.stage.control_changed(state.ctx, row)
 
     # -- rebalance -------------------------------------------------------------------
 
@@ -407,17 +704,14 @@ class Worker:
         return {tp.partition for tp in tps}
 
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        for partition in sorted(self._partitions(tps) - set(self.tasks)):
-            task = Task(partition, self.stages, self.topics, self.settings.state_dir,
-                        self._send, self.clock.now_ms)
-            replayed = restore_task(task, self.restorer, self.topics)
-            log.info("partition %d assigned, %d changelog records replayed", partition, replayed)
-            self.tasks[partition] = task
-            # In a transaction, so a stage can act on what it finds (fail the starts of a
-            # workflow that is no longer declared, say).
-            self._begin()
-            for state in task.stateful():
-                state.stage.restored(state.ctx)
+        consumer.assign(tps)
+        new = sorted(self._partitions(tps) - set(self.tasks) - set(self._restoring))
+        for partition in new:
+            self._restoring[partition] = Task(
+                partition, self.stages, self.topics, self.settings.state_dir, self._send,
+                self.clock.now_ms, self.settings.max_record_bytes)
+        consumer.pause([tp for tp in tps if tp.partition in self._restoring])
+        self._restore_at = 0.0
 
     def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Commit what is done so the next owner starts exactly where this one stopped.
@@ -425,21 +719,22 @@ class Worker:
             try:
                 self._commit()
             except KafkaException as exc:
-                log.warning("commit on revoke failed, aborting: %s", exc)
-                self._abort()
-        for partition in self._partitions(tps):
-            task = self.tasks.pop(partition, None)
-            if task is not None:
-                task.close()
+                log.warning("commit on revoke failed, aborting: %s", describe(exc))
+                self._abort(exc, [])
+        self._drop(tps)
 
     def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         if self._in_txn:
             try:
-                self._abort()
+                self._abort(KafkaException(KafkaError(KafkaError._STATE, "partitions lost")),
+                            [])
             except KafkaException as exc:
-                log.warning("abort after losing partitions failed: %s", exc)
+                log.warning("abort after losing partitions failed: %s", describe(exc))
+        self._drop(tps)
+
+    def _drop(self, tps: list[TopicPartition]) -> None:
         for partition in self._partitions(tps):
-            task = self.tasks.pop(partition, None)
+            task = self.tasks.pop(partition, None) or self._restoring.pop(partition, None)
             if task is not None:
                 task.close()
 

@@ -126,6 +126,18 @@ class Stage(ABC):
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         """Handle one input record. Bad input is the stage's to dead-letter and ledger."""
 
+    def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+        """`record` is not processed: it failed again when its cycle was replayed, or its
+        outputs cannot be written. Say so where someone will look, and nothing more: a
+        dead letter with `reason` by default; a stage whose records are requests adds the
+        ledger row each needs. A timer given up on comes here too, as a record of topic
+        `timer:<stage>` with offset -1, its timer key and value."""
+        # The one place the runtime reaches the dead-letter topic; imported here because
+        # decisions builds on this module.
+        from sluicegate.streams.decisions import dead_letter
+
+        dead_letter(ctx, record, reason)
+
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:  # noqa: B027 - optional
         """A timer this stage scheduled is due; the runtime has already removed it."""
 

@@ -211,6 +211,13 @@ def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
 
 
 _ABSENT = object()
+# What a record's framing on the wire may add to its key and value (librdkafka counts it
+# against message.max.bytes).
+RECORD_OVERHEAD_BYTES = 512
+
+
+class RowTooLarge(ValueError):
+    """A row too large to be written to its log."""
 
 
 class StoreTransaction:
@@ -221,10 +228,15 @@ class StoreTransaction:
     produced once that transaction has committed, or `discard`s them on abort.
     """
 
-    def __init__(self, store: PartitionStore) -> None:
+    def __init__(self, store: PartitionStore, max_record_bytes: int | None = None) -> None:
         self.store = store
         self._buffer: dict[bytes, bytes | None] = {}
         self._discards = 0
+        # A row is also a record of its log: one too large to be written there is refused
+        # when it is put, so the failure belongs to the record being processed, not to a
+        # commit that could never succeed.
+        self._max_row = (None if max_record_bytes is None
+                         else max_record_bytes - RECORD_OVERHEAD_BYTES)
 
     def get(self, key: bytes) -> bytes | None:
         value = self._buffer.get(key, _ABSENT)
@@ -233,6 +245,10 @@ class StoreTransaction:
         return value  # type: ignore[return-value]
 
     def put(self, key: bytes, value: bytes) -> None:
+        if self._max_row is not None and len(key) + len(value) > self._max_row:
+            raise RowTooLarge(
+                f"a store row of {len(key) + len(value)} bytes is over the "
+                f"{self._max_row}-byte limit of its changelog records (message.max.bytes)")
         self._buffer[key] = value
 
     def delete(self, key: bytes) -> None:

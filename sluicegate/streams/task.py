@@ -37,6 +37,7 @@ class Task:
         state_dir: Path,
         send: Send,
         clock: Callable[[], int],
+        max_record_bytes: int | None = None,
     ) -> None:
         self.partition = partition
         self.states: dict[str, StageState] = {}
@@ -44,7 +45,7 @@ class Task:
             store = tx = timers = None
             if stage.stateful:
                 store = PartitionStore(state_dir / stage.name / str(partition))
-                tx = StoreTransaction(store)
+                tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
             ctx = StageContext(stage.name, partition, topics, tx, timers, send, clock)
             self.states[stage.name] = StageState(stage, store, tx, timers, ctx,

@@ -26,6 +26,10 @@ ROUTED_STAGES = (
 )
 
 _COMPACT = {"cleanup.policy": "compact"}
+# The broker's default largest record batch (message.max.bytes), and what a batch of one
+# record adds to it.
+_KAFKA_MAX_MESSAGE_BYTES = 1_048_588
+_BATCH_OVERHEAD_BYTES = 1024
 # A week of history on the event-like topics; the ledger is the audit trail, so a month.
 _WEEK = {"retention.ms": str(7 * 24 * 3600 * 1000)}
 _MONTH = {"retention.ms": str(30 * 24 * 3600 * 1000)}
@@ -103,4 +107,10 @@ class Topics:
             TopicSpec(self.changelog(s), n, dict(_COMPACT), f"changelog of the {s} store")
             for s in STATEFUL_STAGES
         ]
+        if self.settings.max_record_bytes + _BATCH_OVERHEAD_BYTES > _KAFKA_MAX_MESSAGE_BYTES:
+            # Producers set to write larger records: every topic must take them.
+            limit = {"max.message.bytes": str(self.settings.max_record_bytes
+                                              + _BATCH_OVERHEAD_BYTES)}
+            specs = [TopicSpec(s.name, s.partitions, {**s.config, **limit}, s.purpose)
+                     for s in specs]
         return specs

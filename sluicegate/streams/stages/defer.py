@@ -30,13 +30,13 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from sluicegate.declare import Workflow, format_duration
+from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.payloads import is_sealed, validate
 from sluicegate.streams.pending import PendingQueue, priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, ControlStage
+from sluicegate.streams.routing import REMOVED, ControlStage, Router
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
@@ -179,11 +179,17 @@ def debounce_rule(wf: Workflow) -> DebounceRule | None:
     return DebounceRule(wf.debounce.period_ms, wf.debounce.timeout_ms, expire)
 
 
-def batch_rule(wf: Workflow) -> BatchRule | None:
+def batch_rule(wf: Workflow, max_payload_bytes: int) -> BatchRule | None:
+    """`max_payload_bytes`: the largest payload a run can be admitted with. A batch flushes
+    before it would grow past it, whatever its declared `max_bytes`; a sealed payload
+    takes a third more than its items (base64), plus the token's framing
+    (docs/decisions/record-size-limit.md)."""
     if wf.batch is None:
         return None
     expire = wf.timeouts.start_ms if wf.timeouts is not None else None
-    return BatchRule(wf.batch.max_size, wf.batch.max_bytes, wf.batch.timeout_ms, expire)
+    cap = max_payload_bytes * 3 // 4 - 1024 if wf.encrypt_payloads else max_payload_bytes
+    return BatchRule(wf.batch.max_size, min(wf.batch.max_bytes, cap), wf.batch.timeout_ms,
+                     expire)
 
 
 def merged_slots(*lists: list[Slot]) -> list[Slot]:
@@ -260,6 +266,10 @@ def _members(key: bytes) -> bytes:
 class DeferStage(ControlStage):
     name = NAME
 
+    def __init__(self, app: App, router: Router, max_payload_bytes: int) -> None:
+        super().__init__(app, router)
+        self.max_payload_bytes = max_payload_bytes
+
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
             start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
@@ -275,7 +285,7 @@ class DeferStage(ControlStage):
             return
         hop = self.router.hop(start)
         key = record.key or b""
-        debounce, batch = debounce_rule(wf), batch_rule(wf)
+        debounce, batch = debounce_rule(wf), batch_rule(wf, self.max_payload_bytes)
         here = hop is not None and hop.stage == NAME
         # An item is judged as the batch of one it would be alone, as when it waits here.
         alone = (self._batch_bytes([start]) if here and debounce is None and batch
@@ -501,7 +511,7 @@ class DeferStage(ControlStage):
             ctx.store.delete(_BATCH + key)
             return
         wf = self.app.get(kept[0].workflow)
-        rule = batch_rule(wf) if wf is not None else None
+        rule = batch_rule(wf, self.max_payload_bytes) if wf is not None else None
         if wf is None or rule is None:
             # Its timer still comes and settles the rest (fails or passes them on).
             return
@@ -562,7 +572,7 @@ class DeferStage(ControlStage):
         if raw is None:
             return
         header = _Header.decode(raw)
-        rule = batch_rule(wf) if wf is not None else None
+        rule = batch_rule(wf, self.max_payload_bytes) if wf is not None else None
         verdict = header.batch.settle(rule, ctx.now_ms) if rule is not None else None
         if wf is None:
             members = self._take_batch(ctx, key)

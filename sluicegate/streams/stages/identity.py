@@ -125,10 +125,12 @@ store_key = identity_store_key
 class IdentityStage(Stage):
     name = NAME
 
-    def __init__(self, app: App, partitions: int, router: Router) -> None:
+    def __init__(self, app: App, partitions: int, router: Router,
+                 max_payload_bytes: int) -> None:
         self.app = app
         self.partitions = partitions
         self.router = router
+        self.max_payload_bytes = max_payload_bytes
         # Whether this stage needs a workflow's payload as data: for its idempotency
         # expression, its priority, or a key of a later hop. A passthrough with none of
         # these never parses it.
@@ -141,6 +143,9 @@ class IdentityStage(Stage):
 
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.starts, topics.stage(self.name))
+
+    def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+        self.router.give_up(ctx, record, reason)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.value is None:
@@ -180,6 +185,13 @@ class IdentityStage(Stage):
             # letter's too.
             start = dataclasses.replace(start, payload=kept)
             record = dataclasses.replace(record, value=codec.encode(start))
+        if len(start.payload) > self.max_payload_bytes:
+            # It could be taken, but not admitted: the admitted start carries it whole.
+            reject(ctx, record,
+                   f"workflow {wf.name}: payload of {len(start.payload):,} bytes is over the "
+                   f"{self.max_payload_bytes:,}-byte limit of a start's payload (message.max"
+                   ".bytes less room for the admitted start's other fields)", start)
+            return
         try:
             plain = payloads.open_bytes(start.payload)
             validate(wf.start_model, plain)

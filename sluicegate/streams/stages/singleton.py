@@ -177,6 +177,9 @@ class SingletonStage(Stage):
     def inputs(self, topics: Topics) -> tuple[str, ...]:
         return (topics.stage(self.name),)
 
+    def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+        self.router.give_up(ctx, record, reason)
+
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
             key = codec.decode_key(record.key)

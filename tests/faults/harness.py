@@ -1,0 +1,260 @@
+"""What the fault suite shares: mixed traffic, an engine that counts what is in flight,
+and the invariants, read back from the topics as any user of sluicegate could.
+
+The invariants, after every fault:
+- every start request has exactly one final decision in the ledger (queued is not final);
+- no execution is admitted twice (sg.admitted, read_committed);
+- no limit is broken: one admission per idempotency key and per rateLimit window, and
+  never more runs in flight per concurrency key than its limit;
+- a record that cannot be processed has exactly one dead letter and one `rejected` row.
+
+`SLUICEGATE_FAULTS_SCALE` multiplies the traffic and the number of faults (`make faults`
+runs the suite at 10).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluicegate.client import Client, Engine
+from sluicegate.config import Settings
+from sluicegate.ops.localkafka.broker import LocalBroker, ensure_broker, stop_broker
+from sluicegate.ops.localkafka.processes import free_ports
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedStart,
+    DeadLetter,
+    LedgerRecord,
+    Outcome,
+    PendingStart,
+    StartRequest,
+)
+from sluicegate.topology.topics import Topics
+from tests.apps.faults import GATE_LIMIT
+from tests.integration.kafka_helpers import TopicReader
+
+SCALE = float(os.environ.get("SLUICEGATE_FAULTS_SCALE", "1"))
+APP = "tests.apps.faults"
+FINAL = frozenset(Outcome) - {Outcome.queued}
+
+
+def scaled(n: int) -> int:
+    return max(1, round(n * SCALE))
+
+
+# -- a broker of the test's own, to restart ---------------------------------------------
+
+
+class FaultBroker:
+    """A local broker on ports of its own, so restarting it disturbs no other test."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port, self.controller_port = free_ports(2)
+        self.data_dir = data_dir
+        self.broker: LocalBroker = ensure_broker(port=self.port,
+                                                 controller_port=self.controller_port,
+                                                 data_dir=data_dir)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def down(self) -> None:
+        stop_broker(self.port, self.data_dir)
+
+    def up(self) -> None:
+        self.broker = ensure_broker(port=self.port, controller_port=self.controller_port,
+                                    data_dir=self.data_dir)
+
+    def stop(self) -> None:
+        stop_broker(self.port, self.data_dir)
+
+
+# -- traffic ----------------------------------------------------------------------------
+
+
+@dataclass
+class Traffic:
+    """The start requests produced, by request id: their workflow."""
+
+    workflows: dict[str, str] = field(default_factory=dict)
+
+    def produce(self, client: Client, n: int, rng: random.Random) -> None:
+        """`n` starts of every kind: passthrough, idempotent (a fifth of them repeats),
+        gated by concurrency, debounced, rate limited."""
+        for _ in range(n):
+            kind = rng.randrange(10)
+            if kind < 2:
+                wf, payload = "note", {"text": uuid.uuid4().hex[:8]}
+            elif kind < 4:
+                order = rng.randrange(max(1, n // 3))
+                wf, payload = "sendReceipt", {"orderId": f"o{order}", "amount": order}
+            elif kind < 8:
+                wf, payload = "gated", {"account": f"a{rng.randrange(8)}", "n": kind}
+            elif kind < 9:
+                wf, payload = "indexDocument", {"doc": f"d{rng.randrange(20)}", "n": 0}
+            else:
+                wf, payload = "lowStockAlert", {"product": f"p{rng.randrange(30)}"}
+            handle = client.submit(wf, payload)
+            self.workflows[handle.request_id] = wf
+
+
+# -- an engine that counts ----------------------------------------------------------------
+
+
+class CountingEngine:
+    """An engine in a thread: it runs each admitted start for a moment and reports it
+    completed, and counts the runs in flight per concurrency slot as it sees them. Its
+    count is never above the worker's (it learns of an admission after it happened and
+    reports an end before the slot is freed), so a count over the limit is a limit broken."""
+
+    def __init__(self, settings: Settings, hold_s: float = 0.02) -> None:
+        self._engine = Engine(group=f"{settings.namespace}engine-{uuid.uuid4().hex[:6]}",
+                              settings=settings)
+        self._hold_s = hold_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.in_flight: Counter[str] = Counter()
+        self.most_in_flight: Counter[str] = Counter()
+        self.seen: set[str] = set()
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> CountingEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._engine.close()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        running: list[tuple[float, AdmittedStart, list[str]]] = []
+        try:
+            while not self._stop.is_set():
+                delivery = self._engine.poll(0.02)
+                if delivery is not None and delivery.admitted is not None:
+                    admitted = delivery.admitted
+                    # At-least-once towards the engine: a start seen again is the same run.
+                    if admitted.execution_id not in self.seen:
+                        self.seen.add(admitted.execution_id)
+                        self._engine.started(delivery)
+                        slots = [s.key for s in admitted.slots if s.stage == "concurrency"]
+                        for slot in slots:
+                            self.in_flight[slot] += 1
+                            self.most_in_flight[slot] = max(self.most_in_flight[slot],
+                                                            self.in_flight[slot])
+                        running.append((time.monotonic() + self._hold_s, admitted, slots))
+                now = time.monotonic()
+                for item in [r for r in running if r[0] <= now]:
+                    running.remove(item)
+                    _, admitted, slots = item
+                    for slot in slots:
+                        self.in_flight[slot] -= 1
+                    self._engine.completed(admitted.execution_id, admitted.workflow)
+        except BaseException as exc:  # surfaced by __exit__
+            self.error = exc
+
+
+# -- what the topics say --------------------------------------------------------------------
+
+
+class Outcomes:
+    def __init__(self, settings: Settings) -> None:
+        topics = Topics(settings)
+        self.ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+        self.admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+        self.deadletters = TopicReader(settings, topics.deadletter, DeadLetter)
+
+    def poll(self) -> None:
+        self.ledger.poll(0.1)
+        self.admitted.poll(0.0)
+        self.deadletters.poll(0.0)
+
+    def final(self) -> dict[str, list[LedgerRecord]]:
+        rows: dict[str, list[LedgerRecord]] = defaultdict(list)
+        for row in self.ledger.records:
+            if row.outcome in FINAL:
+                rows[row.request_id].append(row)
+        return rows
+
+    def wait_until_decided(self, request_ids: set[str], timeout_s: float,
+                           progress: float | None = None) -> None:
+        """Until each of `request_ids` has a final decision; `progress` (a fraction)
+        returns as soon as that share of them has one."""
+        deadline = time.monotonic() + timeout_s
+        want = len(request_ids) if progress is None else int(len(request_ids) * progress)
+        while True:
+            final = self.final()
+            decided = sum(1 for r in request_ids if r in final)
+            if decided >= want:
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(r for r in request_ids if r not in final)[:5]
+                raise AssertionError(
+                    f"after {timeout_s:.0f}s, {len(request_ids) - decided} of "
+                    f"{len(request_ids)} requests have no final decision (e.g. {missing})")
+            self.poll()
+
+    def settle(self, quiet_s: float = 2.0) -> None:
+        """Read until nothing new arrives for `quiet_s`: whatever else comes is extra."""
+        last = time.monotonic()
+        while time.monotonic() - last < quiet_s:
+            before = (len(self.ledger.records), len(self.admitted.records),
+                      len(self.deadletters.records))
+            self.poll()
+            if (len(self.ledger.records), len(self.admitted.records),
+                    len(self.deadletters.records)) != before:
+                last = time.monotonic()
+
+    def close(self) -> None:
+        for reader in (self.ledger, self.admitted, self.deadletters):
+            reader.close()
+
+
+def check_invariants(outcomes: Outcomes, traffic: Traffic,
+                     engine: CountingEngine | None = None) -> None:
+    final = outcomes.final()
+    twice = {r: [row.outcome.value for row in rows] for r, rows in final.items()
+             if len(rows) > 1}
+    assert not twice, f"requests decided more than once: {list(twice.items())[:5]}"
+    undecided = [r for r in traffic.workflows if r not in final]
+    assert not undecided, f"{len(undecided)} requests have no final decision: {undecided[:5]}"
+    executions = Counter(a.execution_id for a in outcomes.admitted.records)
+    duplicated = [e for e, n in executions.items() if n > 1]
+    assert not duplicated, f"executions admitted more than once: {duplicated[:5]}"
+    admitted_rows = [rows[0] for rows in final.values() if rows[0].outcome is Outcome.admitted]
+    assert {row.execution_id for row in admitted_rows} <= set(executions), (
+        "an admitted decision whose admitted start is not on sg.admitted")
+    # Limits. An idempotency key is spent once; a rateLimit key admits one an hour.
+    for workflow, field_name in (("sendReceipt", "orderId"), ("lowStockAlert", "product")):
+        keys = Counter(json.loads(a.payload)[field_name] for a in outcomes.admitted.records
+                       if a.workflow == workflow)
+        over = {k: n for k, n in keys.items() if n > 1}
+        assert not over, f"{workflow}: keys admitted more than once: {over}"
+    if engine is not None:
+        over = {k: n for k, n in engine.most_in_flight.items() if n > GATE_LIMIT}
+        assert not over, f"more runs in flight than the limit of {GATE_LIMIT}: {over}"
+    # Valid traffic never reaches the dead-letter topic.
+    ours = set(traffic.workflows)
+    letters = [d for d in outcomes.deadletters.records if request_id_of(d.value) in ours]
+    assert not letters, f"valid starts dead-lettered: {[d.reason for d in letters[:3]]}"
+
+
+def request_id_of(value: bytes | None) -> str | None:
+    """The request a record is about, when it decodes as a start (or None)."""
+    try:
+        message = codec.decode_one_of((StartRequest, PendingStart), value)
+    except codec.DecodeError:
+        return None
+    return message.request_id  # type: ignore[no-any-return]
