@@ -108,7 +108,9 @@ def worker(
         help="Serve Prometheus metrics on this port (/metrics).")] = None,
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
+    from sluicegate.kafkautil import KafkaAuthError
     from sluicegate.ops.worker import run_worker
+    from sluicegate.streams.runtime import WorkerError
     from sluicegate.topology.admin import TopologyError
 
     logging.basicConfig(level=log_level.upper(),
@@ -116,9 +118,10 @@ def worker(
     try:
         run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
                    metrics_port=metrics_port)
-    except TopologyError as exc:
+    except (TopologyError, WorkerError, KafkaAuthError) as exc:
+        # A configuration or authorisation problem: no retry fixes it, one line says it.
         typer.echo(f"sluicegate worker: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        raise typer.Exit(2) from None
 
 
 @app.command("demo")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import signal
@@ -49,6 +50,8 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # `kill -USR1 <pid>`: every thread's stack on stderr, for a worker that seems stuck.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     log.info("worker %s: %d workflows, state in %s", worker.worker_id, len(app.workflows),
              settings.state_dir)
     worker.run(stop.is_set)

@@ -79,7 +79,6 @@ _CONFIG_ERRORS = frozenset({
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._AUTHENTICATION,
     KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._SSL, KafkaError.INVALID_CONFIG,
-    KafkaError.FENCED_INSTANCE_ID,
 })
 # How long a record may wait for room in the producer's queue.
 _QUEUE_WAIT_S = 30.0
@@ -168,6 +167,8 @@ class Worker:
         self._cycle_started = 0.0
         self._cycle_records = 0
         self._failed_cycles = 0
+        # When the consumer last had to be replaced (monotonic seconds).
+        self._consumer_fatal: list[float] = []
         self._stop: Callable[[], bool] = lambda: False
         self.processed = 0
         self.commits = 0
@@ -242,12 +243,17 @@ class Worker:
     def start(self) -> None:
         """Get ready to process: a broker that is not there yet is waited for; a
         configuration or authorisation problem raises WorkerError."""
-        self._until_kafka_answers("check access", lambda: check_access(self.settings))
-        self._until_kafka_answers("check the topics", lambda: require_topics(self.settings))
+        # Short timeouts: a broker that is not there is said at once, and tried again.
+        self._until_kafka_answers("check access", lambda: check_access(self.settings, 2.0))
+        self._until_kafka_answers("check the topics",
+                                  lambda: require_topics(self.settings, 5.0))
         configure_codec(self.settings)
         if self.control is not None:
             self._until_kafka_answers("read the control table", self.control.catch_up)
         self._txn.init()
+        self._subscribe()
+
+    def _subscribe(self) -> None:
         self.consumer.subscribe(
             sorted(self.stage_for_topic),
             on_assign=self._on_assign,
@@ -308,16 +314,14 @@ class Worker:
                     self._txn.abort()
                 except (KafkaException, Stopping) as exc:
                     log.debug("abort at close: %s", describe(exc))
-                self._in_txn = False
+            # Whatever is open is abandoned: the revocation below must not commit it.
+            self._in_txn = False
             try:
                 self.consumer.close()
             except (KafkaException, RuntimeError) as exc:
                 log.debug("consumer close: %s", describe(exc))
         finally:
-            for task in [*self.tasks.values(), *self._restoring.values()]:
-                task.close()
-            self.tasks.clear()
-            self._restoring.clear()
+            self._drop_all()
             try:
                 self.restorer.close()
             except (KafkaException, RuntimeError) as exc:
@@ -357,9 +361,36 @@ class Worker:
             self._abort(exc, messages)
 
     def _consumer_error(self, error: KafkaError) -> None:
-        if error.fatal() or error.code() in _CONFIG_ERRORS:
+        if error.code() in _CONFIG_ERRORS:
             raise WorkerError(f"the consumer cannot go on: {error.name()}: {error.str()}")
+        if error.fatal() or error.code() == KafkaError._FATAL:
+            self._replace_consumer(error)
+            return
         log.debug("consumer: %s", error)
+
+    def _replace_consumer(self, error: KafkaError) -> None:
+        """A consumer in a fatal state (librdkafka fences a static member by its own
+        rejoin after a broker restart) is replaced by a new one with the same
+        group.instance.id, which joins the group again and takes its partitions back. The
+        cycle is aborted and the tasks closed: they are restored once reassigned."""
+        now = time.monotonic()
+        self._consumer_fatal = [t for t in self._consumer_fatal if now - t < 300] + [now]
+        if len(self._consumer_fatal) > 3:
+            raise WorkerError(
+                f"the consumer was fenced {len(self._consumer_fatal)} times in 5 minutes "
+                f"({error.str()}): does another worker use a copy of this state directory "
+                f"({self.settings.state_dir}, worker id {self.worker_id})?")
+        log.warning("the consumer cannot go on (%s): replacing it (same group.instance.id)",
+                    error.str())
+        if self._in_txn:
+            self._abort(KafkaException(KafkaError(KafkaError._STATE, "consumer replaced")), [])
+        self._drop_all()
+        old, self.consumer = self.consumer, self._new_consumer()
+        try:
+            old.close()  # its callbacks see it is no longer this worker's consumer
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("closing the replaced consumer: %s", describe(exc))
+        self._subscribe()
 
     def _begin(self) -> None:
         if not self._in_txn:
@@ -705,7 +736,10 @@ class Worker:
 
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         consumer.assign(tps)
+        if consumer is not self.consumer:
+            return  # a replaced consumer's last word
         new = sorted(self._partitions(tps) - set(self.tasks) - set(self._restoring))
+        log.info("assigned partitions %s", sorted(self._partitions(tps)))
         for partition in new:
             self._restoring[partition] = Task(
                 partition, self.stages, self.topics, self.settings.state_dir, self._send,
@@ -714,6 +748,9 @@ class Worker:
         self._restore_at = 0.0
 
     def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return
+        log.info("partitions %s revoked", sorted(self._partitions(tps)))
         # Commit what is done so the next owner starts exactly where this one stopped.
         if self._in_txn:
             try:
@@ -724,6 +761,10 @@ class Worker:
         self._drop(tps)
 
     def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return
+        log.warning("partitions %s lost (this worker's group membership ended)",
+                    sorted(self._partitions(tps)))
         if self._in_txn:
             try:
                 self._abort(KafkaException(KafkaError(KafkaError._STATE, "partitions lost")),
@@ -731,6 +772,12 @@ class Worker:
             except KafkaException as exc:
                 log.warning("abort after losing partitions failed: %s", describe(exc))
         self._drop(tps)
+
+    def _drop_all(self) -> None:
+        for task in [*self.tasks.values(), *self._restoring.values()]:
+            task.close()
+        self.tasks.clear()
+        self._restoring.clear()
 
     def _drop(self, tps: list[TopicPartition]) -> None:
         for partition in self._partitions(tps):

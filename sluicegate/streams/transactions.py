@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 
 # librdkafka's own timeout for one transactional call; a call still running this much
 # later than that is taken to hang.
-CALL_TIMEOUT_S = 10.0
-HANG_GRACE_S = 10.0
+CALL_TIMEOUT_S = 5.0
+HANG_GRACE_S = 5.0
 # How long a commit may wait for the cycle's records to be delivered.
 FLUSH_TIMEOUT_S = 30.0
 # How long an abort waits for the records on their way to be delivered first.

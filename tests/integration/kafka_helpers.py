@@ -114,7 +114,7 @@ class WorkerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluicegate", "worker", "--app", self.app_spec,
-                 "--log-level", "INFO"],
+                 "--log-level", self.env.get("LOG_LEVEL", "INFO")],
                 cwd=ROOT, env=settings_env(self.settings, self.state_dir, **self.env),
                 stdout=log, stderr=subprocess.STDOUT)
         return self

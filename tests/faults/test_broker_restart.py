@@ -1,0 +1,145 @@
+"""The broker goes away and comes back while two workers process mixed traffic: nothing
+restarts the workers, and every request still gets exactly one final decision, none twice,
+with no limit broken.
+
+The outages differ on purpose: a short one, one longer than the consumer's session
+timeout (the group must be joined again), and one longer than the workers' transaction
+timeout (the broker aborts their open transactions, and their producers come back fenced:
+each must be replaced under the same transactional id).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluicegate.client import Client
+from sluicegate.config import Settings
+from sluicegate.topology.admin import create_topics
+from tests.apps.faults import app
+from tests.faults.harness import (
+    APP,
+    SCALE,
+    CountingEngine,
+    FaultBroker,
+    Outcomes,
+    Traffic,
+    check_invariants,
+    scaled,
+)
+from tests.integration.kafka_helpers import WorkerProcess
+
+pytestmark = pytest.mark.broker
+
+# Seconds the broker stays down, each time: shorter than the session timeout (6 s), longer
+# than it, longer than the transaction timeout (15 s). `make faults` adds longer ones.
+OUTAGES = [3.0, 9.0, 18.0] if SCALE <= 1 else [3.0, 9.0, 18.0, 25.0, 37.0, 20.0]
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[FaultBroker]:
+    broker = FaultBroker(tmp_path / "kafka")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_workers_ride_out_broker_restarts(broker: FaultBroker, tmp_path: Path) -> None:
+    settings = Settings(bootstrap=broker.bootstrap, namespace=f"r{uuid.uuid4().hex[:6]}.",
+                        state_dir=tmp_path / "state", commit_interval_ms=100)
+    create_topics(settings)
+    rng = random.Random(2)
+    traffic = Traffic()
+    outcomes = Outcomes(settings)
+    workers = [WorkerProcess(settings, APP, tmp_path / f"w{i}").start() for i in range(2)]
+    try:
+        with Client(app=app, settings=settings, replies=False) as client, \
+                CountingEngine(settings) as engine:
+            for down_s in OUTAGES:
+                traffic.produce(client, scaled(600), rng)
+                client.flush()
+                # Work is under way (some of it decided, some not) when the broker goes.
+                outcomes.wait_until_decided(set(traffic.workflows), timeout_s=120,
+                                            progress=0.3)
+                broker.down()
+                time.sleep(down_s)  # the fault itself: how long the broker is away
+                broker.up()
+            traffic.produce(client, scaled(600), rng)
+            client.flush()
+            outcomes.wait_until_decided(set(traffic.workflows), timeout_s=240)
+            outcomes.settle()
+        for worker in workers:
+            assert worker.alive, f"a worker stopped:\n{worker.log_tail()}"
+    finally:
+        for worker in workers:
+            if worker.alive:
+                worker.stop()
+        outcomes.close()
+    check_invariants(outcomes, traffic, engine)
+    for worker in workers:
+        assert "Traceback" not in worker.log.read_text(), worker.log_tail(60)
+
+
+def _wait_for_line(worker: WorkerProcess, text: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in worker.log.read_text(errors="replace"):
+        assert worker.alive, worker.log_tail()
+        assert time.monotonic() < deadline, f"no {text!r} in the log:\n{worker.log_tail()}"
+        time.sleep(0.1)
+
+
+def test_a_worker_waits_for_a_broker_that_is_not_there_yet(broker: FaultBroker,
+                                                           tmp_path: Path) -> None:
+    settings = Settings(bootstrap=broker.bootstrap, namespace=f"w{uuid.uuid4().hex[:6]}.",
+                        state_dir=tmp_path / "state")
+    create_topics(settings)
+    broker.down()
+    worker = WorkerProcess(settings, APP, tmp_path / "w").start()
+    outcomes: Outcomes | None = None
+    try:
+        _wait_for_line(worker, "waiting for Kafka")
+        broker.up()
+        traffic = Traffic()
+        with Client(app=app, settings=settings, replies=False) as client:
+            traffic.produce(client, 50, random.Random(3))
+        outcomes = Outcomes(settings)
+        with CountingEngine(settings):
+            outcomes.wait_until_decided(set(traffic.workflows), timeout_s=120)
+        assert worker.alive
+    finally:
+        worker.stop()
+        if outcomes is not None:
+            outcomes.close()
+    lines = worker.log.read_text().splitlines()
+    # One line says it waits, not one per client per reconnection attempt.
+    assert sum("Kafka" in line for line in lines) <= 4, "\n".join(lines)
+
+
+def test_a_worker_told_to_stop_while_the_broker_is_away_stops_within_seconds(
+        broker: FaultBroker, tmp_path: Path) -> None:
+    settings = Settings(bootstrap=broker.bootstrap, namespace=f"s{uuid.uuid4().hex[:6]}.",
+                        state_dir=tmp_path / "state")
+    create_topics(settings)
+    worker = WorkerProcess(settings, APP, tmp_path / "w").start()
+    outcomes = Outcomes(settings)
+    traffic = Traffic()
+    with Client(app=app, settings=settings, replies=False) as client:
+        traffic.produce(client, 100, random.Random(4))
+        client.flush()
+        outcomes.wait_until_decided(set(traffic.workflows), timeout_s=60, progress=0.5)
+        outcomes.close()
+        traffic.produce(client, 2000, random.Random(5))
+        client.flush()
+    broker.down()
+    # Long enough for the worker to be inside a commit that cannot complete.
+    time.sleep(3.0)
+    started = time.monotonic()
+    assert worker.stop(timeout=30) == 0, worker.log_tail()
+    assert time.monotonic() - started < 8.0, worker.log_tail()
+    assert "Traceback" not in worker.log.read_text(), worker.log_tail(60)
