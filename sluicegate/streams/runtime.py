@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
@@ -185,6 +186,7 @@ class Worker:
             **self._clients.config("producer"),
         }), self._stopping)
         self.consumer = self._new_consumer()
+        self.admin = AdminClient(settings.client_config(**self._clients.config("admin")))
         self.restorer = Consumer(settings.client_config(**{
             "group.id": f"{self.topics.group}-restore",
             "isolation.level": "read_committed",
@@ -250,8 +252,10 @@ class Worker:
         configure_codec(self.settings)
         if self.control is not None:
             self._until_kafka_answers("read the control table", self.control.catch_up)
-        self._txn.init()
+        # Joining the group takes a few round trips, done by the client in the background
+        # meanwhile: a restarted worker then has its partitions as soon as it is ready.
         self._subscribe()
+        self._txn.init()
 
     def _subscribe(self) -> None:
         self.consumer.subscribe(
@@ -702,8 +706,12 @@ class Worker:
         task = self._restoring[partition]
         tps = [tp for tp in self.consumer.assignment() if tp.partition == partition]
         try:
-            replayed = restore_task(task, self.restorer, self.topics, self._stopping)
+            # The committed offsets first: reading them waits for a transaction still open
+            # on these partitions (their previous owner's) to end, and its changelog writes
+            # with it, so the logs' ends read next are final.
             committed = self.consumer.committed(tps, timeout=10.0)
+            replayed = restore_task(task, self.restorer, self.admin, self.topics,
+                                    self._stopping)
         except (KafkaException, RestoreError) as exc:
             self._check_config(exc)
             log.warning("restoring partition %d: %s; trying again", partition, describe(exc))

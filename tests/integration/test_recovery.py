@@ -53,7 +53,7 @@ def _restore(worker: Worker, stages: list[Stage], settings: Settings) -> tuple[i
         task = Task(partition, stages, worker.topics, settings.state_dir, lambda *a: None,
                     lambda: 0)
         try:
-            replayed += restore_task(task, worker.restorer, worker.topics)
+            replayed += restore_task(task, worker.restorer, worker.admin, worker.topics)
             for state in task.stateful():
                 assert state.store is not None
                 assert dict(state.store.items(b"")) == {b"b": b"2", b"c": b"3"}, state.stage.name

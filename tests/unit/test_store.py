@@ -21,6 +21,19 @@ def store(tmp_path: Path) -> Any:
         yield s
 
 
+def test_a_store_never_written_makes_no_files_until_its_first_write(tmp_path: Path) -> None:
+    path = tmp_path / "stage-0"
+    with PartitionStore(path) as store:
+        assert store.get(b"a") is None
+        assert list(store.items(b"")) == []
+        assert not path.exists()
+        store.write({b"a": b"1"}, 3)
+        assert path.exists()
+    with PartitionStore(path) as store:
+        assert store.get(b"a") == b"1"
+        assert store.changelog_offset == 3
+
+
 def test_a_new_store_is_empty_and_reflects_no_changelog_offset(store: PartitionStore) -> None:
     assert store.changelog_offset == -1
     assert store.get(b"k") is None
@@ -97,6 +110,7 @@ def test_rows_and_offset_go_to_rocksdb_in_one_write_batch(
 ) -> None:
     # The atomicity argument: RocksDB applies one WriteBatch all-or-nothing,
     # so a crash can never leave the rows without the offset or vice versa.
+    store.write({}, None)  # RocksDB opens at a store's first write
     spy = _SpyRdict(store._db)
     monkeypatch.setattr(store, "_db", spy)
     store.write({b"a": b"1", b"b": None, b"c": b"3"}, 7)
