@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint unit clean
+.PHONY: setup demo test lint unit faults clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,10 @@ unit: setup
 
 test: lint
 	$(BIN)/pytest -q
+
+# The fault suite (tests/faults, part of `make test`) with ten times the traffic and faults.
+faults: setup
+	SLUICEGATE_FAULTS_SCALE=10 $(BIN)/pytest tests/faults -q
 
 clean:
 	rm -rf $(VENV) .sluicegate .pytest_cache .mypy_cache .ruff_cache .hypothesis

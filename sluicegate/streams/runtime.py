@@ -359,7 +359,9 @@ class Worker:
         except RecordFailed as failure:
             self._suspect(failure)
             self._abort(failure, messages)
-        except KafkaException as exc:
+        except (KafkaException, RegistryError) as exc:
+            # The broker's or the registry's trouble, not the records': the cycle is
+            # aborted and read again (after a backoff, if it keeps failing).
             self._check_config(exc)
             log.warning("aborting the cycle after: %s", describe(exc))
             self._abort(exc, messages)
@@ -705,6 +707,7 @@ class Worker:
         partition = min(self._restoring)
         task = self._restoring[partition]
         tps = [tp for tp in self.consumer.assignment() if tp.partition == partition]
+        started = time.monotonic()
         try:
             # The committed offsets first: reading them waits for a transaction still open
             # on these partitions (their previous owner's) to end, and its changelog writes
@@ -726,7 +729,8 @@ class Worker:
             offset = tp.offset if tp.offset >= 0 else -2
             self._seek(TopicPartition(tp.topic, tp.partition, offset))
         self.consumer.resume(tps)
-        log.info("partition %d ready, %d changelog records replayed", partition, replayed)
+        log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
+                 replayed, time.monotonic() - started)
         # In a transaction, so a stage can act on what it finds (fail the starts of a
         # workflow that is no longer declared, say), and catch up with the control table.
         self._begin()

@@ -39,6 +39,8 @@ FLUSH_TIMEOUT_S = 30.0
 # How long an abort waits for the records on their way to be delivered first.
 ABORT_FLUSH_S = 10.0
 _WAIT_SLICE_S = 0.1
+# How often a caller serves the producer while a call that needs it runs.
+_SERVE_EVERY_S = 0.005
 _MAX_BACKOFF_S = 5.0
 
 
@@ -87,18 +89,18 @@ class _Caller:
 
     def call(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline_s: float,
              stopping: Callable[[], bool], what: str,
-             serve: Callable[[float], Any]) -> Any:
-        """`fn(*args)` on this thread; meanwhile the caller's thread calls `serve` (the
-        producer's poll), since some calls wait for delivery reports only another thread
-        serves (abort_transaction does)."""
+             serve: Callable[[float], Any] | None = None) -> Any:
+        """`fn(*args)` on this thread, the caller waiting for it (woken as soon as it is
+        done). With `serve` (the producer's poll), the caller calls it meanwhile: a call
+        that waits for delivery reports only another thread serves (abort_transaction)
+        needs it."""
         done = threading.Event()
         box: list[tuple[bool, Any]] = []
         self._jobs.put((fn, args, done, box))
         end = time.monotonic() + deadline_s
-        while not done.is_set():
-            serve(_WAIT_SLICE_S / 2)
-            if done.is_set():
-                break
+        while not done.wait(_WAIT_SLICE_S if serve is None else _SERVE_EVERY_S):
+            if serve is not None:
+                serve(0)
             if stopping():
                 raise Stopping(what)
             if time.monotonic() > end:
@@ -131,9 +133,10 @@ class TransactionalProducer:
         self._caller = _Caller()
         self.replaced = 0
 
-    def _call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
+    def _call(self, fn: Callable[..., Any], *args: Any, what: str,
+              serve: bool = False) -> Any:
         return self._caller.call(fn, args, CALL_TIMEOUT_S + HANG_GRACE_S, self._stopping, what,
-                                 self.producer.poll)
+                                 self.producer.poll if serve else None)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -199,7 +202,7 @@ class TransactionalProducer:
                 # numbers, which the next transaction pays for with an epoch bump.
                 self._flush(ABORT_FLUSH_S)
                 self._call(self.producer.abort_transaction, CALL_TIMEOUT_S,
-                           what="abort_transaction")
+                           what="abort_transaction", serve=True)
                 return
             except KafkaException as exc:
                 cause = exc

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +38,10 @@ from sluicegate.schemas.records import (
     PendingStart,
     StartRequest,
 )
+from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.apps.faults import GATE_LIMIT
-from tests.integration.kafka_helpers import TopicReader
+from tests.apps.faults import GATE_LIMIT, app
+from tests.integration.kafka_helpers import TopicReader, WorkerProcess
 
 SCALE = float(os.environ.get("SLUICEGATE_FAULTS_SCALE", "1"))
 APP = "tests.apps.faults"
@@ -192,6 +194,7 @@ class Outcomes:
                            progress: float | None = None) -> None:
         """Until each of `request_ids` has a final decision; `progress` (a fraction)
         returns as soon as that share of them has one."""
+        timeout_s *= max(1.0, SCALE)  # more traffic and faults take longer
         deadline = time.monotonic() + timeout_s
         want = len(request_ids) if progress is None else int(len(request_ids) * progress)
         while True:
@@ -258,3 +261,35 @@ def request_id_of(value: bytes | None) -> str | None:
     except codec.DecodeError:
         return None
     return message.request_id  # type: ignore[no-any-return]
+
+
+def run_with_faults(settings: Settings, workers: list[WorkerProcess],
+                    faults: Iterable[Callable[[random.Random], None]], seed: int) -> None:
+    """Mixed traffic through `workers` (started here), each of `faults` striking at a
+    random point of the work in flight; then every request must be decided, and the
+    invariants hold."""
+    create_topics(settings)
+    rng = random.Random(seed)
+    traffic = Traffic()
+    outcomes = Outcomes(settings)
+    for worker in workers:
+        worker.start()
+    try:
+        with Client(app=app, settings=settings, replies=False) as client, \
+                CountingEngine(settings) as engine:
+            for fault in faults:
+                traffic.produce(client, scaled(400), rng)
+                client.flush()
+                outcomes.wait_until_decided(set(traffic.workflows), timeout_s=180,
+                                            progress=rng.uniform(0.2, 0.9))
+                fault(rng)
+            traffic.produce(client, scaled(400), rng)
+            client.flush()
+            outcomes.wait_until_decided(set(traffic.workflows), timeout_s=240)
+            outcomes.settle()
+    finally:
+        for worker in workers:
+            if worker.alive:
+                worker.stop()
+        outcomes.close()
+    check_invariants(outcomes, traffic, engine)

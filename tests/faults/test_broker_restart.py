@@ -14,6 +14,7 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,7 @@ from tests.faults.harness import (
     FaultBroker,
     Outcomes,
     Traffic,
-    check_invariants,
-    scaled,
+    run_with_faults,
 )
 from tests.integration.kafka_helpers import WorkerProcess
 
@@ -53,37 +53,19 @@ def broker(tmp_path: Path) -> Iterator[FaultBroker]:
 def test_workers_ride_out_broker_restarts(broker: FaultBroker, tmp_path: Path) -> None:
     settings = Settings(bootstrap=broker.bootstrap, namespace=f"r{uuid.uuid4().hex[:6]}.",
                         state_dir=tmp_path / "state", commit_interval_ms=100)
-    create_topics(settings)
-    rng = random.Random(2)
-    traffic = Traffic()
-    outcomes = Outcomes(settings)
-    workers = [WorkerProcess(settings, APP, tmp_path / f"w{i}").start() for i in range(2)]
-    try:
-        with Client(app=app, settings=settings, replies=False) as client, \
-                CountingEngine(settings) as engine:
-            for down_s in OUTAGES:
-                traffic.produce(client, scaled(600), rng)
-                client.flush()
-                # Work is under way (some of it decided, some not) when the broker goes.
-                outcomes.wait_until_decided(set(traffic.workflows), timeout_s=120,
-                                            progress=0.3)
-                broker.down()
-                time.sleep(down_s)  # the fault itself: how long the broker is away
-                broker.up()
-            traffic.produce(client, scaled(600), rng)
-            client.flush()
-            outcomes.wait_until_decided(set(traffic.workflows), timeout_s=240)
-            outcomes.settle()
-        for worker in workers:
-            assert worker.alive, f"a worker stopped:\n{worker.log_tail()}"
-    finally:
-        for worker in workers:
-            if worker.alive:
-                worker.stop()
-        outcomes.close()
-    check_invariants(outcomes, traffic, engine)
+    workers = [WorkerProcess(settings, APP, tmp_path / f"w{i}") for i in range(2)]
+
+    def outage(down_s: float, rng: random.Random) -> None:
+        alive = [worker.alive for worker in workers]
+        broker.down()
+        time.sleep(down_s)  # the fault itself: how long the broker is away
+        broker.up()
+        assert alive == [True, True], "\n".join(w.log_tail() for w in workers)
+
+    run_with_faults(settings, workers, [partial(outage, s) for s in OUTAGES], seed=2)
     for worker in workers:
         assert "Traceback" not in worker.log.read_text(), worker.log_tail(60)
+        assert "the worker must restart" not in worker.log.read_text()
 
 
 def _wait_for_line(worker: WorkerProcess, text: str, timeout_s: float = 60.0) -> None:
