@@ -186,7 +186,7 @@ class Worker:
             **self._clients.config("producer"),
         }), self._stopping)
         self.consumer = self._new_consumer()
-        self.admin = AdminClient(settings.client_config(**self._clients.config("admin")))
+        self.admin = self._new_admin()
         self.restorer = Consumer(settings.client_config(**{
             "group.id": f"{self.topics.group}-restore",
             "isolation.level": "read_committed",
@@ -199,6 +199,9 @@ class Worker:
             "fetch.wait.max.ms": 10,
             **self._clients.config("restore consumer"),
         }))
+
+    def _new_admin(self) -> AdminClient:
+        return AdminClient(self.settings.client_config(**self._clients.config("admin")))
 
     def _new_consumer(self) -> Consumer:
         return Consumer(self.settings.client_config(**{
@@ -718,6 +721,10 @@ class Worker:
         except (KafkaException, RestoreError) as exc:
             self._check_config(exc)
             log.warning("restoring partition %d: %s; trying again", partition, describe(exc))
+            # The admin client keeps the leader epochs it saw before a broker restart and
+            # does not refresh them when the broker refuses them (FENCED_LEADER_EPOCH):
+            # a new one asks afresh.
+            self.admin = self._new_admin()
             self._restore_at = time.monotonic() + self._restore_backoff
             self._restore_backoff = min(self._restore_backoff * 2, _MAX_BACKOFF_S)
             return
