@@ -246,8 +246,9 @@ class Worker:
         return self._stop()
 
     def start(self) -> None:
-        """Get ready to process: a broker that is not there yet is waited for; a
-        configuration or authorisation problem raises WorkerError."""
+        """Get ready to process: a broker that is not there yet is waited for; a refused
+        login raises KafkaAuthError, missing topics TopologyError, another configuration
+        problem WorkerError."""
         # Short timeouts: a broker that is not there is said at once, and tried again.
         self._until_kafka_answers("check access", lambda: check_access(self.settings, 2.0))
         self._until_kafka_answers("check the topics",
@@ -275,8 +276,8 @@ class Worker:
             try:
                 step()
                 return
-            except (KafkaAuthError, TopologyError) as exc:
-                raise WorkerError(str(exc)) from exc
+            except (KafkaAuthError, TopologyError):
+                raise  # no retry fixes these; each says what to do in one line
             except (KafkaException, TimeoutError) as exc:
                 self._check_config(exc)
                 if not said:

@@ -66,6 +66,9 @@ def test_a_worker_refuses_to_start_on_missing_topics_and_says_how_to_create_them
     assert result.exit_code == 2, result.output
     assert f"{settings.namespace}stage.runs is missing" in result.output
     assert "sluicegate topics create" in result.output
+    # One line says it, with no traceback under it.
+    said = [line for line in result.output.splitlines() if line.startswith("sluicegate worker:")]
+    assert len(said) == 1 and "Traceback" not in result.output, result.output
 
 
 def test_a_worker_refuses_topics_with_another_partition_count(settings: Settings) -> None:
