@@ -110,6 +110,7 @@ def worker(
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
     from sluicegate.kafkautil import KafkaAuthError
     from sluicegate.ops.worker import run_worker
+    from sluicegate.schemas.registry import RegistryError
     from sluicegate.streams.runtime import WorkerError
     from sluicegate.topology.admin import TopologyError
 
@@ -118,7 +119,7 @@ def worker(
     try:
         run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
                    metrics_port=metrics_port)
-    except (TopologyError, WorkerError, KafkaAuthError) as exc:
+    except (TopologyError, WorkerError, KafkaAuthError, RegistryError) as exc:
         # A configuration or authorisation problem: no retry fixes it, one line says it.
         typer.echo(f"sluicegate worker: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
+import io
 import logging
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -50,8 +53,11 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        # `kill -USR1 <pid>`: every thread's stack on stderr, for a worker that seems stuck.
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # `kill -USR1 <pid>`: every thread's stack on stderr, for a worker that seems stuck
+        # (the process's own stderr: one replaced by a caller may have no file behind it).
+        if sys.__stderr__ is not None:
+            with contextlib.suppress(ValueError, io.UnsupportedOperation):
+                faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     log.info("worker %s: %d workflows, state in %s", worker.worker_id, len(app.workflows),
              settings.state_dir)
     worker.run(stop.is_set)

@@ -64,8 +64,8 @@ _MAX_MISSING = 10_000  # ids the registry said it does not have, remembered (bad
 class RegistryError(RuntimeError):
     """The schema registry refused a request or did not answer: not the record's fault.
 
-    A worker that meets it while decoding stops rather than dead-lettering a record that
-    may be fine (streams/runtime.py)."""
+    A worker that meets it while decoding aborts the cycle and tries it again, rather
+    than dead-lettering a record that may be fine (streams/runtime.py)."""
 
 
 class SchemaStore(Protocol):

@@ -168,6 +168,8 @@ class Worker:
         self._cycle_started = 0.0
         self._cycle_records = 0
         self._failed_cycles = 0
+        # What aborted the last cycles, while they keep aborting.
+        self._last_trouble = ""
         # When the consumer last had to be replaced (monotonic seconds).
         self._consumer_fatal: list[float] = []
         self._stop: Callable[[], bool] = lambda: False
@@ -365,9 +367,13 @@ class Worker:
             self._abort(failure, messages)
         except (KafkaException, RegistryError) as exc:
             # The broker's or the registry's trouble, not the records': the cycle is
-            # aborted and read again (after a backoff, if it keeps failing).
+            # aborted and read again (after a backoff, if it keeps failing). The same
+            # trouble again is said once.
             self._check_config(exc)
-            log.warning("aborting the cycle after: %s", describe(exc))
+            said = describe(exc)
+            log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
+                    "aborting the cycle after: %s", said)
+            self._last_trouble = said
             self._abort(exc, messages)
 
     def _consumer_error(self, error: KafkaError) -> None:
@@ -586,6 +592,7 @@ class Worker:
         if self._failed_cycles:
             log.info("committing again after %d aborted cycles", self._failed_cycles)
             self._failed_cycles = 0
+            self._last_trouble = ""
         self.commits += 1
         self._clients.reached()
         # The transaction is durable; the stores now catch up, each with the offsets of
