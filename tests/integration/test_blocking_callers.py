@@ -33,7 +33,7 @@ class FakeEngine:
     so. Other workflows' runs start and keep running."""
 
     def __init__(self, settings: Settings) -> None:
-        self.engine = Engine(group="engine", settings=settings)
+        self.engine = Engine(group=f"{settings.namespace}engine", settings=settings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 

@@ -104,7 +104,7 @@ def test_no_plaintext_payload_byte_appears_in_any_topic_or_store_file(
     foreign = "zq-foreign-plaintext-4410"
     with WorkerThread(sealed_app, settings, clock=clock), \
             Client(app=sealed_app, settings=settings) as client, \
-            Engine(group="engine", settings=settings) as engine:
+            Engine(group=f"{settings.namespace}engine", settings=settings) as engine:
         # Debounce, then one concurrency slot per clinic: p1 runs, p2 waits, p3 expires.
         for patient in ("p1", "p2", "p3"):
             client.submit("triage", {"patientId": patient, "clinic": "c1", "note": SECRET})
@@ -116,13 +116,21 @@ def test_no_plaintext_payload_byte_appears_in_any_topic_or_store_file(
             client.submit("visits", {"clinic": "c1", "note": SECRET, "routine": True})
         client.submit("visits", {"clinic": "c1", "note": SECRET, "routine": False})
         client.flush()
-        ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows) >= 4,
-                     timeout=30, what="triage starts queued")
+        # Before time moves: the four patients parked, and the four visits decided (the
+        # batch runs at its third item; a visit that reached its batch only after the
+        # clock had passed its arrival's deadline would run on its own).
+        ledger.until(lambda rows: sum(r.workflow == "triage" and r.outcome is Outcome.queued
+                                      for r in rows) >= 4
+                     and sum(r.workflow == "visits" and r.outcome is not Outcome.queued
+                             for r in rows) >= 4,
+                     timeout=30, what="the patients parked and the visits decided")
         clock.advance(MINUTE + 1000)
         runs = _admitted_deliveries(engine, 3)  # p1, the batch, the lone visit
         by_workflow = {d.admitted.workflow: d for d in runs if d.admitted is not None}
         assert len({d.payload()["items"][0]["note"] for d in runs
                     if d.admitted and d.admitted.workflow == "visits"}) == 1
+        assert "triage" in by_workflow, [(d.admitted.workflow, d.admitted.execution_id,
+                                          d.admitted.request_ids) for d in runs if d.admitted]
         first = by_workflow["triage"]
         assert first.payload() == {"patientId": first.payload()["patientId"], "clinic": "c1",
                                    "note": SECRET}
@@ -199,7 +207,7 @@ def test_after_rotating_to_b_then_a_what_key_a_sealed_is_still_read(
         client.submit("triage", {"patientId": "late", "clinic": "c2", "note": SECRET})
     with WorkerThread(app_ba, with_ba, clock=clock), \
             Client(app=app_ba, settings=with_ba, replies=False) as client, \
-            Engine(group="engine", settings=with_ba) as engine:
+            Engine(group=f"{with_ba.namespace}engine", settings=with_ba) as engine:
         client.submit("triage", {"patientId": "new", "clinic": "c3", "note": SECRET})
         client.flush()
         ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows) >= 3,

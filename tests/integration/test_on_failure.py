@@ -37,7 +37,7 @@ def test_an_engine_failure_with_retries_spent_starts_the_handler_with_the_report
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     runs = TopicReader(settings, topics.runs, RunRow)
     with Client(app=app, settings=settings) as client, \
-            Engine(group="engine", settings=settings) as engine, \
+            Engine(group=f"{settings.namespace}engine", settings=settings) as engine, \
             WorkerThread(app, settings, ManualClock()):
         handle = client.start("flakyJob", {"jobId": "j1"}, wait_decision=True)
         run = handle.execution_id
@@ -66,7 +66,7 @@ def test_a_failing_failure_handler_is_logged_and_not_reported_again(
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     runs = TopicReader(settings, topics.runs, RunRow)
     with Client(app=app, settings=settings) as client, \
-            Engine(group="engine", settings=settings) as engine, \
+            Engine(group=f"{settings.namespace}engine", settings=settings) as engine, \
             WorkerThread(app, settings, ManualClock()):
         handle = client.start("flakyJob", {"jobId": "j2"}, wait_decision=True)
         assert handle.execution_id is not None
