@@ -18,12 +18,6 @@ _AUTH_CODES = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED
 # "sasl_plaintext://127.0.0.1:9094/bootstrap: SASL authentication error: ..." -> the address
 _BROKER_PREFIX = re.compile(r"^\w+://(?P<broker>[^/\s]+)(?:/\S*)?:\s*")
 
-# The probe's own refused connections are reported as a KafkaAuthError; librdkafka need not
-# also log each one.
-_QUIET = logging.getLogger("sluicegate.kafkautil.probe")
-_QUIET.addHandler(logging.NullHandler())
-_QUIET.propagate = False
-
 
 class KafkaAuthError(RuntimeError):
     """The broker refused this client's credentials, or the TLS handshake with it failed."""
@@ -67,7 +61,7 @@ def check_access(settings: Settings, timeout_s: float = 10.0) -> None:
     to the caller's own timeouts, as before: it may still be starting.
     """
     errors: list[KafkaError] = []
-    admin = AdminClient(settings.client_config(error_cb=errors.append), logger=_QUIET)
+    admin = AdminClient(settings.client_config(error_cb=errors.append))
     deadline = time.monotonic() + timeout_s
     while True:
         try:

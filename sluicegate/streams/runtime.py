@@ -51,11 +51,13 @@ from sluicegate.streams.recovery import RestoreError, restore_task
 from sluicegate.streams.stage import Headers, InputRecord, Stage
 from sluicegate.streams.task import StageState, Task
 from sluicegate.streams.transactions import (
+    MAX_BACKOFF_S,
     CallHung,
     Stopping,
     TransactionalProducer,
     describe,
     error_of,
+    sleep_unless_stopping,
 )
 from sluicegate.topology.admin import TopologyError, require_topics
 from sluicegate.topology.topics import Topics
@@ -83,7 +85,6 @@ _CONFIG_ERRORS = frozenset({
 })
 # How long a record may wait for room in the producer's queue.
 _QUEUE_WAIT_S = 30.0
-_MAX_BACKOFF_S = 5.0
 
 
 class WorkerError(RuntimeError):
@@ -229,11 +230,6 @@ class Worker:
             **self._clients.config("consumer"),
         }))
 
-    @property
-    def producer(self) -> Any:
-        """The transactional producer as it is now (it is replaced after a fatal error)."""
-        return self._txn.producer
-
     @classmethod
     def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
         """A worker running every stage for `app`'s declarations."""
@@ -286,8 +282,8 @@ class Worker:
                     log.warning("waiting for Kafka at %s to %s: %s", self.settings.bootstrap,
                                 what, describe(exc))
                     said = True
-            self._sleep(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            sleep_unless_stopping(backoff, self._stopping)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         self._stop = should_stop
@@ -679,7 +675,8 @@ class Worker:
             self._restore_all()
         if self._failed_cycles > 1:
             # The same trouble again: do not spin on it.
-            self._sleep(min(0.1 * 2 ** (self._failed_cycles - 2), _MAX_BACKOFF_S))
+            sleep_unless_stopping(min(0.1 * 2 ** (self._failed_cycles - 2), MAX_BACKOFF_S),
+                                  self._stopping)
 
     def _seek(self, tp: TopicPartition) -> None:
         try:
@@ -693,13 +690,6 @@ class Worker:
         error = error_of(exc)
         if error is not None and error.code() in _CONFIG_ERRORS:
             raise WorkerError(f"Kafka refused this worker: {error.name()}: {error.str()}")
-
-    def _sleep(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if self._stopping():
-                raise Stopping("backoff")
-            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # -- restore ---------------------------------------------------------------------
 
@@ -734,7 +724,7 @@ class Worker:
             # a new one asks afresh.
             self.admin = self._new_admin()
             self._restore_at = time.monotonic() + self._restore_backoff
-            self._restore_backoff = min(self._restore_backoff * 2, _MAX_BACKOFF_S)
+            self._restore_backoff = min(self._restore_backoff * 2, MAX_BACKOFF_S)
             return
         self._restore_backoff = 0.1
         del self._restoring[partition]

@@ -41,7 +41,8 @@ ABORT_FLUSH_S = 10.0
 _WAIT_SLICE_S = 0.1
 # How often a caller serves the producer while a call that needs it runs.
 _SERVE_EVERY_S = 0.005
-_MAX_BACKOFF_S = 5.0
+# The longest wait between two tries of something the broker refused.
+MAX_BACKOFF_S = 5.0
 
 
 class Stopping(Exception):
@@ -131,7 +132,6 @@ class TransactionalProducer:
         self._stopping = stopping
         self.producer = Producer(config)
         self._caller = _Caller()
-        self.replaced = 0
 
     def _call(self, fn: Callable[..., Any], *args: Any, what: str,
               serve: bool = False) -> Any:
@@ -159,8 +159,8 @@ class TransactionalProducer:
                     said = True
                 if is_fatal(exc):
                     self._new_producer()
-            self._sleep(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            sleep_unless_stopping(backoff, self._stopping)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Deliver what is queued for up to `timeout_s`, then let the producer go."""
@@ -224,17 +224,18 @@ class TransactionalProducer:
         old, self.producer = self.producer, Producer(self._config)
         self._caller.retire()
         self._caller = _Caller()
-        self.replaced += 1
         threading.Thread(target=_dispose, args=(old,), name="sluicegate-dispose",
                          daemon=True).start()
         del old
 
-    def _sleep(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if self._stopping():
-                raise Stopping("backoff")
-            time.sleep(min(_WAIT_SLICE_S, end - time.monotonic()))
+
+def sleep_unless_stopping(seconds: float, stopping: Callable[[], bool]) -> None:
+    """Sleep, but raise `Stopping` within 100 ms of `stopping()` saying so."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if stopping():
+            raise Stopping("backoff")
+        time.sleep(min(_WAIT_SLICE_S, left))
 
 
 def describe(exc: BaseException) -> str:
