@@ -35,6 +35,11 @@ class StartMaker:
         start, key = self._builder.build(workflow, payload(i, note_bytes))
         return key, codec.encode(start)
 
+    def make_payload(self, workflow: str, data: dict[str, object]) -> bytes:
+        """The encoded StartRequest of `workflow` with this payload."""
+        start, _key = self._builder.build(workflow, data)
+        return codec.encode(start)
+
 
 def make_starts(app: App, workflow: str, n: int, note_bytes: int = 0,
                 first: int = 0) -> list[tuple[bytes, bytes]]:

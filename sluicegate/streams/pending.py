@@ -148,6 +148,8 @@ class PendingQueue:
         else:
             headers = None
         self.tx.put(row, codec.encode(start))
+        if row < self.tx.floor(self._prefix):
+            self.tx.set_floor(self._prefix, row)
         count = len(self)
         self._set_count(count + 1)
         # The last row ever pushed bounds the queue from above (removals only lower the
@@ -158,7 +160,7 @@ class PendingQueue:
             self.tx.put(self._last_key, row)
             return parked, count
         position = 0
-        for key, _ in self.tx.items(self._prefix):
+        for key, _ in self._rows():
             if key >= row:
                 break
             position += 1
@@ -176,15 +178,28 @@ class PendingQueue:
         value = self.tx.get(row)
         return None if value is None else self._parked(row, value)
 
+    def _rows(self) -> Iterator[tuple[bytes, bytes]]:
+        """The queue's rows in order, from its floor: the rows taken from its head are not
+        stepped over again (docs/decisions/store-buffer-index.md)."""
+        return self.tx.items(self._prefix, self.tx.floor(self._prefix))
+
     def peek(self) -> Parked | None:
-        for key, value in self.tx.items(self._prefix):
+        tx = self.tx
+        floor = tx.floor(self._prefix)
+        for key, value in tx.items(self._prefix, floor):
+            if key != floor:
+                tx.set_floor(self._prefix, key)
             return self._parked(key, value)
         return None
 
     def _delete(self, row: bytes) -> None:
-        self.tx.delete(row)
+        tx = self.tx
+        tx.delete(row)
         if len(row) > self._row_len:
-            self.tx.delete(_HEADERS + row)
+            tx.delete(_HEADERS + row)
+        if row == tx.floor(self._prefix):
+            # Its head, taken: nothing is left below the key just after it.
+            tx.set_floor(self._prefix, row + b"\x00")
 
     def remove(self, parked: Parked) -> None:
         self._delete(parked.row)
@@ -198,11 +213,11 @@ class PendingQueue:
         return head
 
     def __iter__(self) -> Iterator[Parked]:
-        for key, value in self.tx.items(self._prefix):
+        for key, value in self._rows():
             yield self._parked(key, value)
 
     def clear(self) -> None:
-        for key, _ in list(self.tx.items(self._prefix)):
+        for key, _ in list(self._rows()):
             self._delete(key)
         self._set_count(0)
 

@@ -12,7 +12,6 @@ their keys as STATE_PREFIX + key, never with a bare first byte 0x00.
 
 from __future__ import annotations
 
-import heapq
 import struct
 
 from sluicegate.streams.store import StoreTransaction
@@ -42,19 +41,20 @@ def parse_timer_key(raw: bytes) -> tuple[int, bytes]:
 class Timers:
     """The timer index of one task store, with its earliest due time kept in memory.
 
-    `next_due` is exact at all times: the cache is dropped whenever the
-    transaction's view changes underneath it (commit, discard, restore writes,
-    wipe), so no reload() is needed after an abort. reload() and rebind() exist
-    for callers that swap or rebuild things explicitly.
+    `next_due` is exact at all times: the cache is dropped whenever the transaction's view
+    changes other than through it (discard, restore writes, wipe), so no reload() is
+    needed after an abort. reload() and rebind() exist for callers that swap or rebuild
+    things explicitly.
+
+    Finding the earliest starts at the transaction's floor for the timers (no live timer
+    below it), so the timers cancelled before it (runs' leases, ended before they were
+    due) are stepped over once, not at every look (docs/decisions/store-buffer-index.md).
     """
 
     def __init__(self, tx: StoreTransaction) -> None:
         self._tx = tx
-        # The revision of `tx` that _pending and _next describe; None = stale.
+        # The revision of `tx` that _next describes; None = stale.
         self._seen: tuple[int, int] | None = None
-        # Timer keys put in the current buffer, as a heap; entries whose key
-        # was later deleted in the buffer are skipped lazily.
-        self._pending: list[bytes] = []
         self._next: int | None = None
         self._next_known = False
 
@@ -66,8 +66,10 @@ class Timers:
         """Add a timer; (due_ms, key) identifies it, so moving one means cancel + schedule."""
         raw = timer_key(due_ms, key)
         self._sync()
-        self._tx.put(raw, value)
-        heapq.heappush(self._pending, raw)
+        tx = self._tx
+        tx.put(raw, value)
+        if raw < tx.floor(TIMER_PREFIX):
+            tx.set_floor(TIMER_PREFIX, raw)
         if self._next_known and (self._next is None or due_ms < self._next):
             self._next = due_ms
 
@@ -84,7 +86,8 @@ class Timers:
         if next_due is None or next_due > now_ms:
             return []
         fired: list[tuple[int, bytes, bytes]] = []
-        for raw, value in self._tx.items(TIMER_PREFIX):
+        tx = self._tx
+        for raw, value in tx.items(TIMER_PREFIX, tx.floor(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)
             if due_ms > now_ms or len(fired) >= limit:
                 break
@@ -95,7 +98,12 @@ class Timers:
     def next_due(self) -> int | None:
         self._sync()
         if not self._next_known:
-            self._next = self._earliest()
+            self._next = None
+            tx = self._tx
+            for raw, _ in tx.items(TIMER_PREFIX, tx.floor(TIMER_PREFIX)):
+                tx.set_floor(TIMER_PREFIX, raw)
+                self._next = parse_timer_key(raw)[0]
+                break
             self._next_known = True
         return self._next
 
@@ -107,29 +115,5 @@ class Timers:
         revision = self._tx.revision
         if self._seen == revision:
             return
-        # Only reached at the first timer call after a commit, discard, restore
-        # or rebind, when the buffer is (nearly) empty, so this scan is cheap.
-        self._pending = [
-            raw
-            for raw, value in self._tx.changes.items()
-            if value is not None and raw.startswith(TIMER_PREFIX)
-        ]
-        heapq.heapify(self._pending)
         self._seen = revision
         self._next_known = False
-
-    def _earliest(self) -> int | None:
-        changes = self._tx.changes
-        pending = self._pending
-        while pending and changes.get(pending[0]) is None:
-            heapq.heappop(pending)
-        best = pending[0] if pending else None
-        for raw, _ in self._tx.store.items(TIMER_PREFIX):
-            # A stored timer counts unless the buffer deleted it; one the
-            # buffer overwrote is also in `pending`, with the same key.
-            if raw in changes and changes[raw] is None:
-                continue
-            if best is None or raw < best:
-                best = raw
-            break
-        return None if best is None else parse_timer_key(best)[0]

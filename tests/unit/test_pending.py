@@ -4,16 +4,20 @@ at no cost to a start that came with none."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sluicegate.schemas.records import AdmittedKind, Origin, PendingStart
 from sluicegate.streams.pending import (
     FairQueue,
+    Parked,
     PendingQueue,
     pack_headers,
     unpack_headers,
@@ -99,3 +103,111 @@ def test_a_start_without_headers_costs_no_row_beside_its_own(store: PartitionSto
 @given(st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=50)), max_size=5))
 def test_headers_pack_and_unpack_to_themselves(headers: list[tuple[str, bytes]]) -> None:
     assert unpack_headers(pack_headers(list(headers))) == headers
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """A PendingQueue over a real store vs. a sorted list, through commits, aborts and
+    restarts: the floor it reads from (docs/decisions/store-buffer-index.md) never hides a
+    start, whether it was taken from the head, removed from the middle, or parked ahead
+    of the head with a higher priority."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="sluicegate-queue-"))
+        self.store = PartitionStore(self.dir / "s")
+        self._open()
+        self.n = 0
+        self.offset = -1
+        # (-priority, arrival, id): the queue's order.
+        self.committed: list[tuple[float, int, str]] = []
+        self.live: list[tuple[float, int, str]] = []
+
+    def _open(self) -> None:
+        self.tx = StoreTransaction(self.store)
+        self.queue = PendingQueue(self.tx, b"q")
+
+    def _find(self, execution_id: str) -> Parked:
+        return next(p for p in self.queue if p.start.execution_id == execution_id)
+
+    @rule(priority=st.sampled_from([0.0, 0.0, 1.0, 5.0]))
+    def park(self, priority: float) -> None:
+        self.n += 1
+        self.queue.push(_start(self.n, priority))
+        self.live = sorted([*self.live, (-priority, self.n, f"x{self.n}")])
+
+    @rule()
+    def take_the_head(self) -> None:
+        taken = self.queue.pop()
+        if not self.live:
+            assert taken is None
+            return
+        assert taken is not None and taken.start.execution_id == self.live.pop(0)[2]
+
+    @rule(data=st.data())
+    def remove_any(self, data: st.DataObject) -> None:
+        if self.live:
+            entry = data.draw(st.sampled_from(self.live))
+            self.queue.remove(self._find(entry[2]))
+            self.live.remove(entry)
+
+    @rule()
+    def commit(self) -> None:
+        if self.tx:
+            self.offset += 1
+        self.tx.commit(self.offset)
+        self.committed = list(self.live)
+
+    @rule()
+    def abort(self) -> None:
+        self.tx.discard()
+        self.live = list(self.committed)
+
+    @rule()
+    def restart(self) -> None:
+        self.store.close()
+        self.store = PartitionStore(self.dir / "s")
+        self._open()
+        self.live = list(self.committed)
+
+    @invariant()
+    def the_queue_matches_the_model(self) -> None:
+        head = self.queue.peek()
+        assert (head.start.execution_id if head else None) == (
+            self.live[0][2] if self.live else None)
+        assert [p.start.execution_id for p in self.queue] == [e[2] for e in self.live]
+        assert len(self.queue) == len(self.live)
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+QueueMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_a_queue_behaves_like_a_sorted_list = QueueMachine.TestCase
+
+
+def test_a_queue_whose_head_was_taken_reads_its_next_start_without_walking_the_taken(
+    store: PartitionStore,
+) -> None:
+    """The rows taken from the head, deleted in this cycle and tombstones once committed,
+    are not read again by the next peek."""
+    tx = StoreTransaction(store)
+    queue = PendingQueue(tx, b"q")
+    for n in range(200):
+        queue.push(_start(n))
+    tx.commit(0)
+    for _ in range(150):
+        assert queue.pop() is not None
+    stored_rows_read = []
+    original = store.items
+
+    def counting(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for row in original(prefix, start):
+            stored_rows_read.append(row[0])
+            yield row
+
+    store.items = counting  # type: ignore[method-assign]
+    head = queue.peek()
+    assert head is not None and head.start.execution_id == "x150"
+    # The stored head only, not the 150 rows before it that this cycle deleted.
+    assert len(stored_rows_read) == 1

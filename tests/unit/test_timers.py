@@ -218,6 +218,17 @@ class TimersMachine(RuleBasedStateMachine):
         self.timers = Timers(self.tx)
         self.pending = dict(self.committed)
 
+    @rule(due=DUES, key=TIMER_KEYS)
+    def restore_writes(self, due: int, key: bytes) -> None:
+        """A restore writes the store under a transaction with nothing buffered (between
+        cycles): what the index knew of the store (its floor, its earliest) must go."""
+        if self.tx:
+            return
+        self.offset += 1
+        self.store.write({timer_key(due, key): b"r"}, self.offset)
+        self.committed[(due, key)] = b"r"
+        self.pending = dict(self.committed)
+
     @rule(now=DUES, limit=st.integers(min_value=1, max_value=4))
     def due(self, now: int, limit: int) -> None:
         expected = [(d, k, v) for (d, k), v in sorted(self.pending.items()) if d <= now]

@@ -164,6 +164,15 @@ class ConcurrencyStage(ControlStage):
                     modes.setdefault(hop.budget, set()).add(mode)
         self.modes = {budget: "age" if found == {"age"} else "strict"
                       for budget, found in modes.items()}
+        # Per budget, the widest limit any route gives it: a key holding that many slots
+        # has no room for any start waiting there, whatever its workflow.
+        self.widest: dict[str, int] = {}
+        for route in router.routes.values():
+            wf = app.workflows[route.workflow]
+            for hop in route.hops:
+                if hop.stage == NAME:
+                    self.widest[hop.budget] = max(self.widest.get(hop.budget, 0),
+                                                  self.limit(wf, hop).limit)
 
     # -- declarations --------------------------------------------------------------------
 
@@ -343,10 +352,17 @@ class ConcurrencyStage(ControlStage):
         self.queue(ctx, key).remove(lane, parked)
         self._unpark(ctx, key, parked.start)
 
-    def _drain(self, ctx: StageContext, key: str) -> None:
-        """Admit waiting starts while the key has room, in the queue's fair order."""
+    def _drain(self, ctx: StageContext, key: str, sweeping: bool = False) -> None:
+        """Admit waiting starts while the key has room, in the queue's fair order.
+
+        Once the key holds the widest limit of its budget nobody waiting can take a slot,
+        and the queue is not read. Only a sweep at restore reads it anyway: starts whose
+        route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
+        widest = self.widest.get(key.partition("\x1f")[0])
         while True:
+            if not sweeping and widest is not None and self.held(ctx, key) >= widest:
+                return
             head = queue.next()
             if head is None:
                 return
@@ -442,7 +458,7 @@ class ConcurrencyStage(ControlStage):
                 self._unpark(ctx, key, start)
                 self._fail(ctx, key, start, Outcome.failed, REMOVED)
         for key in keys:
-            self._drain(ctx, key)
+            self._drain(ctx, key, sweeping=True)
 
     # -- decisions -------------------------------------------------------------------------
 
