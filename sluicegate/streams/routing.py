@@ -26,6 +26,7 @@ from sluicegate.schemas.records import (
     ReleaseKind,
     Slot,
     StartRequest,
+    changed,
 )
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, dead_letter, record_decision, reject
@@ -105,7 +106,7 @@ class Router:
         hop = route.hops[nxt]
         if payload is None:
             payload = self.payloads.open(start.payload)
-        moved = dataclasses.replace(start, hop=nxt)
+        moved = changed(start, hop=nxt)
         topic, key = ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode()
         if headers is None:
             ctx.send(topic, key, codec.encode(moved))
@@ -281,4 +282,4 @@ def release_slots(ctx: StageContext, execution_id: str, workflow: str, slots: li
 
 def with_slot(start: PendingStart, stage: str, key: str) -> PendingStart:
     """`start`, now holding a slot on `stage`'s `key` until its run ends."""
-    return dataclasses.replace(start, slots=[*start.slots, Slot(stage, key)])
+    return changed(start, slots=[*start.slots, Slot(stage, key)])

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluicegate.schemas import RECORD_TYPES, _speedups
+from sluicegate.schemas.records import Slot, changed
 from sluicegate.streams.stage import InputRecord, Table
 
 RECORDS = sorted([*RECORD_TYPES, InputRecord, Table], key=lambda c: c.__name__)
@@ -98,3 +99,24 @@ def test_a_subclass_is_built_by_its_own_init() -> None:
     marked = Marked("runs", b"R", "sg.runs")
     assert (marked.name, marked.mark) == ("runs", "m")
     assert not _speedups.has_constructor(Marked)
+
+
+@pytest.mark.parametrize("cls", sorted(RECORD_TYPES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_changed_makes_the_copy_replace_makes(cls: type, data: st.DataObject) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    original = cls(*[data.draw(VALUES) for _ in names])
+    picked = data.draw(st.lists(st.sampled_from(names), unique=True))
+    changes = {name: data.draw(VALUES) for name in picked}
+    copy = changed(original, **changes)
+    assert type(copy) is cls
+    assert fields_of(copy) == fields_of(dataclasses.replace(original, **changes))
+    assert fields_of(original) == fields_of(cls(*[getattr(original, n) for n in names]))
+
+
+def test_changed_refuses_a_field_the_record_does_not_have() -> None:
+    slot = Slot("concurrency", "k")
+    with pytest.raises(TypeError, match="Slot has no field 'nope'"):
+        changed(slot, nope=1)

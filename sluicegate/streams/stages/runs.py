@@ -22,7 +22,6 @@ An engine-reported failure starts the onFailure workflow too.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -43,6 +42,7 @@ from sluicegate.schemas.records import (
     RunEventKind,
     RunRow,
     RunStatus,
+    changed,
 )
 from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.streams.routing import Router
@@ -107,11 +107,11 @@ def apply_event(row: RunRow, event: RunEvent) -> RunRow:
     if row.status in ENDED:
         if not redriven(row, event):
             return row
-        row = dataclasses.replace(row, slots=[])
+        row = changed(row, slots=[])
     status = _STATUS_OF.get(event.kind, row.status)
     if event.kind is RunEventKind.resumed:
         status = RunStatus.running
-    return dataclasses.replace(
+    return changed(
         row, status=status, updated_at_ms=event.at_ms,
         ended_at_ms=event.at_ms if status in ENDED else None,
         last_reason=event.reason or event.error_message or row.last_reason,
@@ -170,8 +170,8 @@ def alive(backstop: Backstop, holding: bool, now_ms: int) -> Backstop:
     if backstop.lease_ms is None:
         return backstop
     if not holding:
-        return dataclasses.replace(backstop, lease_until_ms=None)
-    return dataclasses.replace(backstop, lease_until_ms=max(
+        return changed(backstop, lease_until_ms=None)
+    return changed(backstop, lease_until_ms=max(
         now_ms + backstop.lease_ms, backstop.lease_until_ms or 0))
 
 
@@ -179,14 +179,14 @@ def finished_late(row: RunRow, now_ms: int, reason: str) -> RunRow:
     """The run row once timeouts.finish has cancelled the run (an ended run stays as is)."""
     if row.status in ENDED:
         return row
-    return dataclasses.replace(row, status=RunStatus.failed, updated_at_ms=now_ms,
+    return changed(row, status=RunStatus.failed, updated_at_ms=now_ms,
                                ended_at_ms=now_ms, last_reason=reason)
 
 
 def lease_lapsed(row: RunRow, now_ms: int, reason: str) -> RunRow:
     """The run row once its leased slots are freed: it no longer holds them (so its end
     does not release them again), and it stays what it was otherwise."""
-    return dataclasses.replace(row, slots=[s for s in row.slots if s.stage != LEASED_STAGE],
+    return changed(row, slots=[s for s in row.slots if s.stage != LEASED_STAGE],
                                updated_at_ms=now_ms, last_reason=reason)
 
 
@@ -274,12 +274,12 @@ class RunsStage(Stage):
             if row.status in ENDED:
                 # It ended (timeouts.finish) while it waited to be re-admitted: the slots
                 # taken for the resume go straight back.
-                self.release(ctx, dataclasses.replace(row, slots=list(admitted.slots)),
+                self.release(ctx, changed(row, slots=list(admitted.slots)),
                              ReleaseKind.ended, row.last_reason)
                 return
             held = {(s.stage, s.key) for s in row.slots}
             slots = [*row.slots, *(s for s in admitted.slots if (s.stage, s.key) not in held)]
-            resumed = dataclasses.replace(row, status=RunStatus.running, slots=slots,
+            resumed = changed(row, status=RunStatus.running, slots=slots,
                                           updated_at_ms=admitted.admitted_at_ms)
             self.save(ctx, resumed)
             # Re-admitted with fresh concurrency slots: their lease starts now.
@@ -385,7 +385,7 @@ class RunsStage(Stage):
                      reason)
         # Nothing is leased any more; a steps-mode re-admission arms the lease again.
         self._store_backstop(ctx, row.execution_id, backstop,
-                             dataclasses.replace(backstop, lease_until_ms=None))
+                             changed(backstop, lease_until_ms=None))
 
     def _ledger(self, ctx: StageContext, row: RunRow, what: str, outcome: Outcome,
                 reason: str) -> None:
@@ -490,7 +490,7 @@ class RunsStage(Stage):
                       else 0.0),
             slots=kept,
         )
-        updated = dataclasses.replace(row, slots=kept, updated_at_ms=ctx.now_ms)
+        updated = changed(row, slots=kept, updated_at_ms=ctx.now_ms)
         self.save(ctx, updated)
         # Waiting for its slot again holds no lease (the resume record re-arms it).
         self._reported(ctx, updated)
