@@ -17,6 +17,7 @@ workflow left the declarations while it waited fails.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from enum import StrEnum
@@ -136,6 +137,7 @@ def shown_key(key: str, workflow: str) -> str:
 # -- the stage -----------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65_536)
 def _prefixed(text: str) -> bytes:
     # Length-prefixed, so one key is never a prefix of another's rows.
     raw = text.encode()
@@ -153,6 +155,7 @@ class ConcurrencyStage(ControlStage):
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)
         self.deployment_cap = deployment_cap
+        self._limits: dict[tuple[str, int], Limit] = {}
         # One priority mode per budget: `age` only when every member ranks by age, since
         # one queue cannot mix the two scales (docs/decisions/fairness-across-keys.md).
         modes: dict[str, set[str]] = {}
@@ -177,11 +180,17 @@ class ConcurrencyStage(ControlStage):
     # -- declarations --------------------------------------------------------------------
 
     def limit(self, wf: Workflow, hop: Hop) -> Limit:
-        if hop.index < 0:
-            # The deployment cap counts runs: a suspended run keeps its slot.
-            return Limit(self.deployment_cap)
-        option = wf.concurrency[hop.index]
-        return Limit(option.limit, option.mode, option.max_queued)
+        # Asked at every arrival and every admission from a queue: made once per hop.
+        made = self._limits.get((wf.name, hop.index))
+        if made is None:
+            if hop.index < 0:
+                # The deployment cap counts runs: a suspended run keeps its slot.
+                made = Limit(self.deployment_cap)
+            else:
+                option = wf.concurrency[hop.index]
+                made = Limit(option.limit, option.mode, option.max_queued)
+            self._limits[(wf.name, hop.index)] = made
+        return made
 
     def _mode_of_holder(self, workflow: str, index: int) -> str:
         wf = self.app.get(workflow)
