@@ -68,6 +68,8 @@ from bench.passthrough import (
     produce_all,
     produce_committed,
     sdk_producer_config,
+    start_py_spy,
+    stop_py_spy,
     wait_committed,
 )
 from bench.records import StartMaker
@@ -284,6 +286,7 @@ class Options:
     wipe_state: bool
     keep: bool
     worker_env: dict[str, str] = field(default_factory=dict)
+    py_spy: Path | None = None
 
 
 def measure(scenario: str, base: Settings, opts: Options, workdir: Path,
@@ -438,7 +441,31 @@ def restart(settings: Settings, worker: MemoryWorker, maker: StartMaker, workflo
     probe = Probe(settings, maker, workflow, next(probes))
     spawned = time.time()
     worker.start()
-    decided = probe.run(worker, opts.restore_timeout)
+    # py-spy attaches in about a second, while the worker joins the group.
+    spy = start_py_spy(opts.py_spy, worker, Path(f"{worker.workdir.name}.restart-{state}"))
+    try:
+        decided = probe.run(worker, opts.restore_timeout)
+        restore = _restored(settings, worker, restore, spawned, decided, opts)
+    finally:
+        if spy is not None:
+            stop_py_spy(spy)
+    time.sleep(opts.settle)
+    st = status(worker.pid)
+    restore.rss_mb, restore.peak_mb = st["VmRSS"] / MB, st["VmHWM"] / MB
+    restore.memory = worker.memory_report()
+    say(f"kill -9, restart with state {state} ({restore.disk_before_mb:.0f} MB on disk): "
+        f"assigned {restore.assigned_s:.1f}s, every partition restored {restore.ready_s:.1f}s "
+        f"({restore.replayed} changelog records replayed in {restore.replay_s:.1f}s all "
+        f"told, slowest partition {restore.slowest_partition_s:.1f}s), probe decided "
+        f"{restore.probe_s:.1f}s; RSS "
+        f"{restore.rss_mb:.0f} MB (peak {restore.peak_mb:.0f} MB); "
+        f"{describe_memory(restore.memory)}")
+    return restore
+
+
+def _restored(settings: Settings, worker: MemoryWorker, restore: Restore, spawned: float,
+              decided: float, opts: Options) -> Restore:
+    """The restart's figures, once every partition says it is ready."""
     restore.probe_s = decided - spawned
     # Every partition restored: its "ready" line (the probe needs only its own).
     deadline = time.monotonic() + opts.restore_timeout
@@ -458,17 +485,6 @@ def restart(settings: Settings, worker: MemoryWorker, maker: StartMaker, workflo
     restore.replay_s = sum(float(m.group(3)) for _, m in ready)
     assigned = [at for at, line in lines if "assigned partitions" in line]
     restore.assigned_s = (assigned[0] - spawned) if assigned else float("nan")
-    time.sleep(opts.settle)
-    st = status(worker.pid)
-    restore.rss_mb, restore.peak_mb = st["VmRSS"] / MB, st["VmHWM"] / MB
-    restore.memory = worker.memory_report()
-    say(f"kill -9, restart with state {state} ({restore.disk_before_mb:.0f} MB on disk): "
-        f"assigned {restore.assigned_s:.1f}s, every partition restored {restore.ready_s:.1f}s "
-        f"({restore.replayed} changelog records replayed in {restore.replay_s:.1f}s all "
-        f"told, slowest partition {restore.slowest_partition_s:.1f}s), probe decided "
-        f"{restore.probe_s:.1f}s; RSS "
-        f"{restore.rss_mb:.0f} MB (peak {restore.peak_mb:.0f} MB); "
-        f"{describe_memory(restore.memory)}")
     return restore
 
 
@@ -582,6 +598,8 @@ def main() -> None:
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in the worker's environment only (say, glibc's "
                              "MALLOC_ARENA_MAX=2 or MALLOC_MMAP_THRESHOLD_=131072); repeatable")
+    parser.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
+                        help="record each restart with py-spy (raw stacks) into DIR")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     args = parser.parse_args()
     if any("=" not in item for item in args.worker_env):
@@ -592,7 +610,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}: pick from {sorted(SCENARIOS)}")
     opts = Options(args.keys, args.chunk, args.timeout, args.restore_timeout, args.settle,
-                   args.wipe_state, args.keep, worker_env)
+                   args.wipe_state, args.keep, worker_env, args.py_spy)
     maker = StartMaker(app)
     print(f"{args.keys} keys per scenario {scenarios}, {args.partitions} partitions, "
           f"{os.cpu_count()} CPUs, load {Path('/proc/loadavg').read_text().split()[0]}; "
