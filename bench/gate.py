@@ -1,0 +1,1206 @@
+"""The cost of every control, on one real broker, against the raw 3-record pipe (issue 15).
+
+    .venv/bin/python -m bench.gate --starts 100000 --repeats 3 --pin
+    .venv/bin/python -m bench.gate --starts 20000 --repeats 1 --scenarios passthrough,conc50
+
+In one run, on the same broker, one system at a time (the machine has 2 cores):
+
+  raw-io     `bench.rawpipe` writing, per start, the three records an admission writes
+             (admitted, ledger, runs table; the sizes the passthrough writes): the
+             baseline every scenario is compared with (`bench.passthrough`'s (a')).
+  worker     `python -m sluicegate worker --app bench.gate_apps:<scenario>`, one workflow
+             declaring the scenario's control (bench/gate_apps.py);
+  worker-base  the same from `--baseline-tree` (say, the commit before a change).
+
+The scenarios (`--scenarios`, default all):
+
+  passthrough  no control;
+  idem         idempotency hit: every start's key was spent in the warm-up (`existing`);
+  rl-admit     rateLimit 1,000/h per key over starts/20 keys: every start admitted;
+  rl-drop      rateLimit 1/h per key over 10 keys spent in the warm-up: all `dropped`;
+  throttle     1,000/s per key over starts/20 keys (what a fetch brings of one key waits
+               a millisecond or so): all admitted;
+  debounce     park -> fire: one start per key, period 1s (the real clock: each key
+               fires a second after its start arrived), all admitted;
+  batch        max_size 10, one key: per ten starts one admitted, nine collapsed (the
+               timeout, 10 minutes, never binds: see bench/gate_apps.py; --starts and
+               --warmup must be multiples of 10, the latency phase is made one);
+  singleton    skip mode, one key per start: each takes a hold, the engine's report of
+               its end gives it back;
+  conc50       concurrency 50 per key over starts/500 keys (200 keys at 100,000 starts:
+               90% of the input queued when it arrives at once), engine completing each
+               run at once;
+  conc1        concurrency 1 per key over starts/100 keys (1,000 keys at 100,000);
+               (a key admits its next run only after a round trip through the engine,
+               two commits or so: with few keys, below ~20,000 starts, the conc*
+               scenarios measure that round trip, not the worker's CPU; their key
+               counts follow --starts in every phase, latency included)
+  steps        conc50 in steps mode: the engine reports each run started, suspended (its
+               slot goes back) and resumed (it is re-admitted when a slot frees), then
+               completed: two admitted records per start;
+  pause        the passthrough paused through the control table (`sluicegate.ops.
+               workflows.write_control`, what `sluicegate workflows pause` writes),
+               `--starts` produced and parked, then unpaused: starts/s is the drain's
+               (the span of the admitted records), CPU per start is park + drain;
+  priority     conc50 with an age-mode priority (-600..600 s) ordering the queue;
+  depth        the gate's CPU per start with 1,000, 10,000 and 100,000 starts queued
+               (`--depths`, default those <= --starts): see below.
+
+The engine (`bench.gate_engine`, for singleton, conc50, conc1, steps, priority) is a raw
+confluent-kafka consumer/producer in its own process writing the SDK's RunEvent records
+(its docstring says why not the SDK); its CPU is reported apart from the worker's.
+
+Each measurement is a fresh worker (and engine) on fresh topics (a namespace of its own):
+
+  1. warm-up: `--warmup` starts of the scenario, committed, and waited for until every one
+     has its final decision (idem: this spends the keys the measured starts repeat;
+     rl-drop: it spends the keys' one admission);
+  2. throughput: `--starts` starts produced inside one open transaction and committed at
+     once, so the warmed worker finds them all waiting; the phase ends when every start
+     has its final decision on the ledger (admitted, existing, dropped, collapsed) and
+     the admitted records the scenario must write are there (steps: the re-admissions
+     too). starts/s = starts / (the last of those records' CreateTime - the first
+     ledger or admitted record's of the phase); CPU µs/start = the worker's user + system
+     CPU from the commit to the end, librdkafka's threads included (the engine's apart).
+     The outcome is checked: the count of each final decision and of admitted records
+     must be what the scenario produces, else the table shows the error, not a figure.
+     out/start counts every record the worker wrote in the phase, on every topic (stage
+     topics, changelogs, ledger, admitted, runs), against raw-io's three;
+  3. latency: `--latency-starts` (fewer if they would take over `--latency-seconds`)
+     produced at half the rate phase 2 measured, by an SDK-like producer; decision
+     latency = the admitted record's CreateTime (for a start decided without an
+     admission: its final ledger record's) - the start record's CreateTime; visible
+     latency = when this process's read_committed reader got that record - the same.
+     A debounced start's latency holds its 1s period; pause and depth have none.
+
+depth: no engine; the warm-up admits 1,000 starts that hold the key's 1,000 slots. For each
+depth D, starts are added until D are queued, then a window of 1,000: 1,000 more starts
+arrive (queued behind the D) while this process reports 1,000 of the held runs
+`started` and `completed`, so 1,000 queued starts are admitted in their place; the queue
+stays between D and D + 1,000. CPU per start = the worker's CPU over the window / 1,000:
+each start's arrival and queueing, a run's end, its slot's release and the next start's
+admission ("queueing alone": the CPU per start of the starts added to reach D). A cost
+that grows with D is a scan proportional to the queue (SPEC.md section 5).
+
+Every worker's idle CPU (a second with nothing arriving, after the warm-up) is reported
+too (`idle worker N% CPU`): a slow phase's CPU per start holds that much per second.
+
+Every measurement is repeated `--repeats` times (interleaved: raw-io, then each scenario's
+worker and worker-base) and the median reported, after one discarded raw-io round that
+warms a fresh broker's JVM. The broker is `SLUICEGATE_BOOTSTRAP` if set, else a local
+Kafka started on free ports with a temporary data dir and stopped at the end. `--pin`:
+the worker on the last CPU; the broker, the engine and this process on the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from bench import gate_apps
+from bench.apps import WORKFLOW as RAW_WORKFLOW
+from bench.apps import app as raw_app
+from bench.passthrough import (
+    OutputReader,
+    SystemProcess,
+    broker,
+    default_faust_python,
+    delete_topics,
+    median_of,
+    process_cpu_s,
+    produce_all,
+    produce_committed,
+    sdk_producer_config,
+    wait_committed,
+)
+from bench.records import StartMaker, admission_sizes
+from sluicegate.client.producer import StartBuilder
+from sluicegate.config import Settings
+from sluicegate.ops.workflows import write_control
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    ControlRow,
+    LedgerRecord,
+    Outcome,
+    RunEvent,
+    RunEventKind,
+)
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ("passthrough", "idem", "rl-admit", "rl-drop", "throttle", "debounce", "batch",
+             "singleton", "conc50", "conc1", "steps", "pause", "priority", "depth")
+# The scenarios whose runs hold something until the engine reports their end.
+ENGINE_MODE = {"singleton": "runs", "conc50": "runs", "conc1": "runs", "steps": "steps",
+               "priority": "runs"}
+DEPTHS = (1_000, 10_000, 100_000)
+DEPTH_SLOTS = 1_000  # bench.gate_apps' `depth` limit: the runs held, and the window
+RL_DROP_KEYS = 10
+BATCH_SIZE = 10
+# The module name bench/gate_apps.py is copied to beside every worker (a baseline tree's
+# own `bench` package, first on its path, has no gate_apps).
+APPS_MODULE = "sg_bench_gate_apps"
+
+
+# -- the input -----------------------------------------------------------------------------
+
+
+class Start(NamedTuple):
+    request_id: str
+    key: bytes
+    value: bytes
+
+
+def payload(scenario: str, phase: str, i: int, scale: int, warm: int) -> dict[str, Any]:
+    """Start `i` of `phase` (w: warm-up, m: measured, l: latency, ...). The keys a
+    scenario spreads over follow `scale` (`--starts`) in every phase: a latency phase with
+    fewer keys would be slower for that alone (conc1: each key admits one run per round
+    trip through the engine)."""
+    uid = f"{phase}{i}"
+    grp = "g"
+    if scenario == "idem":
+        uid = f"w{i}" if phase == "w" else f"w{i % warm}"  # a key the warm-up spent
+    elif scenario == "rl-drop":
+        grp = f"g{i % RL_DROP_KEYS}"
+    elif scenario in ("rl-admit", "throttle"):
+        grp = f"{phase}{i % max(1, scale // 20)}"
+    elif scenario == "debounce":
+        grp = uid
+    elif scenario in ("conc50", "steps", "priority"):
+        grp = f"g{i % max(1, scale // 500)}"
+    elif scenario == "conc1":
+        grp = f"g{i % max(1, scale // 100)}"
+    prio = (i * 37) % 1201 - 600 if scenario == "priority" else 0
+    return {"id": uid, "grp": grp, "prio": prio}
+
+
+class Inputs:
+    """Starts built as the SDK builds them (`StartBuilder`: validated, keyed, encoded)."""
+
+    def __init__(self, scenario: str, scale: int, warm: int) -> None:
+        self.scenario = scenario
+        self.scale = scale
+        self.warm = warm
+        self.builder = StartBuilder(gate_apps.app_for(scenario), Settings())
+
+    def build(self, phase: str, n: int) -> list[Start]:
+        out = []
+        for i in range(n):
+            start, key = self.builder.build(
+                self.scenario, payload(self.scenario, phase, i, self.scale, self.warm))
+            out.append(Start(start.request_id, key, codec.encode(start)))
+        return out
+
+
+def expected(scenario: str, phase: str, n: int) -> tuple[Counter[str], int]:
+    """The final decisions `n` starts of `phase` must get, and the admitted records."""
+    if scenario == "idem":
+        return (Counter(admitted=n), n) if phase == "w" else (Counter(existing=n), 0)
+    if scenario == "rl-drop":
+        if phase == "w":
+            first = min(RL_DROP_KEYS, n)
+            return Counter(admitted=first, dropped=n - first), first
+        return Counter(dropped=n), 0
+    if scenario == "batch":
+        runs = math.ceil(n / BATCH_SIZE)
+        return Counter(admitted=runs, collapsed=n - runs), runs
+    if scenario == "steps":
+        return Counter(admitted=n), 2 * n
+    return Counter(admitted=n), n
+
+
+# -- what the worker decided ------------------------------------------------------------------
+
+
+class Process(Protocol):
+    def check_alive(self) -> None: ...
+
+
+class DecisionReader:
+    """Reads the ledger and the admitted topic read_committed from their ends when made,
+    in a thread: the final decision of each wanted request (outcome, CreateTime, receive
+    time), its admitted record's times, `queued` rows, and the admitted records."""
+
+    def __init__(self, settings: Settings, wanted: set[str]) -> None:
+        topics = Topics(settings)
+        self.ledger, self.admitted = topics.ledger, topics.admitted
+        self.consumer = Consumer(settings.client_config(**{
+            "group.id": f"bench-decisions-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 5,
+        }))
+        self.consumer.assign([
+            TopicPartition(topic, p, o) for topic in (self.ledger, self.admitted)
+            for p, o in high_watermarks(settings, topic).items()])
+        self.wanted = wanted
+        self.final: dict[str, tuple[str, int, float]] = {}
+        self.admitted_at: dict[str, tuple[int, float]] = {}
+        self.queued: dict[str, int] = {}
+        self.outcomes: Counter[str] = Counter()
+        self.admitted_records = 0  # of wanted requests, and every re-admission (resume)
+        self.admitted_ids: list[tuple[str, int]] = []  # every admitted record's (id, time)
+        self.duplicates = 0
+        self.first_ms = math.inf  # the phase's first ledger or admitted record
+        self.last_ms = 0  # its last final decision or admitted record
+        self.first_admitted_ms = math.inf
+        self.last_admitted_ms = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            first = self.consumer.poll(0.1)
+            if first is None:
+                continue
+            now = time.time() * 1000
+            for msg in [first, *self.consumer.consume(10_000, timeout=0)]:
+                value = msg.value()
+                if msg.error() is None and value is not None:
+                    self._take(msg.topic(), value, msg.timestamp()[1], now)
+
+    def _take(self, topic: str | None, value: bytes, ts: int, now: float) -> None:
+        if topic == self.ledger:
+            row = codec.decode(LedgerRecord, value)
+            rid = row.request_id
+            if rid not in self.wanted:
+                return
+            self.first_ms = min(self.first_ms, ts)
+            if row.outcome is Outcome.queued:
+                self.queued.setdefault(rid, ts)
+            elif rid in self.final:
+                self.duplicates += 1
+            else:
+                self.final[rid] = (row.outcome.value, ts, now)
+                self.outcomes[row.outcome.value] += 1
+                self.last_ms = max(self.last_ms, ts)
+            return
+        admitted = codec.decode(AdmittedStart, value)
+        self.admitted_ids.append((admitted.execution_id, ts))
+        mine = [r for r in admitted.request_ids if r in self.wanted]
+        if not mine and admitted.kind is not AdmittedKind.resume:
+            return
+        self.admitted_records += 1
+        for rid in mine:
+            self.admitted_at.setdefault(rid, (ts, now))
+        self.first_ms, self.last_ms = min(self.first_ms, ts), max(self.last_ms, ts)
+        self.first_admitted_ms = min(self.first_admitted_ms, ts)
+        self.last_admitted_ms = max(self.last_admitted_ms, ts)
+
+    def wait(self, done: Callable[[], bool], timeout: float, procs: Sequence[Process],
+             what: str) -> float:
+        """Until `done()`; returns when (monotonic)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            for proc in procs:
+                proc.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not done after {timeout:.0f}s: {self.status()}")
+            time.sleep(0.02)
+        return time.monotonic()
+
+    def wait_decided(self, n: int, records: int, timeout: float, procs: Sequence[Process],
+                     what: str) -> float:
+        return self.wait(lambda: len(self.final) >= n and self.admitted_records >= records,
+                         timeout, procs, what)
+
+    def wait_seen(self, timeout: float, procs: Sequence[Process], what: str, *,
+                  parked: int = 0, queued: int = 0, admitted: int = 0) -> float:
+        """Until `parked` requests are queued or decided, `queued` are queued, and
+        `admitted` admitted records (any request's) have been read."""
+        return self.wait(lambda: len(self.queued) + len(self.final) >= parked
+                         and len(self.queued) >= queued and len(self.admitted_ids) >= admitted,
+                         timeout, procs, what)
+
+    def status(self) -> str:
+        return (f"{len(self.final)} decided {dict(self.outcomes)}, {len(self.queued)} queued,"
+                f" {self.admitted_records} admitted records, {self.duplicates} duplicates")
+
+    def check(self, want: Counter[str], records: int) -> str | None:
+        """None when the outcome is what the scenario must produce, else what is wrong."""
+        if self.outcomes != want or self.admitted_records != records or self.duplicates:
+            return (f"outcome {dict(self.outcomes)} with {self.admitted_records} admitted "
+                    f"records and {self.duplicates} duplicate decisions; want {dict(want)} "
+                    f"with {records} admitted records")
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.consumer.close()
+
+
+# -- the processes ----------------------------------------------------------------------------
+
+
+class GateProcess(SystemProcess):
+    """bench.passthrough's system under test, running a scenario's declarations."""
+
+    def __init__(self, system: str, settings: Settings, workdir: Path, apps_dir: Path,
+                 scenario: str, baseline_tree: Path | None = None,
+                 sizes: dict[str, int] | None = None, cpus: set[int] | None = None) -> None:
+        super().__init__(system, settings, workdir, default_faust_python(), None,
+                         baseline_tree, sizes, 1, cpus)
+        self.apps_dir = apps_dir
+        self.scenario = scenario
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        cmd, env = super().command()
+        if self.system.startswith("worker"):
+            cmd[cmd.index("bench.apps")] = f"{APPS_MODULE}:{self.scenario}"
+            env["PYTHONPATH"] = f"{self.apps_dir}{os.pathsep}{env['PYTHONPATH']}"
+        return cmd, env
+
+
+class EngineProcess:
+    """`bench.gate_engine` in its own process (this tree's, whichever worker it serves)."""
+
+    def __init__(self, settings: Settings, mode: str, workdir: Path) -> None:
+        self.settings = settings
+        self.mode = mode
+        self.log = workdir / "engine.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        s = self.settings
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.gate_engine", "--bootstrap", s.bootstrap,
+                 "--namespace", s.namespace, "--group", f"{s.namespace}engine",
+                 "--mode", self.mode], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def cpu_s(self) -> float:
+        return process_cpu_s(self.proc.pid) if self.proc is not None else 0.0
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"engine exited with {self.proc.returncode}:\n"
+                               + self.log.read_text(errors="replace")[-3000:])
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+# -- measurements ---------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    scenario: str
+    system: str  # raw-io | worker | worker-base
+    repeat: int
+    starts: int = 0
+    starts_per_s: float = 0.0  # starts / the span of the phase's records' CreateTimes
+    wall_starts_per_s: float = 0.0  # starts / (input committed -> last decision seen)
+    cpu_us_per_start: float = 0.0  # the worker's (raw-io's) user + system CPU
+    engine_cpu_us_per_start: float | None = None
+    outputs_per_start: float = 0.0  # records written per start, on every topic
+    outputs_by_topic: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    admitted_records: int = 0
+    latency_rate: float = 0.0  # starts/s during the latency phase
+    latency_n: int = 0
+    decision_ms: dict[str, float] = field(default_factory=dict)
+    visible_ms: dict[str, float] = field(default_factory=dict)
+    loadavg: float = 0.0  # the machine's 1-minute load before the throughput phase
+    extra: dict[str, float] = field(default_factory=dict)  # pause: park/drain; depth: per D
+    error: str | None = None
+
+
+@dataclass
+class Options:
+    starts: int
+    warmup: int
+    latency_starts: int
+    latency_seconds: float
+    depths: tuple[int, ...]
+    timeout: float
+    baseline_tree: Path | None
+    sizes: dict[str, int]
+    apps_dir: Path
+    keep_topics: bool = False
+    logs: Path | None = None
+    system_cpus: set[int] | None = None
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99), "max": ordered[-1]}
+
+
+def loadavg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def open_producer(settings: Settings) -> Producer:
+    producer = Producer(sdk_producer_config(settings, **{
+        "transactional.id": f"bench-input-{uuid.uuid4().hex[:8]}",
+        "transaction.timeout.ms": 600_000}))
+    producer.init_transactions(30.0)
+    producer.begin_transaction()
+    return producer
+
+
+def pairs(starts: Sequence[Start]) -> list[tuple[bytes, bytes]]:
+    return [(s.key, s.value) for s in starts]
+
+
+def produce_paced(producer: Producer, topic: str, starts: Sequence[Start],
+                  rate: float) -> tuple[dict[str, int], float]:
+    """Produce at `rate`/s (or as fast as this process can, if slower); returns request id
+    -> the start record's CreateTime, and the rate reached."""
+    produced: dict[str, int] = {}
+
+    def delivered(rid: str, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            produced[rid] = msg.timestamp()[1]
+
+    t0 = time.monotonic()
+    for i, start in enumerate(starts):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        while True:
+            try:
+                producer.produce(topic, start.value, start.key,
+                                 on_delivery=functools.partial(delivered, start.request_id))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    reached = len(starts) / max(1e-6, time.monotonic() - t0)
+    producer.flush(60.0)
+    return produced, min(rate, reached)
+
+
+def high_watermarks(settings: Settings, topic: str, timeout: float = 60.0) -> dict[int, int]:
+    """`OutputReader.high_watermarks`, asked again while the topic's partitions have no
+    leader yet (just after the topics are made)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return OutputReader.high_watermarks(settings, topic)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def topic_ends(settings: Settings, timeout: float = 60.0) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> high watermark, for every topic of the namespace (asked again
+    while some partition has no leader yet)."""
+    names = [spec.name for spec in Topics(settings).specs()]
+    consumer = Consumer(settings.client_config(**{
+        "group.id": "bench-watermarks", "isolation.level": "read_uncommitted"}))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                found = consumer.list_topics(timeout=10).topics
+                if all(t in found for t in names):
+                    return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p),
+                                                                   timeout=10)[1]
+                            for t in names for p in found[t].partitions}
+            except KafkaException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the topics of {settings.namespace} are not ready")
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
+def count_records(settings: Settings, before: dict[tuple[str, int], int],
+                  after: dict[tuple[str, int], int], timeout: float = 120.0) -> dict[str, int]:
+    """The data records written between two `topic_ends` (transaction markers take offsets
+    but are no records: read, read_uncommitted, and counted)."""
+    ranges = {tp: (before.get(tp, 0), end) for tp, end in after.items()
+              if end > before.get(tp, 0)}
+    counts: Counter[str] = Counter()
+    if not ranges:
+        return {}
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"bench-count-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "isolation.level": "read_uncommitted", "enable.partition.eof": True}))
+    try:
+        consumer.assign([TopicPartition(t, p, lo) for (t, p), (lo, _) in ranges.items()])
+        pending = set(ranges)
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"counting records: {len(pending)} partitions unread")
+            for msg in consumer.consume(10_000, timeout=0.2):
+                tp = (msg.topic() or "", msg.partition() or 0)
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(tp)
+                    continue
+                hi = ranges[tp][1]
+                offset = msg.offset() or 0
+                if offset < hi:
+                    counts[tp[0]] += 1
+                else:
+                    pending.discard(tp)
+        return dict(counts)
+    finally:
+        consumer.close()
+
+
+def worker_outputs(counts: dict[str, int], topics: Topics) -> int:
+    """What the worker wrote: everything but the input and the engine's reports."""
+    return sum(n for t, n in counts.items() if t not in (topics.starts, topics.run_events))
+
+
+class Run:
+    """One measurement's namespace, processes and clean-up."""
+
+    def __init__(self, scenario: str, system: str, repeat: int, base: Settings,
+                 opts: Options, workdir: Path) -> None:
+        self.settings = base.with_(namespace=f"gate{uuid.uuid4().hex[:6]}.")
+        self.topics = Topics(self.settings)
+        self.opts = opts
+        self.result = Measurement(scenario, system, repeat)
+        self.rundir = workdir / self.settings.namespace.rstrip(".")
+        self.rundir.mkdir(parents=True)
+        create_topics(self.settings)
+        topic_ends(self.settings)  # until every partition has a leader
+        self.system = GateProcess(system, self.settings, self.rundir, opts.apps_dir, scenario,
+                                  opts.baseline_tree, opts.sizes, opts.system_cpus)
+        mode = ENGINE_MODE.get(scenario) if system != "raw-io" else None
+        self.engine = EngineProcess(self.settings, mode, self.rundir) if mode else None
+        self.procs: list[Process] = [self.system, *([self.engine] if self.engine else [])]
+
+    def start(self) -> None:
+        self.system.start()
+        if self.engine is not None:
+            self.engine.start()
+
+    def cpu(self) -> tuple[float, float]:
+        return self.system.cpu_s(), self.engine.cpu_s() if self.engine else 0.0
+
+    def finish(self) -> Measurement:
+        self.system.stop()
+        if self.engine is not None:
+            self.engine.stop()
+        if self.opts.logs is not None:
+            self.opts.logs.mkdir(parents=True, exist_ok=True)
+            for log in (self.system.log, self.engine.log if self.engine else None):
+                if log is not None and log.exists():
+                    shutil.copy(log, self.opts.logs / f"{self.rundir.name}.{log.name}")
+        if not self.opts.keep_topics:
+            delete_topics(self.settings)
+        return self.result
+
+    def fail(self, exc: BaseException) -> None:
+        self.result.error = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            self.result.error += "\n" + self.system.log_tail(15)
+
+
+def measure(scenario: str, system: str, repeat: int, base: Settings, opts: Options,
+            workdir: Path) -> Measurement:
+    try:
+        run = Run(scenario, system, repeat, base, opts, workdir)
+    except Exception as exc:  # the topics could not be made, or the like
+        return Measurement(scenario, system, repeat, error=f"{type(exc).__name__}: {exc}")
+    try:
+        if system == "raw-io":
+            raw_io(run)
+        elif scenario == "pause":
+            paused(run)
+        elif scenario == "depth":
+            depth(run)
+        else:
+            steady(run)
+    except Exception as exc:
+        run.fail(exc)
+    return run.finish()
+
+
+# -- raw-io ---------------------------------------------------------------------------------
+
+
+def raw_io(run: Run) -> None:
+    opts, settings, system, r = run.opts, run.settings, run.system, run.result
+    maker = StartMaker(raw_app)
+    counter = iter(range(10**12))
+
+    def batch(n: int) -> list[Start]:
+        made = [maker.make(RAW_WORKFLOW, next(counter)) for _ in range(n)]
+        return [Start(key.decode(), key, value) for key, value in made]
+
+    measured = batch(opts.starts)
+    run.start()
+    latency_producer = Producer(sdk_producer_config(settings))
+    warm = batch(opts.warmup)
+    ends = produce_committed(settings, run.topics.starts, pairs(warm[100:]))
+    for p, end in produce_all(latency_producer, run.topics.starts, pairs(warm[:100])).items():
+        ends[p] = max(ends.get(p, 0), end)
+    wait_committed(settings, system.group, run.topics.starts, ends, system, opts.timeout)
+
+    before = topic_ends(settings)
+    producer = open_producer(settings)
+    ends = produce_all(producer, run.topics.starts, pairs(measured))
+    r.loadavg = loadavg()
+    cpu0 = system.cpu_s()
+    t_commit = time.monotonic()
+    producer.commit_transaction(60.0)
+    t_done = wait_committed(settings, system.group, run.topics.starts, ends, system,
+                            opts.timeout, step=0.02)
+    cpu1 = system.cpu_s()
+    first, last = math.inf, 0.0
+    for topic in system.outputs:
+        reader = OutputReader(settings, topic)
+        reader.wanted = {s.key for s in measured}
+        reader.until_complete(opts.timeout, system)
+        times = [reader.seen[k][0] for k in reader.wanted]
+        first, last = min(first, min(times)), max(last, max(times))
+        reader.close()
+    after = topic_ends(settings)
+    r.starts = opts.starts
+    r.starts_per_s = opts.starts / max(1e-3, (last - first) / 1000)
+    r.wall_starts_per_s = opts.starts / (t_done - t_commit)
+    r.cpu_us_per_start = (cpu1 - cpu0) / opts.starts * 1e6
+    r.outcomes = {"piped": opts.starts}
+
+    rate, n = latency_plan(opts, r.starts_per_s)
+    lat = batch(n)
+    out = OutputReader(settings, system.output, high_watermarks(settings, system.output))
+    out.wanted = {s.key for s in lat}
+    out.start()
+    produced, rate = produce_paced(latency_producer, run.topics.starts, lat, rate)
+    out.until_complete(opts.timeout, system)
+    out.close()
+    keyed = {s.key: s.request_id for s in lat}
+    seen = {keyed[k]: v for k, v in out.seen.items() if k in keyed}
+    set_latency(r, rate, produced, {rid: t for rid, t in seen.items()})
+    r.outputs_by_topic = count_records(settings, before, after)
+    r.outputs_per_start = worker_outputs(r.outputs_by_topic, run.topics) / opts.starts
+
+
+def latency_plan(opts: Options, max_rate: float) -> tuple[float, int]:
+    """Half the measured rate; `--latency-starts`, or fewer to stay within
+    `--latency-seconds`."""
+    rate = max(1.0, max_rate / 2)
+    return rate, max(1, min(opts.latency_starts, int(rate * opts.latency_seconds)))
+
+
+def set_latency(r: Measurement, rate: float, produced: dict[str, int],
+                seen: dict[str, tuple[int, float]]) -> None:
+    matched = [rid for rid in produced if rid in seen]
+    r.latency_rate = rate
+    r.latency_n = len(matched)
+    r.decision_ms = percentiles([float(seen[rid][0] - produced[rid]) for rid in matched])
+    r.visible_ms = percentiles([seen[rid][1] - produced[rid] for rid in matched])
+
+
+# -- the worker's scenarios --------------------------------------------------------------------
+
+
+def warm_up(run: Run, inputs: Inputs, producer: Producer) -> None:
+    """`--warmup` starts, committed, and some from the latency phase's producer (its first
+    records would otherwise wait for its producer id), all decided."""
+    n = run.opts.warmup
+    warm = inputs.build("w", n)
+    reader = DecisionReader(run.settings, {s.request_id for s in warm})
+    try:
+        produce_committed(run.settings, run.topics.starts, pairs(warm[100:]))
+        produce_all(producer, run.topics.starts, pairs(warm[:100]))
+        want, records = expected(inputs.scenario, "w", n)
+        reader.wait_decided(n, records, run.opts.timeout, run.procs, "warm-up")
+        problem = reader.check(want, records)
+        if problem is not None:
+            raise RuntimeError(f"warm-up: {problem}")
+    finally:
+        reader.close()
+
+
+def idle_cpu(run: Run, seconds: float = 1.0) -> None:
+    """The worker's CPU while nothing arrives (its loop, timers, the control table), as a
+    share of one CPU: what a slow phase's CPU per start holds besides the starts."""
+    cpu0, _ = run.cpu()
+    time.sleep(seconds)
+    cpu1, _ = run.cpu()
+    run.result.extra["idle_cpu_pct"] = (cpu1 - cpu0) / seconds * 100
+
+
+def steady(run: Run) -> None:
+    opts, settings, r, scenario = run.opts, run.settings, run.result, run.result.scenario
+    inputs = Inputs(scenario, opts.starts, opts.warmup)
+    measured = inputs.build("m", opts.starts)  # built first: it costs this process CPU
+    run.start()
+    latency_producer = Producer(sdk_producer_config(settings))
+    warm_up(run, inputs, latency_producer)
+    idle_cpu(run)
+
+    # Throughput: the whole input waits in one open transaction, then appears at once.
+    want, records = expected(scenario, "m", opts.starts)
+    reader = DecisionReader(settings, {s.request_id for s in measured})
+    before = topic_ends(settings)
+    producer = open_producer(settings)
+    produce_all(producer, run.topics.starts, pairs(measured))
+    r.loadavg = loadavg()
+    cpu0, engine0 = run.cpu()
+    t_commit = time.monotonic()
+    producer.commit_transaction(60.0)
+    try:
+        t_done = reader.wait_decided(opts.starts, records, opts.timeout, run.procs,
+                                     "throughput")
+        cpu1, engine1 = run.cpu()
+        time.sleep(0.5)  # the last cycle's trailing records (run events, releases)
+        after = topic_ends(settings)
+    finally:
+        reader.close()
+    r.starts = opts.starts
+    r.starts_per_s = opts.starts / max(1e-3, (reader.last_ms - reader.first_ms) / 1000)
+    r.wall_starts_per_s = opts.starts / (t_done - t_commit)
+    r.cpu_us_per_start = (cpu1 - cpu0) / opts.starts * 1e6
+    if run.engine is not None:
+        r.engine_cpu_us_per_start = (engine1 - engine0) / opts.starts * 1e6
+    r.outcomes = dict(reader.outcomes)
+    r.admitted_records = reader.admitted_records
+    r.extra["queued_on_arrival"] = len(reader.queued)
+    problem = reader.check(want, records)
+    if problem is not None:
+        raise RuntimeError(problem)
+
+    # Latency at half the rate just measured.
+    rate, n = latency_plan(opts, r.starts_per_s)
+    if scenario == "batch":
+        n = max(BATCH_SIZE, n - n % BATCH_SIZE)  # full batches only
+    lat = inputs.build("l", n)
+    want, records = expected(scenario, "l", n)
+    reader = DecisionReader(settings, {s.request_id for s in lat})
+    try:
+        produced, rate = produce_paced(latency_producer, run.topics.starts, lat, rate)
+        reader.wait_decided(n, records, opts.timeout, run.procs, "latency")
+    finally:
+        reader.close()
+    seen = {rid: reader.admitted_at.get(rid, (ts, now))
+            for rid, (_, ts, now) in reader.final.items()}
+    set_latency(r, rate, produced, seen)
+    problem = reader.check(want, records)
+    if problem is not None:
+        raise RuntimeError(f"latency phase: {problem}")
+    r.outputs_by_topic = count_records(settings, before, after)
+    r.outputs_per_start = worker_outputs(r.outputs_by_topic, run.topics) / opts.starts
+
+
+def paused(run: Run) -> None:
+    opts, settings, r, scenario = run.opts, run.settings, run.result, run.result.scenario
+    inputs = Inputs(scenario, opts.starts, opts.warmup)
+    measured = inputs.build("m", opts.starts)
+    run.start()
+    producer = Producer(sdk_producer_config(settings))
+    warm_up(run, inputs, producer)
+    idle_cpu(run)
+
+    def control(paused: bool) -> None:
+        write_control(settings, ControlRow(workflow=scenario, paused=paused,
+                                           at_ms=int(time.time() * 1000),
+                                           reason="bench.gate", by="bench.gate"))
+
+    control(True)
+    # Probes until one is parked: the worker has read the pause row (a probe admitted
+    # before that does not count; a parked one drains with the rest and is not counted).
+    for attempt in range(300):
+        probe = inputs.build(f"p{attempt}-", 1)
+        reader = DecisionReader(settings, {probe[0].request_id})
+        try:
+            produce_all(producer, run.topics.starts, pairs(probe))
+            reader.wait_seen(opts.timeout, run.procs, "pause probe", parked=1)
+        finally:
+            reader.close()
+        if reader.queued:
+            break
+        time.sleep(0.1)
+    else:
+        raise RuntimeError("the worker never applied the pause")
+
+    want, records = expected(scenario, "m", opts.starts)
+    reader = DecisionReader(settings, {s.request_id for s in measured})
+    try:
+        before = topic_ends(settings)
+        tx = open_producer(settings)
+        produce_all(tx, run.topics.starts, pairs(measured))
+        r.loadavg = loadavg()
+        cpu0, _ = run.cpu()
+        tx.commit_transaction(60.0)
+        reader.wait_seen(opts.timeout, run.procs, "parking", parked=opts.starts)
+        cpu1, _ = run.cpu()
+        if reader.final:
+            raise RuntimeError(f"decided while paused: {reader.status()}")
+        parked_first, parked_last = reader.first_ms, max(reader.queued.values())
+        cpu2, _ = run.cpu()
+        t_unpause = time.time() * 1000
+        control(False)
+        reader.wait_decided(opts.starts, records, opts.timeout, run.procs, "drain")
+        cpu3, _ = run.cpu()
+        time.sleep(0.5)
+        after = topic_ends(settings)
+    finally:
+        reader.close()
+    r.starts = opts.starts
+    drain_s = max(1e-3, (reader.last_admitted_ms - reader.first_admitted_ms) / 1000)
+    r.starts_per_s = opts.starts / drain_s
+    r.wall_starts_per_s = opts.starts / max(1e-3, (reader.last_ms - t_unpause) / 1000)
+    r.cpu_us_per_start = ((cpu1 - cpu0) + (cpu3 - cpu2)) / opts.starts * 1e6
+    r.outcomes = dict(reader.outcomes)
+    r.admitted_records = reader.admitted_records
+    r.extra = {
+        "park_starts_per_s": opts.starts / max(1e-3, (parked_last - parked_first) / 1000),
+        "park_cpu_us_per_start": (cpu1 - cpu0) / opts.starts * 1e6,
+        "drain_cpu_us_per_start": (cpu3 - cpu2) / opts.starts * 1e6,
+        "unpause_to_first_admission_ms": reader.first_admitted_ms - t_unpause,
+    }
+    problem = reader.check(want, records)
+    if problem is not None:
+        raise RuntimeError(problem)
+    r.outputs_by_topic = count_records(settings, before, after)
+    r.outputs_per_start = worker_outputs(r.outputs_by_topic, run.topics) / opts.starts
+
+
+def depth(run: Run) -> None:
+    opts, settings, r, scenario = run.opts, run.settings, run.result, run.result.scenario
+    inputs = Inputs(scenario, opts.starts, opts.warmup)
+    run.start()
+    # The warm-up: DEPTH_SLOTS starts admitted, holding every slot (no engine ends them).
+    held_starts = inputs.build("h", DEPTH_SLOTS)
+    reader = DecisionReader(settings, {s.request_id for s in held_starts})
+    try:
+        produce_committed(settings, run.topics.starts, pairs(held_starts))
+        reader.wait_decided(DEPTH_SLOTS, DEPTH_SLOTS, opts.timeout, run.procs, "slots")
+    finally:
+        reader.close()
+    held = [eid for eid, _ in reader.admitted_ids]
+    idle_cpu(run)
+    events = Producer(sdk_producer_config(settings))
+    r.loadavg = loadavg()
+    queued = 0
+    for d in opts.depths:
+        fill = inputs.build(f"f{d}-", d - queued)
+        reader = DecisionReader(settings, {s.request_id for s in fill})
+        try:
+            tx = open_producer(settings)
+            produce_all(tx, run.topics.starts, pairs(fill))
+            cpu0, _ = run.cpu()
+            tx.commit_transaction(60.0)
+            reader.wait_seen(opts.timeout, run.procs, f"filling the queue to {d}",
+                             queued=len(fill))
+            cpu1, _ = run.cpu()
+        finally:
+            reader.close()
+        # A start's arrival and queueing alone (the window adds its admission).
+        r.extra[f"queue_cpu_us_per_start@{d}"] = (cpu1 - cpu0) / len(fill) * 1e6
+        if reader.final:
+            raise RuntimeError(f"filling to {d}: {reader.status()}")
+        queued = d
+        window = inputs.build(f"x{d}-", DEPTH_SLOTS)
+        ending, held = held[:DEPTH_SLOTS], held[DEPTH_SLOTS:]
+        reader = DecisionReader(settings, {s.request_id for s in window})
+        try:
+            tx = open_producer(settings)
+            produce_all(tx, run.topics.starts, pairs(window))
+            cpu0, _ = run.cpu()
+            tx.commit_transaction(60.0)
+            now = int(time.time() * 1000)
+            produce_all(events, run.topics.run_events, [
+                (eid.encode(), codec.encode(RunEvent(execution_id=eid, workflow=scenario,
+                                                     kind=kind, at_ms=now)))
+                for eid in ending for kind in (RunEventKind.started, RunEventKind.completed)])
+            reader.wait_seen(opts.timeout, run.procs, f"the window at depth {d}",
+                             queued=DEPTH_SLOTS, admitted=DEPTH_SLOTS)
+            cpu1, _ = run.cpu()
+        finally:
+            reader.close()
+        if reader.final or len(reader.admitted_ids) != DEPTH_SLOTS:
+            raise RuntimeError(f"window at depth {d}: {len(reader.admitted_ids)} admitted "
+                               f"records, want {DEPTH_SLOTS}; {reader.status()}")
+        held += [eid for eid, _ in reader.admitted_ids]
+        times = [ts for _, ts in reader.admitted_ids] + list(reader.queued.values())
+        r.extra[f"cpu_us_per_start@{d}"] = (cpu1 - cpu0) / DEPTH_SLOTS * 1e6
+        r.extra[f"starts_per_s@{d}"] = DEPTH_SLOTS / max(1e-3,
+                                                         (max(times) - min(times)) / 1000)
+    r.starts = DEPTH_SLOTS * len(opts.depths)
+    r.outcomes = {"admitted": DEPTH_SLOTS * len(opts.depths)}
+    deepest = opts.depths[-1]
+    r.cpu_us_per_start = r.extra[f"cpu_us_per_start@{deepest}"]
+    r.starts_per_s = r.extra[f"starts_per_s@{deepest}"]
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def _median(ok: list[Measurement], get: Callable[[Measurement], float | None]) -> float:
+    return median_of([v for v in map(get, ok) if v is not None])
+
+
+def summarise(results: list[Measurement]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    keys = list(dict.fromkeys((m.scenario, m.system) for m in results))
+    raw_rate = median_of([m.starts_per_s for m in results
+                          if m.system == "raw-io" and m.error is None])
+    for scenario, system in keys:
+        runs = [m for m in results if (m.scenario, m.system) == (scenario, system)]
+        ok = [m for m in runs if m.error is None]
+        row: dict[str, Any] = {"scenario": scenario, "system": system, "runs": len(ok),
+                               "errors": [m.error for m in runs if m.error]}
+        rows.append(row)
+        if not ok:
+            continue
+        rate = _median(ok, lambda m: m.starts_per_s)
+        row.update({
+            "starts_per_s": rate,
+            "all_starts_per_s": [round(m.starts_per_s) for m in ok],
+            "vs_raw_io": rate / raw_rate if raw_rate else None,
+            "wall_starts_per_s": _median(ok, lambda m: m.wall_starts_per_s),
+            "cpu_us_per_start": _median(ok, lambda m: m.cpu_us_per_start),
+            "engine_cpu_us_per_start": (_median(ok, lambda m: m.engine_cpu_us_per_start)
+                                        if ok[0].engine_cpu_us_per_start is not None
+                                        else None),
+            "outputs_per_start": _median(ok, lambda m: m.outputs_per_start),
+            "latency_rate": (_median([m for m in ok if m.latency_n], lambda m: m.latency_rate)
+                             if ok[0].latency_n else None),
+            "outcomes": ok[0].outcomes,
+            "admitted_records": ok[0].admitted_records,
+            "decision_ms": {}, "visible_ms": {}, "extra": {},
+        })
+        for kind in ("decision_ms", "visible_ms"):
+            for p in ("p50", "p95", "p99"):
+                values = [getattr(m, kind)[p] for m in ok if p in getattr(m, kind)]
+                if values:
+                    row[kind][p] = median_of(values)
+        for name in ok[0].extra:
+            row["extra"][name] = median_of([m.extra[name] for m in ok if name in m.extra])
+    return rows
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def triple(d: dict[str, float]) -> str:
+    if not d:
+        return "-"
+    return " / ".join(fmt(d.get(p), 0 if d.get(p, 0) >= 10 else 1) for p in ("p50", "p95", "p99"))
+
+
+def outcome_text(row: dict[str, Any]) -> str:
+    if not row["runs"]:
+        return "**ERROR** " + row["errors"][0].splitlines()[0][:160]
+    text = ", ".join(f"{n:,} {o}" for o, n in sorted(row["outcomes"].items()))
+    extra = row.get("extra", {})
+    if row["scenario"] == "pause":
+        text += (f"; park {fmt(extra.get('park_starts_per_s'))}/s, unpause -> first "
+                 f"admission {fmt(extra.get('unpause_to_first_admission_ms'))} ms")
+    elif extra.get("queued_on_arrival"):
+        text += f" ({fmt(extra['queued_on_arrival'])} queued first)"
+    if "idle_cpu_pct" in extra:
+        text += f"; idle worker {fmt(extra['idle_cpu_pct'], 1)}% CPU"
+    if row["errors"]:
+        text += f"; {len(row['errors'])} run(s) FAILED: {row['errors'][0].splitlines()[0][:120]}"
+    return text
+
+
+def report(rows: list[dict[str, Any]], opts: Options, loads: list[float]) -> str:
+    lines = [
+        "| scenario | system | starts/s (runs) | vs raw-io | CPU µs/start | engine CPU "
+        "µs/start | out/start | latency at /s | decision p50 / p95 / p99 ms | visible p50 / "
+        "p95 / p99 ms | outcome per run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        if row["scenario"] == "depth":
+            continue
+        if not row["runs"]:
+            lines.append(f"| {row['scenario']} | {row['system']} | - | - | - | - | - | - | - "
+                         f"| - | {outcome_text(row)} |")
+            continue
+        runs = "; ".join(f"{v:,}" for v in row["all_starts_per_s"])
+        ratio = row.get("vs_raw_io")
+        vs = "-" if not ratio else f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
+        lines.append(
+            f"| {row['scenario']} | {row['system']} | **{fmt(row['starts_per_s'])}** ({runs}) "
+            f"| {vs} | {fmt(row['cpu_us_per_start'], 1)} "
+            f"| {fmt(row['engine_cpu_us_per_start'], 1)} | {fmt(row['outputs_per_start'], 2)} "
+            f"| {fmt(row['latency_rate'])} | {triple(row['decision_ms'])} "
+            f"| {triple(row['visible_ms'])} | {outcome_text(row)} |")
+    deep = [row for row in rows if row["scenario"] == "depth"]
+    if deep:
+        lines += ["", f"The gate's CPU per start with starts queued (depth: one key, "
+                      f"{DEPTH_SLOTS:,} slots held, windows of {DEPTH_SLOTS:,}):", "",
+                  "| system | " + " | ".join(f"{d:,} queued" for d in opts.depths) + " |",
+                  "| --- |" + " --- |" * len(opts.depths)]
+        for row in deep:
+            if not row["runs"]:
+                lines.append(f"| {row['system']} | {outcome_text(row)} |"
+                             + " |" * (len(opts.depths) - 1))
+                continue
+            extra = row.get("extra", {})
+            lines.append(f"| {row['system']} | " + " | ".join(
+                f"**{fmt(extra.get(f'cpu_us_per_start@{d}'), 1)}** µs/start "
+                f"({fmt(extra.get(f'queue_cpu_us_per_start@{d}'), 1)} queueing alone), "
+                f"{fmt(extra.get(f'starts_per_s@{d}'))}/s" for d in opts.depths) + " |")
+    if loads:
+        lines.append(f"\nmachine load (1 min) before the throughput phases: "
+                     f"{min(loads):.1f} .. {max(loads):.1f}; {os.cpu_count()} CPUs")
+    return "\n".join(lines)
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help="comma-separated subset of " + ",".join(SCENARIOS))
+    parser.add_argument("--starts", type=int, default=100_000,
+                        help="starts in each throughput measurement")
+    parser.add_argument("--warmup", type=int, default=2_000)
+    parser.add_argument("--latency-starts", type=int, default=5_000)
+    parser.add_argument("--latency-seconds", type=float, default=10.0,
+                        help="at most this long a latency phase (fewer starts if slower)")
+    parser.add_argument("--depths", default=None,
+                        help="queue depths of the depth scenario (default: 1000,10000,100000"
+                             " up to --starts)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
+                        help="a source tree (e.g. `git archive` of an older commit, its "
+                             "_speedups*.so copied in) whose worker runs as worker-base")
+    parser.add_argument("--partitions", type=int, default=Settings().partitions)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per phase, seconds")
+    parser.add_argument("--keep-topics", action="store_true")
+    parser.add_argument("--logs", type=Path, default=None, metavar="DIR",
+                        help="keep each worker's and engine's log in DIR")
+    parser.add_argument("--no-warmup-round", dest="warmup_round", action="store_false",
+                        help="skip the discarded raw-io round that warms the broker up")
+    parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="also write the table here")
+    parser.add_argument("--pin", action="store_true",
+                        help="the worker on the last CPU; the broker, the engine and this "
+                             "process on the others")
+    args = parser.parse_args()
+
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = sorted(set(scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
+    if args.warmup < 100:
+        parser.error("--warmup must be at least 100")
+    if "batch" in scenarios and (args.starts % BATCH_SIZE or args.warmup % BATCH_SIZE):
+        parser.error(f"batch: --starts and --warmup must be multiples of {BATCH_SIZE}")
+    depths = (tuple(int(d) for d in args.depths.split(",")) if args.depths
+              else tuple(d for d in DEPTHS if d <= args.starts) or DEPTHS[:1])
+    if list(depths) != sorted(set(depths)):
+        parser.error("--depths must increase")
+    systems = ["worker"] + (["worker-base"] if args.baseline_tree is not None else [])
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
+        apps_dir = tmp / "apps"
+        apps_dir.mkdir()
+        # A copy, so an edit to bench/gate_apps.py during the run changes nothing.
+        shutil.copy(ROOT / "bench" / "gate_apps.py", apps_dir / f"{APPS_MODULE}.py")
+        opts = Options(args.starts, args.warmup, args.latency_starts, args.latency_seconds,
+                       depths, args.timeout, args.baseline_tree,
+                       admission_sizes(raw_app, RAW_WORKFLOW), apps_dir, args.keep_topics,
+                       args.logs)
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                parser.error("--pin needs at least 2 CPUs")
+            os.sched_setaffinity(0, cpus[:-1])  # before the broker starts: it inherits it
+            opts = dataclasses.replace(opts, system_cpus={cpus[-1]})
+        print(f"bench.gate: {args.starts:,} starts x {args.repeats} repeats; scenarios "
+              f"{scenarios}; systems raw-io + {systems}; {os.cpu_count()} CPUs"
+              + (f", worker pinned to CPU {sorted(opts.system_cpus)}"
+                 if opts.system_cpus else ""), flush=True)
+        bootstrap = stack.enter_context(broker())
+        print(f"broker: {bootstrap}", flush=True)
+        base = Settings(bootstrap=bootstrap, partitions=args.partitions,
+                        state_dir=tmp / "state")
+        results: list[Measurement] = []
+        if args.warmup_round:
+            warm = dataclasses.replace(opts, starts=min(opts.starts, 20_000))
+            m = measure("raw-io", "raw-io", -1, base, warm, tmp)
+            print(f"  raw-io warm-up round (discarded): "
+                  f"{m.error.splitlines()[0] if m.error else f'{m.starts_per_s:,.0f}/s'}",
+                  flush=True)
+        for repeat in range(args.repeats):
+            plan = [("raw-io", "raw-io")] + [(s, sys_) for s in scenarios for sys_ in systems]
+            for scenario, system in plan:
+                t0 = time.monotonic()
+                m = measure(scenario, system, repeat, base, opts, tmp)
+                results.append(m)
+                status = m.error.splitlines()[0] if m.error else (
+                    f"{m.starts_per_s:,.0f} starts/s, {m.cpu_us_per_start:.1f} CPU µs/start"
+                    + (f" (engine {m.engine_cpu_us_per_start:.1f})"
+                       if m.engine_cpu_us_per_start is not None else "")
+                    + (f", decision p50/p99 {m.decision_ms.get('p50', 0):.0f}/"
+                       f"{m.decision_ms.get('p99', 0):.0f} ms at {m.latency_rate:,.0f}/s"
+                       if m.latency_n else "")
+                    + (f", {json.dumps({k: round(v, 1) for k, v in m.extra.items()})}"
+                       if m.extra else ""))
+                print(f"  {scenario:11s} {system:11s} run {repeat}: {status} "
+                      f"[{time.monotonic() - t0:.0f}s]", flush=True)
+    rows = summarise(results)
+    loads = [m.loadavg for m in results if m.error is None and m.loadavg]
+    table = report(rows, opts, loads)
+    print()
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "starts": args.starts, "repeats": args.repeats, "scenarios": scenarios,
+            "systems": ["raw-io", *systems], "depths": list(depths),
+            "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+            "loadavg": {"min": min(loads, default=0.0), "max": max(loads, default=0.0),
+                        "at_end": loadavg()},
+            "summary": rows, "runs": [asdict(m) for m in results]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
