@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.streams.recovery import restore_task
+from sluicegate.streams.recovery import log_ranges, restore_task
 from sluicegate.streams.runtime import Worker
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.task import Task
@@ -45,6 +46,16 @@ def _write_changelogs(settings: Settings, topics: Topics) -> None:
                 for key, value in cycle.items():
                     producer.produce(topics.changelog(stage), value, key, partition)
         producer.commit_transaction(30)
+    # The commit returns once the coordinator has decided; the markers reach the
+    # partitions just after. A worker's restore asks for its committed offsets first
+    # (stable only once its last transaction is complete): here, wait for the markers.
+    admin = AdminClient(settings.client_config())
+    tps = [TopicPartition(topics.changelog(stage), p) for stage in STATEFUL_STAGES
+           for p in PARTITIONS]
+    deadline = time.monotonic() + 30
+    while any(last < 6 for _, last in log_ranges(admin, tps).values()):
+        assert time.monotonic() < deadline, "the changelogs' transactions never completed"
+        time.sleep(0.05)
 
 
 def _restore(worker: Worker, stages: list[Stage], settings: Settings) -> tuple[int, float]:

@@ -441,6 +441,25 @@ def test_starts_of_a_removed_workflow_fail_at_restore_and_a_raised_limit_fills_u
     assert h.stage.holders(h.ctx, "gone\x1f") == []
 
 
+def test_a_restore_under_the_declarations_of_the_last_sweep_does_not_sweep_again(
+        make: Any) -> None:
+    """The sweep reads every waiting start (seconds at a million): it runs when the
+    declarations changed since the partition's last one, not at every restore."""
+    one = Workflow(name="w", payload=Job, concurrency=1)
+    h = make(one)
+    for _ in range(3):
+        h.start("w", {"tenant": "a"})
+    h.restart(App([one]))  # no sweep ran before: this one does
+    h.restart(App([one]))
+    h.tx.commit(h.store.changelog_offset + 1)
+    h._open()
+    h.stage.restored(h.ctx)
+    assert h.timers.next_due is None
+    raised = Workflow(name="w", payload=Job, concurrency=2)
+    h.restart(App([raised]))  # a raised limit: swept, and the room filled
+    assert len(h.admitted_ids()) == 2
+
+
 # -- against a reference model ---------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ workflow left the declarations while it waited fails.
 from __future__ import annotations
 
 import functools
+import hashlib
 import struct
 from dataclasses import dataclass
 from enum import StrEnum
@@ -49,6 +50,8 @@ _WAITING = STATE_PREFIX + b"W"  # + key + execution id -> lane + queue row
 # Timers.
 _EXPIRE = b"X"                  # + key + execution id: its timeouts.start
 _SWEEP = b"R"                   # after a restore: removed workflows, raised limits
+# The declarations (every workflow's version) the partition's last sweep ran under.
+_SWEPT = STATE_PREFIX + b"V"
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -156,6 +159,9 @@ class ConcurrencyStage(ControlStage):
         super().__init__(app, router)
         self.deployment_cap = deployment_cap
         self._limits: dict[tuple[str, int], Limit] = {}
+        self._declared = hashlib.sha256("\n".join(sorted(
+            f"{wf.name}\x1f{wf.version}" for wf in app.workflows.values())).encode()
+            + f"\x1f{deployment_cap}".encode()).digest()
         # One priority mode per budget: `age` only when every member ranks by age, since
         # one queue cannot mix the two scales (docs/decisions/fairness-across-keys.md).
         modes: dict[str, set[str]] = {}
@@ -445,7 +451,10 @@ class ConcurrencyStage(ControlStage):
 
     def restored(self, ctx: StageContext) -> None:
         # A timer due now does the sweep in the cycle's timer pass, through the same code
-        # as any other sweep.
+        # as any other sweep. Under the declarations the last sweep ran with there is
+        # nothing for it to do: it reads every waiting start, seconds at a million.
+        if ctx.store.get(_SWEPT) == self._declared:
+            return
         if next(iter(ctx.store.items(_WAITING)), None) is not None:
             ctx.timers.schedule(ctx.now_ms, _SWEEP)
 
@@ -468,6 +477,7 @@ class ConcurrencyStage(ControlStage):
                 self._fail(ctx, key, start, Outcome.failed, REMOVED)
         for key in keys:
             self._drain(ctx, key, sweeping=True)
+        ctx.store.put(_SWEPT, self._declared)
 
     # -- decisions -------------------------------------------------------------------------
 

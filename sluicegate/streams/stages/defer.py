@@ -24,6 +24,7 @@ records the choices the spec leaves open.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Literal
@@ -203,6 +204,8 @@ def merged_slots(*lists: list[Slot]) -> list[Slot]:
 # key: its header, and its items in a PendingQueue named after the key.
 _BURST = STATE_PREFIX + b"d"
 _BATCH = STATE_PREFIX + b"b"
+# The workflows declared when the partition's groups were last checked at a restore.
+_CHECKED = STATE_PREFIX + b"V"
 # Timer keys: rank (8 bytes) + kind + the group's Kafka key, so groups due at the same
 # instant fire in priority order.
 _DEBOUNCE, _BATCHED = b"d", b"b"
@@ -269,6 +272,7 @@ class DeferStage(ControlStage):
     def __init__(self, app: App, router: Router, max_payload_bytes: int) -> None:
         super().__init__(app, router)
         self.max_payload_bytes = max_payload_bytes
+        self._declared = hashlib.sha256("\n".join(sorted(app.workflows)).encode()).digest()
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
@@ -591,7 +595,12 @@ class DeferStage(ControlStage):
     def restored(self, ctx: StageContext) -> None:
         """Groups of a workflow no longer declared fail now, not when their timer comes
         (up to a week for a debounce): their timers move to now, and `fire` fails them in
-        the cycle's timer pass, with the same code as any other expiry."""
+        the cycle's timer pass, with the same code as any other expiry. This reads every
+        timer of the partition (seconds at a million parked keys), so it is done only when
+        the workflows declared changed since the last time."""
+        if ctx.store.get(_CHECKED) == self._declared:
+            return
+        ctx.store.put(_CHECKED, self._declared)
         now = ctx.now_ms
         for raw, _ in list(ctx.store.items(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)
