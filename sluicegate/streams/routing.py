@@ -108,10 +108,9 @@ class Router:
             payload = self.payloads.open(start.payload)
         moved = changed(start, hop=nxt)
         topic, key = ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode()
-        if headers is None:
-            ctx.send(topic, key, codec.encode(moved))
-        else:
-            ctx.send(topic, key, codec.encode(moved), None, headers)
+        # With the record itself, which the next stage takes as it is when it is handed
+        # over in this process (docs/decisions/in-process-handover.md).
+        ctx.send(topic, key, codec.encode(moved), None, headers, moved)
 
     @staticmethod
     def key_for(wf: Workflow, hop: Hop, payload: Any) -> str:

@@ -239,11 +239,14 @@ class ConcurrencyStage(ControlStage):
     # -- input -----------------------------------------------------------------------------
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
-        try:
-            message = codec.decode_one_of((PendingStart, Release, CancelSweep), record.value)
-        except codec.DecodeError as exc:
-            reject(ctx, record, f"not a pending start or a release: {exc}")
-            return
+        message = record.message
+        if message.__class__ is not PendingStart and message.__class__ is not Release:
+            try:
+                message = codec.decode_one_of((PendingStart, Release, CancelSweep),
+                                              record.value)
+            except codec.DecodeError as exc:
+                reject(ctx, record, f"not a pending start or a release: {exc}")
+                return
         if isinstance(message, Release):
             self._release(ctx, message)
             return

@@ -463,10 +463,11 @@ class RunsStage(Stage):
         for slot in row.slots:
             if stages is not None and slot.stage not in stages:
                 continue
-            ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(Release(
+            release = Release(
                 stage=slot.stage, key=slot.key, execution_id=row.execution_id,
-                workflow=row.workflow, kind=kind, at_ms=ctx.now_ms, reason=reason,
-            )))
+                workflow=row.workflow, kind=kind, at_ms=ctx.now_ms, reason=reason)
+            ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(release),
+                     None, None, release)
 
     def _needs_readmission(self, row: RunRow) -> bool:
         wf = self.app.get(row.workflow)
