@@ -61,7 +61,9 @@ Each measurement is a fresh worker (and engine) on fresh topics (a namespace of 
      the admitted records the scenario must write are there (steps: the re-admissions
      too). starts/s = starts / (the last of those records' CreateTime - the first
      ledger or admitted record's of the phase); CPU µs/start = the worker's user + system
-     CPU from the commit to the end, librdkafka's threads included (the engine's apart).
+     CPU from the commit until it has done everything the phase gave it (its group
+     committed to the end of every topic it reads: the last runs' reports and releases
+     come after the last decision), librdkafka's threads included (the engine's apart).
      The outcome is checked: the count of each final decision and of admitted records
      must be what the scenario produces, else the table shows the error, not a figure.
      out/start counts every record the worker wrote in the phase, on every topic (stage
@@ -70,7 +72,8 @@ Each measurement is a fresh worker (and engine) on fresh topics (a namespace of 
      produced at half the rate phase 2 measured, by an SDK-like producer; decision
      latency = the admitted record's CreateTime (for a start decided without an
      admission: its final ledger record's) - the start record's CreateTime; visible
-     latency = when this process's read_committed reader got that record - the same.
+     latency = when this process's read_committed reader got that record - the same;
+     and the worker's CPU per start during it (steady arrivals, against the backlog's).
      A debounced start's latency holds its 1s period; pause and depth have none.
 
 depth: no engine; the warm-up admits 1,000 starts that hold the key's 1,000 slots. For each
@@ -82,8 +85,10 @@ each start's arrival and queueing, a run's end, its slot's release and the next 
 admission ("queueing alone": the CPU per start of the starts added to reach D). A cost
 that grows with D is a scan proportional to the queue (SPEC.md section 5).
 
-Every worker's idle CPU (a second with nothing arriving, after the warm-up) is reported
-too (`idle worker N% CPU`): a slow phase's CPU per start holds that much per second.
+Every worker's idle CPU (a second with nothing arriving, after the warm-up, and again
+after the throughput phase) is reported too (`idle worker N% CPU (M% after the phase)`): a
+slow phase's CPU per start holds that much per second, and a loop whose cost grows with
+the state the phase left shows as M > N.
 
 Every measurement is repeated `--repeats` times (interleaved: raw-io, then each scenario's
 worker and worker-base) and the median reported, after one discarded raw-io round that
@@ -148,7 +153,7 @@ from sluicegate.schemas.records import (
     RunEventKind,
 )
 from sluicegate.topology.admin import create_topics
-from sluicegate.topology.topics import Topics
+from sluicegate.topology.topics import ROUTED_STAGES, Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("passthrough", "idem", "rl-admit", "rl-drop", "throttle", "debounce", "batch",
@@ -431,6 +436,9 @@ class Measurement:
     outcomes: dict[str, int] = field(default_factory=dict)
     admitted_records: int = 0
     latency_rate: float = 0.0  # starts/s during the latency phase
+    # CPU per start during the latency phase (steady arrivals at latency_rate, against
+    # a backlog's in cpu_us_per_start; it holds the idle loop's CPU too)
+    steady_cpu_us_per_start: float | None = None
     latency_n: int = 0
     decision_ms: dict[str, float] = field(default_factory=dict)
     visible_ms: dict[str, float] = field(default_factory=dict)
@@ -617,6 +625,41 @@ class Run:
     def cpu(self) -> tuple[float, float]:
         return self.system.cpu_s(), self.engine.cpu_s() if self.engine else 0.0
 
+    def quiet(self, window: float = 0.3) -> tuple[float, float]:
+        """Wait until the worker has done everything it was given (a phase's last decision
+        can come before its trailing work: the last runs' reports, their releases), and
+        return (worker, engine) CPU as of then: every partition its group consumes
+        committed to its end (a transaction's marker past it at most), and nothing
+        moving for `window` seconds. Partitions the group never committed are not its
+        (a worker of today does not read the admitted topic back)."""
+        t = self.topics
+        names = [t.starts, t.run_events, t.admitted, *(t.stage(s) for s in ROUTED_STAGES)]
+        consumer = Consumer(self.settings.client_config(**{
+            "group.id": self.system.group, "enable.auto.commit": False}))
+        deadline = time.monotonic() + self.opts.timeout
+        try:
+            found = consumer.list_topics(timeout=10).topics
+            tps = [TopicPartition(n, p) for n in names if n in found
+                   for p in found[n].partitions]
+            seen: tuple[Any, ...] | None = None
+            cpu = self.cpu()
+            while True:
+                committed = [tp.offset for tp in consumer.committed(tps, timeout=10)]
+                highs = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+                done = all(c < 0 or h - c <= 1 for c, h in zip(committed, highs, strict=True))
+                state = (committed, highs)
+                if done and state == seen:
+                    return cpu
+                if state != seen:
+                    seen, cpu = state, self.cpu()
+                for proc in self.procs:
+                    proc.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the worker did not go quiet in {self.opts.timeout}s")
+                time.sleep(window)
+        finally:
+            consumer.close()
+
     def finish(self) -> Measurement:
         self.system.stop()
         if self.engine is not None:
@@ -707,8 +750,10 @@ def raw_io(run: Run) -> None:
     out = OutputReader(settings, system.output, high_watermarks(settings, system.output))
     out.wanted = {s.key for s in lat}
     out.start()
+    cpu0 = system.cpu_s()
     produced, rate = produce_paced(latency_producer, run.topics.starts, lat, rate)
     out.until_complete(opts.timeout, system)
+    r.steady_cpu_us_per_start = (system.cpu_s() - cpu0) / n * 1e6
     out.close()
     keyed = {s.key: s.request_id for s in lat}
     seen = {keyed[k]: v for k, v in out.seen.items() if k in keyed}
@@ -752,15 +797,16 @@ def warm_up(run: Run, inputs: Inputs, producer: Producer) -> None:
             raise RuntimeError(f"warm-up: {problem}")
     finally:
         reader.close()
+    run.quiet()
 
 
-def idle_cpu(run: Run, seconds: float = 1.0) -> None:
+def idle_cpu(run: Run, name: str = "idle_cpu_pct", seconds: float = 1.0) -> None:
     """The worker's CPU while nothing arrives (its loop, timers, the control table), as a
     share of one CPU: what a slow phase's CPU per start holds besides the starts."""
     cpu0, _ = run.cpu()
     time.sleep(seconds)
     cpu1, _ = run.cpu()
-    run.result.extra["idle_cpu_pct"] = (cpu1 - cpu0) / seconds * 100
+    run.result.extra[name] = (cpu1 - cpu0) / seconds * 100
 
 
 def steady(run: Run) -> None:
@@ -785,11 +831,13 @@ def steady(run: Run) -> None:
     try:
         t_done = reader.wait_decided(opts.starts, records, opts.timeout, run.procs,
                                      "throughput")
-        cpu1, engine1 = run.cpu()
-        time.sleep(0.5)  # the last cycle's trailing records (run events, releases)
+        cpu1, engine1 = run.quiet()
         after = topic_ends(settings)
     finally:
         reader.close()
+    # Idle again, with the phase's state behind it: a loop whose cost grows with the
+    # state shows here.
+    idle_cpu(run, "idle_after_cpu_pct")
     r.starts = opts.starts
     r.starts_per_s = opts.starts / max(1e-3, (reader.last_ms - reader.first_ms) / 1000)
     r.wall_starts_per_s = opts.starts / (t_done - t_commit)
@@ -811,10 +859,16 @@ def steady(run: Run) -> None:
     want, records = expected(scenario, "l", n)
     reader = DecisionReader(settings, {s.request_id for s in lat})
     try:
+        cpu0, _ = run.cpu()
+        t0 = time.monotonic()
         produced, rate = produce_paced(latency_producer, run.topics.starts, lat, rate)
-        reader.wait_decided(n, records, opts.timeout, run.procs, "latency")
+        r.extra["latency_decided_s"] = reader.wait_decided(n, records, opts.timeout,
+                                                           run.procs, "latency") - t0
+        cpu1, _ = run.quiet()
+        r.extra["latency_quiet_s"] = time.monotonic() - t0
     finally:
         reader.close()
+    r.steady_cpu_us_per_start = (cpu1 - cpu0) / n * 1e6
     seen = {rid: reader.admitted_at.get(rid, (ts, now))
             for rid, (_, ts, now) in reader.final.items()}
     set_latency(r, rate, produced, seen)
@@ -866,7 +920,7 @@ def paused(run: Run) -> None:
         cpu0, _ = run.cpu()
         tx.commit_transaction(60.0)
         reader.wait_seen(opts.timeout, run.procs, "parking", parked=opts.starts)
-        cpu1, _ = run.cpu()
+        cpu1, _ = run.quiet()
         if reader.final:
             raise RuntimeError(f"decided while paused: {reader.status()}")
         parked_first, parked_last = reader.first_ms, max(reader.queued.values())
@@ -874,8 +928,7 @@ def paused(run: Run) -> None:
         t_unpause = time.time() * 1000
         control(False)
         reader.wait_decided(opts.starts, records, opts.timeout, run.procs, "drain")
-        cpu3, _ = run.cpu()
-        time.sleep(0.5)
+        cpu3, _ = run.quiet()
         after = topic_ends(settings)
     finally:
         reader.close()
@@ -911,6 +964,7 @@ def depth(run: Run) -> None:
         reader.wait_decided(DEPTH_SLOTS, DEPTH_SLOTS, opts.timeout, run.procs, "slots")
     finally:
         reader.close()
+    run.quiet()
     held = [eid for eid, _ in reader.admitted_ids]
     idle_cpu(run)
     events = Producer(sdk_producer_config(settings))
@@ -926,7 +980,7 @@ def depth(run: Run) -> None:
             tx.commit_transaction(60.0)
             reader.wait_seen(opts.timeout, run.procs, f"filling the queue to {d}",
                              queued=len(fill))
-            cpu1, _ = run.cpu()
+            cpu1, _ = run.quiet()
         finally:
             reader.close()
         # A start's arrival and queueing alone (the window adds its admission).
@@ -949,7 +1003,7 @@ def depth(run: Run) -> None:
                 for eid in ending for kind in (RunEventKind.started, RunEventKind.completed)])
             reader.wait_seen(opts.timeout, run.procs, f"the window at depth {d}",
                              queued=DEPTH_SLOTS, admitted=DEPTH_SLOTS)
-            cpu1, _ = run.cpu()
+            cpu1, _ = run.quiet()
         finally:
             reader.close()
         if reader.final or len(reader.admitted_ids) != DEPTH_SLOTS:
@@ -1000,6 +1054,9 @@ def summarise(results: list[Measurement]) -> list[dict[str, Any]]:
             "outputs_per_start": _median(ok, lambda m: m.outputs_per_start),
             "latency_rate": (_median([m for m in ok if m.latency_n], lambda m: m.latency_rate)
                              if ok[0].latency_n else None),
+            "steady_cpu_us_per_start": (_median(ok, lambda m: m.steady_cpu_us_per_start)
+                                        if ok[0].steady_cpu_us_per_start is not None
+                                        else None),
             "outcomes": ok[0].outcomes,
             "admitted_records": ok[0].admitted_records,
             "decision_ms": {}, "visible_ms": {}, "extra": {},
@@ -1037,7 +1094,9 @@ def outcome_text(row: dict[str, Any]) -> str:
     elif extra.get("queued_on_arrival"):
         text += f" ({fmt(extra['queued_on_arrival'])} queued first)"
     if "idle_cpu_pct" in extra:
-        text += f"; idle worker {fmt(extra['idle_cpu_pct'], 1)}% CPU"
+        text += f"; idle worker {fmt(extra['idle_cpu_pct'])}% CPU"
+        if "idle_after_cpu_pct" in extra:
+            text += f" ({fmt(extra['idle_after_cpu_pct'])}% after the phase)"
     if row["errors"]:
         text += f"; {len(row['errors'])} run(s) FAILED: {row['errors'][0].splitlines()[0][:120]}"
     return text
@@ -1046,16 +1105,16 @@ def outcome_text(row: dict[str, Any]) -> str:
 def report(rows: list[dict[str, Any]], opts: Options, loads: list[float]) -> str:
     lines = [
         "| scenario | system | starts/s (runs) | vs raw-io | CPU µs/start | engine CPU "
-        "µs/start | out/start | latency at /s | decision p50 / p95 / p99 ms | visible p50 / "
-        "p95 / p99 ms | outcome per run |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "µs/start | out/start | latency at /s | CPU µs/start at that rate | decision p50 / "
+        "p95 / p99 ms | visible p50 / p95 / p99 ms | outcome per run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         if row["scenario"] == "depth":
             continue
         if not row["runs"]:
             lines.append(f"| {row['scenario']} | {row['system']} | - | - | - | - | - | - | - "
-                         f"| - | {outcome_text(row)} |")
+                         f"| - | - | {outcome_text(row)} |")
             continue
         runs = "; ".join(f"{v:,}" for v in row["all_starts_per_s"])
         ratio = row.get("vs_raw_io")
@@ -1064,7 +1123,8 @@ def report(rows: list[dict[str, Any]], opts: Options, loads: list[float]) -> str
             f"| {row['scenario']} | {row['system']} | **{fmt(row['starts_per_s'])}** ({runs}) "
             f"| {vs} | {fmt(row['cpu_us_per_start'], 1)} "
             f"| {fmt(row['engine_cpu_us_per_start'], 1)} | {fmt(row['outputs_per_start'], 2)} "
-            f"| {fmt(row['latency_rate'])} | {triple(row['decision_ms'])} "
+            f"| {fmt(row['latency_rate'])} | {fmt(row['steady_cpu_us_per_start'], 1)} "
+            f"| {triple(row['decision_ms'])} "
             f"| {triple(row['visible_ms'])} | {outcome_text(row)} |")
     deep = [row for row in rows if row["scenario"] == "depth"]
     if deep:
