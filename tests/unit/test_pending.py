@@ -211,3 +211,32 @@ def test_a_queue_whose_head_was_taken_reads_its_next_start_without_walking_the_t
     assert head is not None and head.start.execution_id == "x150"
     # The stored head only, not the 150 rows before it that this cycle deleted.
     assert len(stored_rows_read) == 1
+
+
+def test_an_empty_fair_queue_is_answered_without_listing_its_lanes(
+    store: PartitionStore,
+) -> None:
+    """A key that keeps up with its arrivals asks for its next start at every release:
+    with nothing waiting, the answer is one point read, not a walk over the lanes (whose
+    range keeps the tombstones of every lane that emptied)."""
+    tx = StoreTransaction(store)
+    queue = FairQueue(tx, b"budget")
+    for n in range(50):
+        queue.park(f"lane{n}", _start(n))
+    tx.commit(0)
+    while (head := queue.next()) is not None:
+        queue.take(*head)
+    tx.commit(1)
+    listed = []
+    original = store.items
+
+    def counting(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        listed.append(prefix)
+        return original(prefix, start)
+
+    store.items = counting  # type: ignore[method-assign]
+    assert queue.next() is None
+    assert listed == []
+    queue.park("lane7", _start(99))
+    head = queue.next()
+    assert head is not None and head[1].start.execution_id == "x99"
