@@ -20,6 +20,7 @@ from rocksdict import (
     DBCompressionType,
     Options,
     Rdict,
+    ReadOptions,
     WriteBatch,
     WriteOptions,
 )
@@ -137,7 +138,15 @@ class PartitionStore:
         the store as of the call even if it is written while iterating.
         """
         from_key = prefix if start is None or start < prefix else start
-        return _with_prefix(self._db.items(from_key=from_key), prefix)
+        bound = prefix_end(prefix)
+        if bound is None:
+            return _with_prefix(self._db.items(from_key=from_key), prefix)
+        # Bounded: an iterator that finds no live row in the range would otherwise step
+        # over every tombstone after it until it met a live row of some other prefix (an
+        # emptied queue, with the queues emptied after it: 1.5 ms, against 4 us bounded).
+        read = ReadOptions()
+        read.set_iterate_upper_bound(bound)
+        return _bounded(self._db.items(from_key=from_key, read_opt=read), read)
 
     def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int | None,
               tables: Mapping[str, int] | None = None) -> None:
@@ -209,7 +218,8 @@ class _Unopened:
     def get(self, key: bytes) -> None:
         return None
 
-    def items(self, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+    def items(self, from_key: bytes | None = None,
+              read_opt: ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]:
         return iter(())
 
 
@@ -221,6 +231,22 @@ class _Closed:
 
     def __getattr__(self, name: str) -> Any:
         raise RuntimeError(f"store {self._path} is closed")
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The least key above every key that starts with `prefix` (None: there is none, the
+    prefix being empty or all 0xff)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+def _bounded(rows: Any, read: ReadOptions) -> Iterator[tuple[bytes, bytes]]:
+    """The rows of an iterator made with `read`, which holds the bound the iterator reads
+    (rocksdict does not keep it alive: freed, the bound is garbage and so are the rows)."""
+    yield from rows
+    del read
 
 
 def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

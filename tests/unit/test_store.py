@@ -59,6 +59,28 @@ def test_items_yields_only_the_prefix_in_ascending_order_from_start(
     assert list(store.items(b"p", start=b"p\x03")) == []
 
 
+@pytest.mark.parametrize("prefix", [b"p", b"p\xff", b"\xff", b"\xff\xff", b"\x00"])
+def test_items_of_a_prefix_end_at_its_last_row_whatever_its_bytes(
+    store: PartitionStore, prefix: bytes,
+) -> None:
+    """Prefix scans are bounded above (an emptied range is not walked on into the
+    tombstones after it): the bound must not cut the range short, for a prefix ending in
+    0xff bytes too, nor survive the call that made it (rows read long after it)."""
+    inside = [prefix, prefix + b"\x00", prefix + b"a", prefix + b"\xff", prefix + b"\xff\xff\x01"]
+    outside = [prefix[:-1] + bytes((prefix[-1] - 1,)) + b"\xff" if prefix[-1] else b"",
+               *([prefix[:-1] + bytes((prefix[-1] + 1,))] if prefix[-1] < 255 else [])]
+    store.write({**{k: b"in" for k in inside}, **{k: b"out" for k in outside if k}}, 0)
+    rows = store.items(prefix)
+    later = store.items(prefix, start=prefix + b"a")
+    churn = [bytes(4096) for _ in range(2000)]  # reuse what a freed bound would have held
+    assert [k for k, _ in rows] == sorted(inside)
+    assert [k for k, _ in later] == sorted(k for k in inside if k >= prefix + b"a")
+    del churn
+    # A range emptied by deletes, with rows after it, reads as empty.
+    store.write(dict.fromkeys(inside), 1)
+    assert list(store.items(prefix)) == []
+
+
 def test_items_sees_the_store_as_of_the_call(store: PartitionStore) -> None:
     store.write({b"a": b"1", b"c": b"3"}, 0)
     rows = store.items(b"")
