@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.gate --starts 100000 --repeats 3 --pin
     .venv/bin/python -m bench.gate --starts 20000 --repeats 1 --scenarios passthrough,conc50
+    .venv/bin/python -m bench.gate --starts 20000 --repeats 1 --scenarios conc50 --processes 1,2
 
 In one run, on the same broker, one system at a time (the machine has 2 cores):
 
@@ -11,6 +12,14 @@ In one run, on the same broker, one system at a time (the machine has 2 cores):
   worker     `python -m sluicegate worker --app bench.gate_apps:<scenario>`, one workflow
              declaring the scenario's control (bench/gate_apps.py);
   worker-base  the same from `--baseline-tree` (say, the commit before a change).
+
+`--processes 1,2`: each worker system also as 2 processes of the app in one consumer group
+(`worker x2`: each its own state dir, so its own worker id; the state moves with the
+partitions), measured in turn with one. Its CPU per start is the sum over its processes;
+every check below holds as for one (the same set admitted). The phases begin once every
+process has its partitions, each restored (their INFO log lines), and a rebalance after
+that fails the measurement. On 2 CPUs two processes do not double a rate: they share the
+CPUs with the broker, the engine and this process (the CPU split printed with each run).
 
 The scenarios (`--scenarios`, default all):
 
@@ -65,7 +74,10 @@ Each measurement is a fresh worker (and engine) on fresh topics (a namespace of 
      committed to the end of every topic it reads: the last runs' reports and releases
      come after the last decision), librdkafka's threads included (the engine's apart).
      The outcome is checked: the count of each final decision and of admitted records
-     must be what the scenario produces, else the table shows the error, not a figure.
+     must be what the scenario produces, no start decided twice, else the table shows the
+     error, not a figure. Who had the CPUs from the commit to the last decision is shown
+     too (`CPU % in the phase`: each worker process, the engine, this process, the rest
+     (the broker and whatever else runs), idle; 100 is one CPU);
      out/start counts every record the worker wrote in the phase, on every topic (stage
      topics, changelogs, ledger, admitted, runs), against raw-io's three;
   3. latency: `--latency-starts` (fewer if they would take over `--latency-seconds`)
@@ -75,6 +87,10 @@ Each measurement is a fresh worker (and engine) on fresh topics (a namespace of 
      latency = when this process's read_committed reader got that record - the same;
      and the worker's CPU per start during it (steady arrivals, against the backlog's).
      A debounced start's latency holds its 1s period; pause and depth have none.
+
+With an engine, when the phases are over, the most runs one key had in flight (the
+engine's lower bound from the records' times: bench/gate_engine.py) must be within the
+key's limit (concurrency, singleton), else the measurement fails.
 
 depth: no engine; the warm-up admits 1,000 starts that hold the key's 1,000 slots. For each
 depth D, starts are added until D are queued, then a window of 1,000: 1,000 more starts
@@ -94,7 +110,8 @@ Every measurement is repeated `--repeats` times (interleaved: raw-io, then each 
 worker and worker-base) and the median reported, after one discarded raw-io round that
 warms a fresh broker's JVM. The broker is `SLUICEGATE_BOOTSTRAP` if set, else a local
 Kafka started on free ports with a temporary data dir and stopped at the end. `--pin`:
-the worker on the last CPU; the broker, the engine and this process on the others.
+a worker of one process on the last CPU; the broker, the engine and this process on the
+others; a worker of several processes is not pinned (`--pin`'s help says why).
 """
 
 from __future__ import annotations
@@ -106,6 +123,7 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -126,6 +144,7 @@ from bench import gate_apps
 from bench.apps import WORKFLOW as RAW_WORKFLOW
 from bench.apps import app as raw_app
 from bench.passthrough import (
+    CLK_TCK,
     OutputReader,
     SystemProcess,
     broker,
@@ -143,6 +162,7 @@ from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.ops.workflows import write_control
 from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
@@ -168,6 +188,10 @@ BATCH_SIZE = 10
 # The module name bench/gate_apps.py is copied to beside every worker (a baseline tree's
 # own `bench` package, first on its path, has no gate_apps).
 APPS_MODULE = "sg_bench_gate_apps"
+# A worker's log lines (INFO) saying which partitions it holds and when each is restored.
+ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
+LET_GO = re.compile(r"partitions \[[\d, ]*\] (revoked|lost)")
+READY = re.compile(r"partition (\d+) ready")
 
 
 # -- the input -----------------------------------------------------------------------------
@@ -362,14 +386,21 @@ class DecisionReader:
 # -- the processes ----------------------------------------------------------------------------
 
 
+# Each worker process's partitions: (how many assignments its log shows, the last one).
+Assignment = tuple[tuple[int, tuple[int, ...]], ...]
+
+
 class GateProcess(SystemProcess):
-    """bench.passthrough's system under test, running a scenario's declarations."""
+    """bench.passthrough's system under test, running a scenario's declarations: one
+    process, or `processes` workers in one group (each its own state dir, so its own
+    worker id), as bench.passthrough runs them."""
 
     def __init__(self, system: str, settings: Settings, workdir: Path, apps_dir: Path,
                  scenario: str, baseline_tree: Path | None = None,
-                 sizes: dict[str, int] | None = None, cpus: set[int] | None = None) -> None:
+                 sizes: dict[str, int] | None = None, cpus: set[int] | None = None,
+                 processes: int = 1) -> None:
         super().__init__(system, settings, workdir, default_faust_python(), None,
-                         baseline_tree, sizes, 1, cpus)
+                         baseline_tree, sizes, processes, cpus)
         self.apps_dir = apps_dir
         self.scenario = scenario
 
@@ -377,8 +408,46 @@ class GateProcess(SystemProcess):
         cmd, env = super().command()
         if self.system.startswith("worker"):
             cmd[cmd.index("bench.apps")] = f"{APPS_MODULE}:{self.scenario}"
+            # INFO: a worker's few lines on its partitions (`assignment`), none per record.
+            cmd[cmd.index("WARNING")] = "INFO"
             env["PYTHONPATH"] = f"{self.apps_dir}{os.pathsep}{env['PYTHONPATH']}"
         return cmd, env
+
+    def assignment(self) -> Assignment | None:
+        """Each process's assignments so far and its partitions, once every process holds
+        its share (every partition once among them) with each restored; else None."""
+        held = []
+        for log in self.logs:
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+            moves = [i for i, line in enumerate(lines)
+                     if ASSIGNED.search(line) or LET_GO.search(line)]
+            found = ASSIGNED.search(lines[moves[-1]]) if moves else None
+            if found is None:
+                return None  # not in the group yet, or between a revoke and its assignment
+            mine = tuple(int(p) for p in found.group(1).split(",") if p.strip())
+            ready = {int(m.group(1)) for line in lines[moves[-1] + 1:]
+                     if (m := READY.search(line))}
+            if not mine or not ready.issuperset(mine):
+                return None
+            held.append((sum(bool(ASSIGNED.search(lines[i])) for i in moves), mine))
+        if sorted(p for _, mine in held for p in mine) != list(range(self.settings.partitions)):
+            return None  # some process's line is from before the last rebalance
+        return tuple(held)
+
+    def wait_assigned(self, timeout: float, settle: float = 0.5) -> Assignment:
+        """Until every process has its partitions, restored, and that for `settle` s."""
+        deadline = time.monotonic() + timeout
+        seen: Assignment | None = None
+        while True:
+            now = self.assignment()
+            if now is not None and now == seen:
+                return now
+            seen = now
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.system}: its {self.processes} processes did not all "
+                                   f"have their partitions restored in {timeout:.0f}s")
+            time.sleep(settle)
 
 
 class EngineProcess:
@@ -388,6 +457,7 @@ class EngineProcess:
         self.settings = settings
         self.mode = mode
         self.log = workdir / "engine.log"
+        self.report = workdir / "engine-in-flight.json"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -397,7 +467,17 @@ class EngineProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench.gate_engine", "--bootstrap", s.bootstrap,
                  "--namespace", s.namespace, "--group", f"{s.namespace}engine",
-                 "--mode", self.mode], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                 "--mode", self.mode, "--report", str(self.report)],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def in_flight(self) -> dict[str, dict[str, Any]]:
+        """Stopped, the most runs one key of each stage had in flight (bench.gate_engine)."""
+        self.stop()
+        if not self.report.exists():
+            raise RuntimeError("the engine wrote no in-flight report:\n"
+                               + self.log.read_text(errors="replace")[-3000:])
+        found: dict[str, dict[str, Any]] = json.loads(self.report.read_text())
+        return found
 
     def cpu_s(self) -> float:
         return process_cpu_s(self.proc.pid) if self.proc is not None else 0.0
@@ -426,10 +506,11 @@ class Measurement:
     scenario: str
     system: str  # raw-io | worker | worker-base
     repeat: int
+    processes: int = 1  # the system's processes, in one group
     starts: int = 0
     starts_per_s: float = 0.0  # starts / the span of the phase's records' CreateTimes
     wall_starts_per_s: float = 0.0  # starts / (input committed -> last decision seen)
-    cpu_us_per_start: float = 0.0  # the worker's (raw-io's) user + system CPU
+    cpu_us_per_start: float = 0.0  # the worker's (raw-io's) user + system CPU, all processes
     engine_cpu_us_per_start: float | None = None
     outputs_per_start: float = 0.0  # records written per start, on every topic
     outputs_by_topic: dict[str, int] = field(default_factory=dict)
@@ -443,7 +524,8 @@ class Measurement:
     decision_ms: dict[str, float] = field(default_factory=dict)
     visible_ms: dict[str, float] = field(default_factory=dict)
     loadavg: float = 0.0  # the machine's 1-minute load before the throughput phase
-    extra: dict[str, float] = field(default_factory=dict)  # pause: park/drain; depth: per D
+    # pause: park/drain; depth: per D; steady: CPU shares in the phase, most in flight
+    extra: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
 
@@ -476,6 +558,14 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, idle) CPU seconds of the machine, every CPU summed (/proc/stat)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    return ((user + nice + system + irq + softirq + steal) / CLK_TCK,
+            (idle + iowait) / CLK_TCK)
 
 
 def open_producer(settings: Settings) -> Producer:
@@ -598,40 +688,77 @@ def worker_outputs(counts: dict[str, int], topics: Topics) -> int:
     return sum(n for t, n in counts.items() if t not in (topics.starts, topics.run_events))
 
 
+class Usage(NamedTuple):
+    """CPU seconds so far: `shares` of a phase from two of them."""
+
+    at: float  # monotonic
+    workers: list[float]  # each worker process's
+    engine: float
+    bench: float  # this process's: the producer, the readers
+    busy: float  # the machine's, every CPU summed
+    idle: float
+
+
+def shares(before: Usage, after: Usage) -> dict[str, float]:
+    """Who had the CPUs between two `Usage`s, in % of one CPU: each worker process, the
+    engine, this process, the rest (the broker, anything else running), and idle."""
+    wall = max(1e-6, after.at - before.at)
+    out = {f"cpu_pct_worker{i}": (b - a) / wall * 100
+           for i, (a, b) in enumerate(zip(before.workers, after.workers, strict=True))}
+    out["cpu_pct_engine"] = (after.engine - before.engine) / wall * 100
+    out["cpu_pct_bench"] = (after.bench - before.bench) / wall * 100
+    out["cpu_pct_rest"] = (after.busy - before.busy) / wall * 100 - sum(out.values())
+    out["cpu_pct_idle"] = (after.idle - before.idle) / wall * 100
+    return out
+
+
 class Run:
     """One measurement's namespace, processes and clean-up."""
 
     def __init__(self, scenario: str, system: str, repeat: int, base: Settings,
-                 opts: Options, workdir: Path) -> None:
+                 opts: Options, workdir: Path, processes: int = 1) -> None:
         self.settings = base.with_(namespace=f"gate{uuid.uuid4().hex[:6]}.")
         self.topics = Topics(self.settings)
         self.opts = opts
-        self.result = Measurement(scenario, system, repeat)
+        self.result = Measurement(scenario, system, repeat, processes)
         self.rundir = workdir / self.settings.namespace.rstrip(".")
         self.rundir.mkdir(parents=True)
         create_topics(self.settings)
         topic_ends(self.settings)  # until every partition has a leader
+        # --pin gives one process the last CPU; several run unpinned (see --pin's help).
         self.system = GateProcess(system, self.settings, self.rundir, opts.apps_dir, scenario,
-                                  opts.baseline_tree, opts.sizes, opts.system_cpus)
+                                  opts.baseline_tree, opts.sizes,
+                                  opts.system_cpus if processes == 1 else None, processes)
         mode = ENGINE_MODE.get(scenario) if system != "raw-io" else None
         self.engine = EngineProcess(self.settings, mode, self.rundir) if mode else None
         self.procs: list[Process] = [self.system, *([self.engine] if self.engine else [])]
+        self.assigned: Assignment | None = None
 
     def start(self) -> None:
+        """The system and the engine; a worker's phases begin once each of its processes
+        has its partitions, restored."""
         self.system.start()
         if self.engine is not None:
             self.engine.start()
+        if self.system.system.startswith("worker"):
+            self.assigned = self.system.wait_assigned(self.opts.timeout)
 
     def cpu(self) -> tuple[float, float]:
         return self.system.cpu_s(), self.engine.cpu_s() if self.engine else 0.0
+
+    def usage(self) -> Usage:
+        return Usage(time.monotonic(), [process_cpu_s(pid) for pid in self.system.pids],
+                     self.engine.cpu_s() if self.engine else 0.0, process_cpu_s(os.getpid()),
+                     *machine_cpu_s())
 
     def quiet(self, window: float = 0.3) -> tuple[float, float]:
         """Wait until the worker has done everything it was given (a phase's last decision
         can come before its trailing work: the last runs' reports, their releases), and
         return (worker, engine) CPU as of then: every partition its group consumes
-        committed to its end (a transaction's marker past it at most), and nothing
-        moving for `window` seconds. Partitions the group never committed are not its
-        (a worker of today does not read the admitted topic back)."""
+        committed to its end (past it, transaction markers only: one, or one per worker
+        process writing to it, read to tell), and nothing moving for `window` seconds.
+        Partitions the group never committed are not its (a worker of today does not
+        read the admitted topic back)."""
         t = self.topics
         names = [t.starts, t.run_events, t.admitted, *(t.stage(s) for s in ROUTED_STAGES)]
         consumer = Consumer(self.settings.client_config(**{
@@ -646,11 +773,19 @@ class Run:
             while True:
                 committed = [tp.offset for tp in consumer.committed(tps, timeout=10)]
                 highs = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
-                done = all(c < 0 or h - c <= 1 for c, h in zip(committed, highs, strict=True))
                 state = (committed, highs)
-                if done and state == seen:
-                    return cpu
-                if state != seen:
+                if state == seen:
+                    # More than one offset past the committed one: several processes'
+                    # markers, or records still to read (counted: none, or not done).
+                    gaps = [((tp.topic, tp.partition), c, h)
+                            for tp, c, h in zip(tps, committed, highs, strict=True)
+                            if c >= 0 and h - c > 1]
+                    if not gaps or not count_records(self.settings,
+                                                     {tp: c for tp, c, _ in gaps},
+                                                     {tp: h for tp, _, h in gaps}):
+                        self.check_assignment()
+                        return cpu
+                else:
                     seen, cpu = state, self.cpu()
                 for proc in self.procs:
                     proc.check_alive()
@@ -660,13 +795,19 @@ class Run:
         finally:
             consumer.close()
 
+    def check_assignment(self) -> None:
+        """No rebalance since `start`: a phase measured across one is not the gate's."""
+        if self.assigned is not None and self.system.assignment() != self.assigned:
+            raise RuntimeError(f"the worker group rebalanced during the run: "
+                               f"{self.assigned} -> {self.system.assignment()}")
+
     def finish(self) -> Measurement:
         self.system.stop()
         if self.engine is not None:
             self.engine.stop()
         if self.opts.logs is not None:
             self.opts.logs.mkdir(parents=True, exist_ok=True)
-            for log in (self.system.log, self.engine.log if self.engine else None):
+            for log in (*self.system.logs, self.engine.log if self.engine else None):
                 if log is not None and log.exists():
                     shutil.copy(log, self.opts.logs / f"{self.rundir.name}.{log.name}")
         if not self.opts.keep_topics:
@@ -680,11 +821,12 @@ class Run:
 
 
 def measure(scenario: str, system: str, repeat: int, base: Settings, opts: Options,
-            workdir: Path) -> Measurement:
+            workdir: Path, processes: int = 1) -> Measurement:
     try:
-        run = Run(scenario, system, repeat, base, opts, workdir)
+        run = Run(scenario, system, repeat, base, opts, workdir, processes)
     except Exception as exc:  # the topics could not be made, or the like
-        return Measurement(scenario, system, repeat, error=f"{type(exc).__name__}: {exc}")
+        return Measurement(scenario, system, repeat, processes,
+                           error=f"{type(exc).__name__}: {exc}")
     try:
         if system == "raw-io":
             raw_io(run)
@@ -826,11 +968,13 @@ def steady(run: Run) -> None:
     produce_all(producer, run.topics.starts, pairs(measured))
     r.loadavg = loadavg()
     cpu0, engine0 = run.cpu()
+    usage0 = run.usage()
     t_commit = time.monotonic()
     producer.commit_transaction(60.0)
     try:
         t_done = reader.wait_decided(opts.starts, records, opts.timeout, run.procs,
                                      "throughput")
+        r.extra.update(shares(usage0, run.usage()))
         cpu1, engine1 = run.quiet()
         after = topic_ends(settings)
     finally:
@@ -877,6 +1021,31 @@ def steady(run: Run) -> None:
         raise RuntimeError(f"latency phase: {problem}")
     r.outputs_by_topic = count_records(settings, before, after)
     r.outputs_per_start = worker_outputs(r.outputs_by_topic, run.topics) / opts.starts
+    if run.engine is not None:
+        check_in_flight(run.engine, r)
+
+
+def slot_limits(scenario: str) -> dict[str, int]:
+    """stage -> the most runs one of its keys may have in flight (bench/gate_apps.py)."""
+    wf = gate_apps.app_for(scenario).workflows[scenario]
+    limits = {"concurrency": wf.concurrency[0].limit} if wf.concurrency else {}
+    if wf.singleton is not None:
+        limits["singleton"] = 1
+    return limits
+
+
+def check_in_flight(engine: EngineProcess, r: Measurement) -> None:
+    """The engine stopped, no key had more runs in flight than its limit, over the whole
+    run (a lower bound of what the worker had: bench/gate_engine.py)."""
+    limits = slot_limits(r.scenario)
+    for stage, most in engine.in_flight().items():
+        if stage not in limits:
+            continue
+        r.extra[f"in_flight_max_{stage}"] = most["max"]
+        r.extra[f"in_flight_limit_{stage}"] = limits[stage]
+        if most["max"] > limits[stage]:
+            raise RuntimeError(f"{most['max']} runs of {stage} key {most['key']!r} in flight "
+                               f"at once; its limit is {limits[stage]}")
 
 
 def paused(run: Run) -> None:
@@ -894,21 +1063,29 @@ def paused(run: Run) -> None:
                                            reason="bench.gate", by="bench.gate"))
 
     control(True)
-    # Probes until one is parked: the worker has read the pause row (a probe admitted
-    # before that does not count; a parked one drains with the rest and is not counted).
+    # Probes until one is parked on every partition of the input: every worker process
+    # has read the pause row (a probe admitted before that does not count; a parked one
+    # drains with the rest and is not counted).
+    n = settings.partitions
+    parked: set[int] = set()
     for attempt in range(300):
-        probe = inputs.build(f"p{attempt}-", 1)
-        reader = DecisionReader(settings, {probe[0].request_id})
+        probes: dict[int, Start] = {}
+        for probe in inputs.build(f"p{attempt}-", 8 * n):
+            probes.setdefault(partition_for(probe.key, n), probe)
+        for p in parked:
+            probes.pop(p, None)
+        reader = DecisionReader(settings, {s.request_id for s in probes.values()})
         try:
-            produce_all(producer, run.topics.starts, pairs(probe))
-            reader.wait_seen(opts.timeout, run.procs, "pause probe", parked=1)
+            produce_all(producer, run.topics.starts, pairs(list(probes.values())))
+            reader.wait_seen(opts.timeout, run.procs, "pause probes", parked=len(probes))
         finally:
             reader.close()
-        if reader.queued:
+        parked |= {p for p, s in probes.items() if s.request_id in reader.queued}
+        if len(parked) == n:
             break
         time.sleep(0.1)
     else:
-        raise RuntimeError("the worker never applied the pause")
+        raise RuntimeError(f"the pause applied on partitions {sorted(parked)} only")
 
     want, records = expected(scenario, "m", opts.starts)
     reader = DecisionReader(settings, {s.request_id for s in measured})
@@ -1028,16 +1205,23 @@ def _median(ok: list[Measurement], get: Callable[[Measurement], float | None]) -
     return median_of([v for v in map(get, ok) if v is not None])
 
 
+def label(system: str, processes: int) -> str:
+    """A system's name in the report: `worker x2` for two processes in one group."""
+    return system if processes == 1 else f"{system} x{processes}"
+
+
 def summarise(results: list[Measurement]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    keys = list(dict.fromkeys((m.scenario, m.system) for m in results))
+    keys = list(dict.fromkeys((m.scenario, m.system, m.processes) for m in results))
     raw_rate = median_of([m.starts_per_s for m in results
                           if m.system == "raw-io" and m.error is None])
-    for scenario, system in keys:
-        runs = [m for m in results if (m.scenario, m.system) == (scenario, system)]
+    for scenario, system, processes in keys:
+        runs = [m for m in results
+                if (m.scenario, m.system, m.processes) == (scenario, system, processes)]
         ok = [m for m in runs if m.error is None]
-        row: dict[str, Any] = {"scenario": scenario, "system": system, "runs": len(ok),
-                               "errors": [m.error for m in runs if m.error]}
+        row: dict[str, Any] = {"scenario": scenario, "system": system,
+                               "processes": processes, "label": label(system, processes),
+                               "runs": len(ok), "errors": [m.error for m in runs if m.error]}
         rows.append(row)
         if not ok:
             continue
@@ -1093,10 +1277,21 @@ def outcome_text(row: dict[str, Any]) -> str:
                  f"admission {fmt(extra.get('unpause_to_first_admission_ms'))} ms")
     elif extra.get("queued_on_arrival"):
         text += f" ({fmt(extra['queued_on_arrival'])} queued first)"
+    for stage in ("concurrency", "singleton"):
+        if f"in_flight_max_{stage}" in extra:
+            text += (f"; most in flight per {stage} key {fmt(extra[f'in_flight_max_{stage}'])}"
+                     f" (limit {fmt(extra[f'in_flight_limit_{stage}'])})")
     if "idle_cpu_pct" in extra:
         text += f"; idle worker {fmt(extra['idle_cpu_pct'])}% CPU"
         if "idle_after_cpu_pct" in extra:
             text += f" ({fmt(extra['idle_after_cpu_pct'])}% after the phase)"
+    workers = [extra[f"cpu_pct_worker{i}"] for i in range(row["processes"])
+               if f"cpu_pct_worker{i}" in extra]
+    if workers:
+        text += (f"; CPU % in the phase: worker {' + '.join(fmt(w) for w in workers)}, "
+                 f"engine {fmt(extra['cpu_pct_engine'])}, bench {fmt(extra['cpu_pct_bench'])}"
+                 f", rest (broker) {fmt(extra['cpu_pct_rest'])}, idle "
+                 f"{fmt(extra['cpu_pct_idle'])} of {100 * (os.cpu_count() or 1)}")
     if row["errors"]:
         text += f"; {len(row['errors'])} run(s) FAILED: {row['errors'][0].splitlines()[0][:120]}"
     return text
@@ -1113,14 +1308,14 @@ def report(rows: list[dict[str, Any]], opts: Options, loads: list[float]) -> str
         if row["scenario"] == "depth":
             continue
         if not row["runs"]:
-            lines.append(f"| {row['scenario']} | {row['system']} | - | - | - | - | - | - | - "
+            lines.append(f"| {row['scenario']} | {row['label']} | - | - | - | - | - | - | - "
                          f"| - | - | {outcome_text(row)} |")
             continue
         runs = "; ".join(f"{v:,}" for v in row["all_starts_per_s"])
         ratio = row.get("vs_raw_io")
         vs = "-" if not ratio else f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
         lines.append(
-            f"| {row['scenario']} | {row['system']} | **{fmt(row['starts_per_s'])}** ({runs}) "
+            f"| {row['scenario']} | {row['label']} | **{fmt(row['starts_per_s'])}** ({runs}) "
             f"| {vs} | {fmt(row['cpu_us_per_start'], 1)} "
             f"| {fmt(row['engine_cpu_us_per_start'], 1)} | {fmt(row['outputs_per_start'], 2)} "
             f"| {fmt(row['latency_rate'])} | {fmt(row['steady_cpu_us_per_start'], 1)} "
@@ -1134,11 +1329,11 @@ def report(rows: list[dict[str, Any]], opts: Options, loads: list[float]) -> str
                   "| --- |" + " --- |" * len(opts.depths)]
         for row in deep:
             if not row["runs"]:
-                lines.append(f"| {row['system']} | {outcome_text(row)} |"
+                lines.append(f"| {row['label']} | {outcome_text(row)} |"
                              + " |" * (len(opts.depths) - 1))
                 continue
             extra = row.get("extra", {})
-            lines.append(f"| {row['system']} | " + " | ".join(
+            lines.append(f"| {row['label']} | " + " | ".join(
                 f"**{fmt(extra.get(f'cpu_us_per_start@{d}'), 1)}** µs/start "
                 f"({fmt(extra.get(f'queue_cpu_us_per_start@{d}'), 1)} queueing alone), "
                 f"{fmt(extra.get(f'starts_per_s@{d}'))}/s" for d in opts.depths) + " |")
@@ -1179,9 +1374,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="also write the table here")
+    parser.add_argument("--processes", default="1", metavar="N[,N...]",
+                        help="worker processes in the worker's (and worker-base's) group, "
+                             "each count measured in turn: 1,2 shows both side by side "
+                             "(`worker x2`); raw-io stays one process")
     parser.add_argument("--pin", action="store_true",
-                        help="the worker on the last CPU; the broker, the engine and this "
-                             "process on the others")
+                        help="one worker process on the last CPU; the broker, the engine and"
+                             " this process on the others. Several worker processes are not "
+                             "pinned (they may use every CPU, the last one theirs alone): "
+                             "all on the last CPU could not run at once, and on a 2-CPU "
+                             "machine one per CPU would put one beside the broker and the "
+                             "other alone, an uneven split that would be read as the group's")
     args = parser.parse_args()
 
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -1196,6 +1399,13 @@ def main() -> None:
               else tuple(d for d in DEPTHS if d <= args.starts) or DEPTHS[:1])
     if list(depths) != sorted(set(depths)):
         parser.error("--depths must increase")
+    try:
+        counts = [int(n) for n in args.processes.split(",") if n]
+    except ValueError:
+        parser.error("--processes: comma-separated counts, say 1,2")
+    if not counts or not all(1 <= n <= args.partitions for n in counts):
+        parser.error(f"--processes: counts from 1 to --partitions ({args.partitions}): a "
+                     f"process beyond that would have no partition")
     systems = ["worker"] + (["worker-base"] if args.baseline_tree is not None else [])
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gate-")))
@@ -1214,8 +1424,9 @@ def main() -> None:
             os.sched_setaffinity(0, cpus[:-1])  # before the broker starts: it inherits it
             opts = dataclasses.replace(opts, system_cpus={cpus[-1]})
         print(f"bench.gate: {args.starts:,} starts x {args.repeats} repeats; scenarios "
-              f"{scenarios}; systems raw-io + {systems}; {os.cpu_count()} CPUs"
-              + (f", worker pinned to CPU {sorted(opts.system_cpus)}"
+              f"{scenarios}; systems raw-io + {systems} with {counts} processes; "
+              f"{os.cpu_count()} CPUs"
+              + (f", a lone worker pinned to CPU {sorted(opts.system_cpus)}"
                  if opts.system_cpus else ""), flush=True)
         bootstrap = stack.enter_context(broker())
         print(f"broker: {bootstrap}", flush=True)
@@ -1229,10 +1440,11 @@ def main() -> None:
                   f"{m.error.splitlines()[0] if m.error else f'{m.starts_per_s:,.0f}/s'}",
                   flush=True)
         for repeat in range(args.repeats):
-            plan = [("raw-io", "raw-io")] + [(s, sys_) for s in scenarios for sys_ in systems]
-            for scenario, system in plan:
+            plan = [("raw-io", "raw-io", 1)] + [(s, sys_, n) for s in scenarios
+                                                for sys_ in systems for n in counts]
+            for scenario, system, processes in plan:
                 t0 = time.monotonic()
-                m = measure(scenario, system, repeat, base, opts, tmp)
+                m = measure(scenario, system, repeat, base, opts, tmp, processes)
                 results.append(m)
                 status = m.error.splitlines()[0] if m.error else (
                     f"{m.starts_per_s:,.0f} starts/s, {m.cpu_us_per_start:.1f} CPU µs/start"
@@ -1243,7 +1455,7 @@ def main() -> None:
                        if m.latency_n else "")
                     + (f", {json.dumps({k: round(v, 1) for k, v in m.extra.items()})}"
                        if m.extra else ""))
-                print(f"  {scenario:11s} {system:11s} run {repeat}: {status} "
+                print(f"  {scenario:11s} {label(system, processes):14s} run {repeat}: {status} "
                       f"[{time.monotonic() - t0:.0f}s]", flush=True)
     rows = summarise(results)
     loads = [m.loadavg for m in results if m.error is None and m.loadavg]
@@ -1255,7 +1467,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({
             "starts": args.starts, "repeats": args.repeats, "scenarios": scenarios,
-            "systems": ["raw-io", *systems], "depths": list(depths),
+            "systems": ["raw-io", *systems], "processes": counts, "depths": list(depths),
             "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
             "loadavg": {"min": min(loads, default=0.0), "max": max(loads, default=0.0),
                         "at_end": loadavg()},

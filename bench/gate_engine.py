@@ -15,13 +15,26 @@ records the SDK writes (same topic, key, encoding and producer settings).
     python -m bench.gate_engine --bootstrap HOST:PORT --namespace NS. --group G --mode runs
 
 Runs until SIGTERM or SIGINT; prints how many admitted records it reported.
+
+`--report FILE`: at the end, the most runs each stage's slots (concurrency, singleton) had
+in flight on one key, as JSON. Every admitted record holds its slots from its CreateTime
+(the worker's clock, after its decision) and the one report that gives them back
+(`completed`, or `suspended` in steps mode) is written at once, stamped before it is
+produced. Whatever worker took the decision, at an instant T it had admitted at least the
+runs stamped up to T and read at most the reports stamped up to T, so (held up to T) -
+(given back up to T) is a lower bound of what it had in flight: above the limit is a
+limit broken, never a clock's artefact (one machine, one clock; ms rounding counted in
+the worker's favour).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import time
+from collections import defaultdict
+from pathlib import Path
 from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -43,7 +56,40 @@ def reports(admitted: AdmittedStart, mode: str) -> tuple[RunEventKind, ...]:
     return (STARTED, COMPLETED)
 
 
-def run(settings: Settings, group: str, mode: str) -> int:
+class InFlight:
+    """Per slot (stage, key): the CreateTimes of the admitted records holding it and the
+    times of the reports giving it back (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.held: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+        self.freed: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+        self.seen: set[tuple[str, AdmittedKind]] = set()
+
+    def add(self, admitted: AdmittedStart, created_ms: int, freed_ms: int) -> None:
+        if (admitted.execution_id, admitted.kind) in self.seen:
+            return  # delivered again: it holds nothing more
+        self.seen.add((admitted.execution_id, admitted.kind))
+        for slot in admitted.slots:
+            self.held[slot.stage, slot.key].append(created_ms)
+            self.freed[slot.stage, slot.key].append(freed_ms)
+
+    def most(self) -> dict[str, dict[str, int | str]]:
+        """stage -> the most runs one key had in flight, and that key."""
+        out: dict[str, dict[str, int | str]] = {}
+        for (stage, key), held in self.held.items():
+            freed = sorted(self.freed[stage, key])
+            given_back = 0
+            most = 0
+            for n, at in enumerate(sorted(held), 1):
+                while given_back < len(freed) and freed[given_back] <= at:
+                    given_back += 1
+                most = max(most, n - given_back)
+            if most > int(out.get(stage, {}).get("max", -1)):
+                out[stage] = {"max": most, "key": key}
+        return out
+
+
+def run(settings: Settings, group: str, mode: str, in_flight: InFlight) -> int:
     stop = False
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -84,6 +130,8 @@ def run(settings: Settings, group: str, mode: str) -> int:
                 admitted = codec.decode(AdmittedStart, msg.value())
                 key = admitted.execution_id.encode()
                 now = int(time.time() * 1000)
+                if admitted.slots:
+                    in_flight.add(admitted, msg.timestamp()[1], now)
                 for kind in reports(admitted, mode):
                     value = codec.encode(RunEvent(execution_id=admitted.execution_id,
                                                   workflow=admitted.workflow, kind=kind,
@@ -112,10 +160,16 @@ def main() -> None:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--mode", choices=("runs", "steps"), default="runs")
+    parser.add_argument("--report", type=Path, default=None, metavar="FILE",
+                        help="write the most runs in flight per stage's key here (JSON)")
     args = parser.parse_args()
     settings = Settings(bootstrap=args.bootstrap, namespace=args.namespace)
-    handled = run(settings, args.group, args.mode)
-    print(f"gate_engine: {handled} admitted records reported")
+    in_flight = InFlight()
+    handled = run(settings, args.group, args.mode, in_flight)
+    most = in_flight.most()
+    if args.report is not None:
+        args.report.write_text(json.dumps(most))
+    print(f"gate_engine: {handled} admitted records reported; most in flight {most}")
 
 
 if __name__ == "__main__":

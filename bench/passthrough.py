@@ -142,7 +142,10 @@ class SystemProcess:
         self.faust_python = faust_python
         self.py_spy = py_spy
         self.baseline_tree = baseline_tree
-        self.log = workdir / f"{system}.log"
+        # One log per process: several processes' lines in one file could not be told apart.
+        self.logs = [workdir / f"{system}.log"] if processes == 1 else [
+            workdir / f"{system}-{i}.log" for i in range(processes)]
+        self.log = self.logs[0]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.output = self.topics.admitted
         # Every topic the system writes per start, each with its size for raw-io.
@@ -213,7 +216,7 @@ class SystemProcess:
             # a state dir of its own, as separate machines would have).
             if self.system.startswith("worker"):
                 env = {**env, "SLUICEGATE_STATE_DIR": str(self.workdir / f"state-{i}")}
-            with open(self.log, "ab") as log:
+            with open(self.logs[i], "ab") as log:
                 self.procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
                                                    stderr=subprocess.STDOUT))
 
@@ -242,7 +245,11 @@ class SystemProcess:
                 proc.wait(timeout=10)
 
     def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        tails = ["\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                 if log.exists() else "" for log in self.logs]
+        if len(tails) == 1:
+            return tails[0]
+        return "\n".join(f"-- process {i}:\n{tail}" for i, tail in enumerate(tails))
 
     def output_key(self, request_id: bytes, topic: str | None = None) -> bytes:
         """The key the system writes a start's output under (on `topic`, else the first)."""
@@ -598,9 +605,11 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
             result.error += "\n" + system.log_tail()
     finally:
         system.stop()
-        if opts.logs is not None and system.log.exists():
+        if opts.logs is not None:
             opts.logs.mkdir(parents=True, exist_ok=True)
-            shutil.copy(system.log, opts.logs / f"{rundir.name}.{system_name}.log")
+            for log in system.logs:
+                if log.exists():
+                    shutil.copy(log, opts.logs / f"{rundir.name}.{log.name}")
         if not opts.keep_topics:
             delete_topics(settings)
     return result
