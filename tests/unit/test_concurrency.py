@@ -449,7 +449,6 @@ def test_a_restore_under_the_declarations_of_the_last_sweep_does_not_sweep_again
     h = make(one)
     for _ in range(3):
         h.start("w", {"tenant": "a"})
-    h.restart(App([one]))  # no sweep ran before: this one does
     h.restart(App([one]))
     h.tx.commit(h.store.changelog_offset + 1)
     h._open()
@@ -457,6 +456,24 @@ def test_a_restore_under_the_declarations_of_the_last_sweep_does_not_sweep_again
     assert h.timers.next_due is None
     raised = Workflow(name="w", payload=Job, concurrency=2)
     h.restart(App([raised]))  # a raised limit: swept, and the room filled
+    assert len(h.admitted_ids()) == 2
+
+
+def test_a_partition_first_assigned_empty_does_not_sweep_at_its_first_restart(
+        make: Any) -> None:
+    """A new worker's partitions are restored empty and checked then: the starts queued
+    afterwards, under the same declarations, are not read again at the next restore
+    (a million of them took most of a 13 s restart)."""
+    one = Workflow(name="w", payload=Job, concurrency=1)
+    h = make(one)
+    h.stage.restored(h.ctx)  # the first assignment: an empty store
+    for _ in range(3):
+        h.start("w", {"tenant": "a"})
+    h.tx.commit(h.store.changelog_offset + 1)
+    h._open()
+    h.stage.restored(h.ctx)
+    assert h.timers.next_due is None
+    h.restart(App([Workflow(name="w", payload=Job, concurrency=2)]))  # changed: swept
     assert len(h.admitted_ids()) == 2
 
 

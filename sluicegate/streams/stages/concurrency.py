@@ -458,8 +458,13 @@ class ConcurrencyStage(ControlStage):
         # nothing for it to do: it reads every waiting start, seconds at a million.
         if ctx.store.get(_SWEPT) == self._declared:
             return
-        if next(iter(ctx.store.items(_WAITING)), None) is not None:
-            ctx.timers.schedule(ctx.now_ms, _SWEEP)
+        if next(iter(ctx.store.items(_WAITING)), None) is None:
+            # Nothing waits, so nothing to sweep: these are the declarations the partition
+            # was checked under. (Without this row, a partition first assigned empty swept
+            # every start queued since at its first restart.)
+            ctx.store.put(_SWEPT, self._declared)
+            return
+        ctx.timers.schedule(ctx.now_ms, _SWEEP)
 
     def _sweep(self, ctx: StageContext) -> None:
         """Fail the waiting starts of workflows the declarations no longer have, and fill
