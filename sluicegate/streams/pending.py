@@ -213,12 +213,26 @@ class PendingQueue:
         return head
 
     def __iter__(self) -> Iterator[Parked]:
-        for key, value in self._rows():
+        tx = self.tx
+        floor = tx.floor(self._prefix)
+        rows = iter(tx.items(self._prefix, floor))
+        for key, value in rows:
+            if key != floor:
+                # The head: what was walked over to reach it is not walked again.
+                tx.set_floor(self._prefix, key)
+            yield self._parked(key, value)
+            break
+        for key, value in rows:
             yield self._parked(key, value)
 
     def clear(self) -> None:
-        for key, _ in list(self._rows()):
+        rows = [key for key, _ in self._rows()]
+        for key in rows:
             self._delete(key)
+        if rows:
+            # Empty now: nothing below the last row taken either. (A queue emptied at once,
+            # a batch's items, was read again from its first row ever at each take.)
+            self.tx.set_floor(self._prefix, rows[-1] + b"\x00")
         self._set_count(0)
 
 

@@ -151,6 +151,11 @@ class QueueMachine(RuleBasedStateMachine):
             self.live.remove(entry)
 
     @rule()
+    def clear(self) -> None:
+        self.queue.clear()
+        self.live = []
+
+    @rule()
     def commit(self) -> None:
         if self.tx:
             self.offset += 1
@@ -240,3 +245,39 @@ def test_an_empty_fair_queue_is_answered_without_listing_its_lanes(
     queue.park("lane7", _start(99))
     head = queue.next()
     assert head is not None and head[1].start.execution_id == "x99"
+
+
+def test_a_queue_emptied_at_once_reads_its_next_rows_without_walking_the_taken(
+    store: PartitionStore,
+) -> None:
+    """A batch's items are read, then cleared, at every take: the rows of the batches
+    taken before (deleted in this cycle, or tombstones once committed) are not read
+    again, or each take costs as much as every take before it."""
+    tx = StoreTransaction(store)
+    queue = PendingQueue(tx, b"batch")
+    for batch in range(20):
+        for n in range(10):
+            queue.push(_start(batch * 10 + n))
+        if batch % 2:
+            tx.commit(batch)
+        taken = list(queue)
+        assert [p.start.execution_id for p in taken] == [f"x{batch * 10 + n}" for n in range(10)]
+        last_taken = taken[-1].row
+        queue.clear()
+    tx.commit(99)
+    for n in range(200, 210):
+        queue.push(_start(n))
+    reads_from = []
+    original = store.items
+
+    def recording(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        reads_from.append(start)
+        return original(prefix, start)
+
+    store.items = recording  # type: ignore[method-assign]
+    assert [p.start.execution_id for p in queue] == [f"x{n}" for n in range(200, 210)]
+    queue.clear()
+    # Every read of the store starts past the 200 rows taken before (RocksDB would step
+    # over their tombstones one by one).
+    assert reads_from and all(start is not None and start > last_taken for start in reads_from)
+    assert len(queue) == 0 and queue.peek() is None
