@@ -111,7 +111,7 @@ worker and worker-base) and the median reported, after one discarded raw-io roun
 warms a fresh broker's JVM. The broker is `SLUICEGATE_BOOTSTRAP` if set, else a local
 Kafka started on free ports with a temporary data dir and stopped at the end. `--pin`:
 a worker of one process on the last CPU; the broker, the engine and this process on the
-others; a worker of several processes is not pinned (`--pin`'s help says why).
+others; a worker of several processes runs on every CPU (`--pin`'s help says why).
 """
 
 from __future__ import annotations
@@ -725,10 +725,14 @@ class Run:
         self.rundir.mkdir(parents=True)
         create_topics(self.settings)
         topic_ends(self.settings)  # until every partition has a leader
-        # --pin gives one process the last CPU; several run unpinned (see --pin's help).
+        # --pin gives one process the last CPU; several may run on every CPU (see --pin's
+        # help). Said explicitly: a child inherits this process's affinity, which --pin
+        # set to the other CPUs.
+        cpus = opts.system_cpus
+        if cpus is not None and processes > 1:
+            cpus = set(range(os.cpu_count() or 1))
         self.system = GateProcess(system, self.settings, self.rundir, opts.apps_dir, scenario,
-                                  opts.baseline_tree, opts.sizes,
-                                  opts.system_cpus if processes == 1 else None, processes)
+                                  opts.baseline_tree, opts.sizes, cpus, processes)
         mode = ENGINE_MODE.get(scenario) if system != "raw-io" else None
         self.engine = EngineProcess(self.settings, mode, self.rundir) if mode else None
         self.procs: list[Process] = [self.system, *([self.engine] if self.engine else [])]
