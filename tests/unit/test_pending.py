@@ -218,6 +218,19 @@ def test_a_queue_whose_head_was_taken_reads_its_next_start_without_walking_the_t
     assert len(stored_rows_read) == 1
 
 
+def _record_reads(store: PartitionStore) -> list[tuple[bytes, bytes | None]]:
+    """From now on, every ordered read of `store`: (prefix, where it starts)."""
+    reads: list[tuple[bytes, bytes | None]] = []
+    original = store.items
+
+    def recording(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        reads.append((prefix, start))
+        return original(prefix, start)
+
+    store.items = recording  # type: ignore[method-assign]
+    return reads
+
+
 def test_an_empty_fair_queue_is_answered_without_listing_its_lanes(
     store: PartitionStore,
 ) -> None:
@@ -232,16 +245,9 @@ def test_an_empty_fair_queue_is_answered_without_listing_its_lanes(
     while (head := queue.next()) is not None:
         queue.take(*head)
     tx.commit(1)
-    listed = []
-    original = store.items
-
-    def counting(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        listed.append(prefix)
-        return original(prefix, start)
-
-    store.items = counting  # type: ignore[method-assign]
+    reads = _record_reads(store)
     assert queue.next() is None
-    assert listed == []
+    assert reads == []
     queue.park("lane7", _start(99))
     head = queue.next()
     assert head is not None and head[1].start.execution_id == "x99"
@@ -267,17 +273,10 @@ def test_a_queue_emptied_at_once_reads_its_next_rows_without_walking_the_taken(
     tx.commit(99)
     for n in range(200, 210):
         queue.push(_start(n))
-    reads_from = []
-    original = store.items
-
-    def recording(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        reads_from.append(start)
-        return original(prefix, start)
-
-    store.items = recording  # type: ignore[method-assign]
+    reads = _record_reads(store)
     assert [p.start.execution_id for p in queue] == [f"x{n}" for n in range(200, 210)]
     queue.clear()
     # Every read of the store starts past the 200 rows taken before (RocksDB would step
     # over their tombstones one by one).
-    assert reads_from and all(start is not None and start > last_taken for start in reads_from)
+    assert reads and all(start is not None and start > last_taken for _, start in reads)
     assert len(queue) == 0 and queue.peek() is None
