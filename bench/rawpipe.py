@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from bench.floor import Bound, Floor, sized
 from sluicegate.config import Settings
+from sluicegate.streams.runtime import producer_tuning
 
 
 def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
@@ -48,10 +49,7 @@ def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],
     # The same client settings as the worker's (runtime.Worker.__init__).
     producer = Producer(settings.client_config(**{
         "transactional.id": f"{group}-{uuid.uuid4().hex[:12]}",
-        "partitioner": "murmur2_random",
-        "linger.ms": 5,
-        "transaction.timeout.ms": 15000,
-        "compression.type": "lz4",
+        **producer_tuning(settings),
     }))
     consumer = Consumer(settings.client_config(**{
         "group.id": group,
