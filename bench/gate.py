@@ -543,6 +543,7 @@ class Options:
     keep_topics: bool = False
     logs: Path | None = None
     system_cpus: set[int] | None = None
+    latency_rate: float | None = None  # starts/s of the latency phase; None: half the max
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -909,9 +910,9 @@ def raw_io(run: Run) -> None:
 
 
 def latency_plan(opts: Options, max_rate: float) -> tuple[float, int]:
-    """Half the measured rate; `--latency-starts`, or fewer to stay within
-    `--latency-seconds`."""
-    rate = max(1.0, max_rate / 2)
+    """Half the measured rate (or `--latency-rate`); `--latency-starts`, or fewer to stay
+    within `--latency-seconds`."""
+    rate = opts.latency_rate or max(1.0, max_rate / 2)
     return rate, max(1, min(opts.latency_starts, int(rate * opts.latency_seconds)))
 
 
@@ -1361,6 +1362,8 @@ def main() -> None:
     parser.add_argument("--latency-starts", type=int, default=5_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0,
                         help="at most this long a latency phase (fewer starts if slower)")
+    parser.add_argument("--latency-rate", type=float, default=None, metavar="PER_S",
+                        help="starts/s of the latency phase (default: half the measured rate)")
     parser.add_argument("--depths", default=None,
                         help="queue depths of the depth scenario (default: 1000,10000,100000"
                              " up to --starts)")
@@ -1420,7 +1423,7 @@ def main() -> None:
         opts = Options(args.starts, args.warmup, args.latency_starts, args.latency_seconds,
                        depths, args.timeout, args.baseline_tree,
                        admission_sizes(raw_app, RAW_WORKFLOW), apps_dir, args.keep_topics,
-                       args.logs)
+                       args.logs, latency_rate=args.latency_rate)
         if args.pin:
             cpus = sorted(os.sched_getaffinity(0))
             if len(cpus) < 2:
