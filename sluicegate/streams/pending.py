@@ -13,7 +13,8 @@ prefix scan. A start that came with Kafka headers keeps them in a row beside its
 send them on with it when it leaves (docs/decisions/record-headers.md). A `FairQueue`
 keeps one such queue per lane (a tenant, a key) inside one shared budget, and serves
 lanes round-robin among the best-priority heads, so one lane's backlog cannot starve the
-others (docs/decisions/fairness-across-keys.md).
+others; in age mode the heads go by waiting time, boost included, across lanes too
+(docs/decisions/fairness-across-keys.md).
 """
 
 from __future__ import annotations
@@ -237,12 +238,14 @@ class PendingQueue:
 
 
 class FairQueue:
-    """Queues per lane inside one budget, served best-priority first, then round-robin.
+    """Queues per lane inside one budget, served in the order priority gives, then
+    round-robin.
 
-    Within a lane the queue's rank decides (strict or age). Across lanes the heads compete
-    by their priority value alone, then by the turn their lane was last served: so in age
-    mode too a lane that has waited the longest in arrival terms cannot starve the others
-    (docs/decisions/fairness-across-keys.md).
+    Within a lane the queue's rank decides (strict or age). Across lanes, in `strict` mode
+    the heads compete by their priority value, then by the turn their lane was last
+    served (round-robin among equals); in `age` mode the priority is waiting time, so the
+    head that arrived first once its boost is counted goes first, whatever its lane, with
+    real arrival and then the round deciding ties (docs/decisions/fairness-across-keys.md).
     """
 
     __slots__ = ("_lanes_prefix", "_total_key", "_turn_key", "budget", "mode", "tx")
@@ -295,24 +298,29 @@ class FairQueue:
             self.tx.delete(self._turn_key)
 
     def next(self) -> tuple[str, Parked] | None:
-        """The start to serve next: the head with the highest priority; among equal
-        priorities, the lane served least recently."""
+        """The start to serve next: in `strict` mode the head with the highest priority,
+        among equal priorities the lane served least recently; in `age` mode the head
+        with the earliest arrival less its boost, then the earliest arrival, then the lane
+        served least recently."""
         if self.tx.get(self._total_key) is None:
             # Nothing waits: one point read, where listing the lanes is an iterator over a
             # range that the lanes emptied before have left with tombstones. A key that
             # keeps up with its arrivals asks this at every release.
             return None
-        best: tuple[float, int, str, Parked] | None = None
+        age = self.mode == "age"
+        best: tuple[float, int, int, str, Parked] | None = None
         for name, turn in self.lanes():
             head = self.lane(name).peek()
             if head is None:
                 continue
-            candidate = (-head.start.priority, turn, name, head)
-            if best is None or candidate[:2] < best[:2]:
+            start = head.start
+            candidate = ((rank(start, "age"), start.arrived_at_ms, turn, name, head) if age
+                         else (-start.priority, 0, turn, name, head))
+            if best is None or candidate[:3] < best[:3]:
                 best = candidate
         if best is None:
             return None
-        return best[2], best[3]
+        return best[3], best[4]
 
     def take(self, lane: str, parked: Parked) -> None:
         """Remove a served start and move its lane to the back of the round."""

@@ -16,6 +16,12 @@ class Report(BaseModel):
     n: int
 
 
+class Boosted(BaseModel):
+    account: str
+    boost: int = 0
+    n: int
+
+
 # At most 5 in flight per tenant (seed 000's shape).
 per_tenant = Workflow(name="perTenant", payload=TenantJob,
                       concurrency=Concurrency(limit=5, key="tenant"))
@@ -37,6 +43,12 @@ report = Workflow(name="report", payload=Report, concurrency=1,
 # The same without a priority: first come, first served.
 plain = Workflow(name="plain", payload=Report, concurrency=1)
 
+# Seed 003's shape: one run at a time overall, at most 5 per account, and a boost in
+# seconds of waiting time ("as if it had waited 2 minutes longer").
+by_account = Workflow(name="byAccount", payload=Boosted,
+                      priority=Priority(expr="boost", mode="age"),
+                      concurrency=[Concurrency(limit=1), Concurrency(limit=5, key="account")])
+
 # A suspended run frees its slot (seed 003's steps), or keeps it (seed 000's runs).
 stepper = Workflow(name="stepper", payload=TenantJob,
                    concurrency=Concurrency(limit=1, mode="steps"))
@@ -47,4 +59,5 @@ bounded = Workflow(name="bounded", payload=TenantJob,
                    concurrency=Concurrency(limit=1, max_queued=2),
                    timeouts=Timeouts(start="1 minute"))
 
-app = App([per_tenant, embed, summarize, fair_job, report, plain, stepper, runner, bounded])
+app = App([per_tenant, embed, summarize, fair_job, report, plain, by_account, stepper, runner,
+           bounded])

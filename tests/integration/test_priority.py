@@ -10,6 +10,7 @@ import pytest
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
 from sluicegate.schemas.records import LedgerRecord, Outcome, RunEventKind
+from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import TopicReader, WorkerThread
@@ -59,3 +60,38 @@ def test_with_all_default_priorities_the_queue_is_first_come_first_served(
         settings: Settings, app: App) -> None:
     order = _admission_order(settings, app, "plain", [False, True, False, True, False])
     assert order == [0, 1, 2, 3, 4]
+
+
+def test_in_age_mode_a_start_that_waited_longer_beats_a_boosted_newcomer_of_another_lane(
+        settings: Settings, app: App) -> None:
+    """Seed 003's shape: one slot overall, a lane per account. A start of account a that
+    has waited 9 minutes with no boost goes before a start of account b that arrives now
+    with a boost of 1 s, and one of account c boosted by 600 s (as if it came 10 minutes
+    ago) goes before both."""
+    create_topics(settings)
+    ledger = TopicReader(settings, Topics(settings).ledger, LedgerRecord)
+    engine = StepEngine(settings)
+    clock = ManualClock()
+
+    def start(account: str, boost: int, n: int, queued: int) -> None:
+        produce_in_order(settings, [("byAccount", {"account": account, "boost": boost, "n": n})])
+        ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows) >= queued,
+                     timeout=15, what=f"{queued} starts queued")
+
+    try:
+        with WorkerThread(app, settings, clock):
+            produce_in_order(settings, [("byAccount", {"account": "a", "n": -1})])
+            running = engine.next_admitted()
+            start("a", 0, 0, queued=1)
+            clock.advance(9 * 60_000)
+            start("b", 1, 1, queued=2)
+            clock.advance(1_000)
+            start("c", 600, 2, queued=3)
+            order = []
+            for _ in range(3):
+                engine.report(running, RunEventKind.completed)
+                running = engine.next_admitted()
+                order.append(json.loads(running.payload)["n"])
+    finally:
+        engine.close()
+    assert order == [2, 0, 1]

@@ -308,6 +308,39 @@ def test_age_priority_counts_as_extra_waiting_time(make: Any) -> None:
     assert h.admitted_ids() == [running, boosted, old, late]
 
 
+def _seed_003_shape() -> Workflow:
+    # Seed 003: one run at a time overall, at most 5 per account; waiting runs of
+    # accounts with a boost go first "as if they had waited" that much longer.
+    return Workflow(name="w", payload=Job, priority=Priority(expr="p", mode="age"),
+                    concurrency=[Concurrency(limit=1), Concurrency(limit=5, key="tenant")])
+
+
+def test_age_priority_across_lanes_orders_by_waiting_time_with_the_boost(make: Any) -> None:
+    h = make(_seed_003_shape())
+    running = h.start("w", {"tenant": "a"})
+    old = h.start("w", {"tenant": "a", "p": 0})
+    h.advance(9 * 60_000)
+    boosted = h.start("w", {"tenant": "b", "p": 1})  # 1 s of boost against 9 minutes
+    h.advance(1_000)
+    far_boosted = h.start("w", {"tenant": "c", "p": 600})  # as if it came 10 minutes ago
+    for current in (running, far_boosted, old):
+        h.release(current)
+    assert h.admitted_ids() == [running, far_boosted, old, boosted]
+
+
+def test_age_priority_across_lanes_is_first_come_first_served_on_a_tie(make: Any) -> None:
+    h = make(_seed_003_shape())
+    running = h.start("w", {"tenant": "a"})
+    h.advance(1_000)
+    first = h.start("w", {"tenant": "b", "p": 0})
+    h.advance(5_000)
+    second = h.start("w", {"tenant": "c", "p": 5})  # the same virtual arrival as `first`
+    third = h.start("w", {"tenant": "a", "p": 0})
+    for current in (running, first, second):
+        h.release(current)
+    assert h.admitted_ids() == [running, first, second, third]
+
+
 def test_a_pool_is_one_budget_for_all_its_members(make: Any) -> None:
     a = Workflow(name="a", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
     b = Workflow(name="b", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))

@@ -6,8 +6,9 @@ expression, or the deployment-wide cap) arrives here keyed by `budget \\x1f key 
 one task owns one budget key and its count of slots held is exact whatever the number of
 workers. A start that finds a free slot takes it (a `Slot` on the start, released by the
 runs stage when the run ends) and goes on; the excess waits in the key's queue and is
-admitted as slots free. The queue is a FairQueue: round-robin across the lanes that share
-the key (docs/decisions/fairness-across-keys.md), by priority within a lane.
+admitted as slots free. The queue is a FairQueue: by priority, then round-robin across the
+lanes that share the key (in age mode by waiting time with the boost, across lanes too;
+docs/decisions/fairness-across-keys.md).
 
 A `steps`-mode slot is also given back while the run is suspended; the run must then be
 re-admitted here (a `resume` start) before it resumes. Over `max_queued` a start is
