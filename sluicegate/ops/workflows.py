@@ -4,7 +4,9 @@ A pause is one row of the compacted `sg.control` topic keyed `pause:<workflow>`;
 worker polls that table each loop, so it applies everywhere within about a second. While
 paused, starts collect in the pause stage (never discarded); unpause drains them in
 priority order. Unpause writes a row saying `paused=false` rather than a tombstone: the
-workers drain on seeing the change, and the row keeps who lifted the pause and when.
+workers drain on seeing the change, and the row keeps who lifted the pause and when. The
+one exception is a workflow the declarations no longer have: its row is deleted (the
+workers failed what it had collected when they restored without it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sluicegate.config import Settings
 from sluicegate.ops import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import ControlRow, RunStatus
-from sluicegate.streams.control import pause_key
+from sluicegate.streams.control import ControlTable, pause_key
 from sluicegate.topology.topics import Topics
 
 app = typer.Typer(help="Operate on workflows: pause and unpause their starts, see their flow.",
@@ -46,21 +48,40 @@ def _settings(bootstrap: str | None, namespace: str | None) -> Settings:
     return cli_settings(bootstrap, namespace)
 
 
-def _check_declared(name: str, app_spec: str | None, settings: Settings) -> None:
+def _undeclared(name: str, app_spec: str | None, settings: Settings) -> str | None:
+    """Why NAME is not a workflow of `app_spec` (None: it is, or no --app was given)."""
     if app_spec is None:
-        return
+        return None
     from sluicegate.declare import load_app
 
     declared = load_app(app_spec, settings)
-    if declared.get(name) is None:
-        known = ", ".join(sorted(declared.workflows)) or "none"
-        typer.echo(f"workflow {name!r} is not declared in {app_spec} (declared: {known})",
-                   err=True)
+    if declared.get(name) is not None:
+        return None
+    known = ", ".join(sorted(declared.workflows)) or "none"
+    return f"workflow {name!r} is not declared in {app_spec} (declared: {known})"
+
+
+def _check_declared(name: str, app_spec: str | None, settings: Settings) -> None:
+    problem = _undeclared(name, app_spec, settings)
+    if problem is not None:
+        typer.echo(problem, err=True)
         raise typer.Exit(2)
 
 
-def write_control(settings: Settings, row: ControlRow, timeout_s: float = 30.0) -> None:
-    """Put one row on the control table and wait until the broker has it."""
+def _pause_row(settings: Settings, name: str) -> ControlRow | None:
+    """NAME's current row on the control table, if it has one."""
+    table = ControlTable(settings)
+    try:
+        table.catch_up(timeout_s=10.0)
+        return table.rows.get(name)
+    finally:
+        table.close()
+
+
+def write_control(settings: Settings, row: ControlRow, timeout_s: float = 30.0, *,
+                  delete: bool = False) -> None:
+    """Put one row on the control table (or, with `delete`, a tombstone for its workflow)
+    and wait until the broker has it."""
     errors: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: object) -> None:
@@ -68,8 +89,8 @@ def write_control(settings: Settings, row: ControlRow, timeout_s: float = 30.0) 
             errors.append(err)
 
     producer = Producer(settings.client_config(**{"enable.idempotence": True}))
-    producer.produce(Topics(settings).control, codec.encode(row), pause_key(row.workflow),
-                     on_delivery=delivered)
+    producer.produce(Topics(settings).control, None if delete else codec.encode(row),
+                     pause_key(row.workflow), on_delivery=delivered)
     if producer.flush(timeout_s) or errors:
         raise RuntimeError(f"could not write the control row for {row.workflow}: "
                            f"{errors or 'not delivered within ' + str(timeout_s) + 's'}")
@@ -111,13 +132,26 @@ def unpause(
     bootstrap: Bootstrap = None,
     namespace: Namespace = None,
 ) -> None:
-    """Unpause NAME: the starts that collected are admitted in priority order."""
+    """Unpause NAME: the starts that collected are admitted in priority order.
+
+    With --app not declaring NAME, a workflow removed while paused: its pause row is
+    deleted (what it collected failed when the workers restored without it)."""
     settings = _settings(bootstrap, namespace)
-    _check_declared(name, app_spec, settings)
-    write_control(settings, ControlRow(workflow=name, paused=False,
-                                       at_ms=int(time.time() * 1000), reason=reason,
-                                       by=_who(by)))
-    typer.echo(f"unpaused {name}; its collected starts drain in priority order")
+    row = ControlRow(workflow=name, paused=False, at_ms=int(time.time() * 1000),
+                     reason=reason, by=_who(by))
+    problem = _undeclared(name, app_spec, settings)
+    if problem is None:
+        write_control(settings, row)
+        typer.echo(f"unpaused {name}; its collected starts drain in priority order")
+        return
+    current = _pause_row(settings, name)
+    if current is None or not current.paused:
+        typer.echo(f"{problem}, and it is not paused: nothing to unpause", err=True)
+        raise typer.Exit(2)
+    write_control(settings, row, delete=True)
+    typer.echo(f"unpaused {name} and deleted its pause row: {app_spec} does not declare it, "
+               f"so the starts it collected fail (workflow removed from the declarations) "
+               f"on workers running those declarations")
 
 
 @app.command("flow")

@@ -97,6 +97,11 @@ def unpack_headers(raw: bytes) -> Headers:
     return headers
 
 
+def queue_names(tx: StoreTransaction) -> list[bytes]:
+    """The names of the queues in `tx`'s store that have starts waiting."""
+    return [key[len(_COUNT) + 2:] for key, _ in tx.items(_COUNT)]
+
+
 @dataclass(frozen=True, slots=True)
 class Parked:
     row: bytes

@@ -10,6 +10,7 @@ that waits) written in the same transaction as its effect.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 from sluicegate.declare import App, ExpressionError, FailureReport, Workflow, applies
@@ -32,11 +33,21 @@ from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, dead_letter, record_decision, reject
 from sluicegate.streams.payloads import Payloads
 from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.route import Hop, Route, hop_key, route_for
 from sluicegate.topology.topics import Topics
 
 PAUSE_STAGE = "pause"
 REMOVED = "workflow removed from the declarations"
+# Where a stage keeps the digest of the workflows it last checked its state against (a
+# state row no idempotency key, queue or group can have: those never start with \x00).
+DECLARED_ROW = STATE_PREFIX + b"\x00declared"
+
+
+def declared_digest(app: App) -> bytes:
+    """The workflows declared, as a digest: a stage whose state outlives a workflow
+    (parked, queued, delayed starts) checks it again at restore only when this changed."""
+    return hashlib.sha256("\n".join(sorted(app.workflows)).encode()).digest()
 # Stages that hand out a budget (a throttle turn, a slot): a paused start waits before them.
 _BUDGET_STAGES = {"throttle", "concurrency"}
 # A hop's control, by the name the origin matrix knows it under.

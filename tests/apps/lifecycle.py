@@ -68,3 +68,6 @@ batched = Workflow(name="batchedJobs", payload=Jobs,
 
 app = App([job_failed, slow, solo, flaky, ranked, gated, debounced, throttled, leased,
            expiring, limited, batched])
+# The same after flakyJob was removed from the declarations.
+without_flaky = App([job_failed, slow, solo, ranked, gated, debounced, throttled, leased,
+                     expiring, limited, batched])

@@ -14,9 +14,10 @@ from sluicegate.config import Settings
 from sluicegate.ops.cli import app as cli
 from sluicegate.schemas.records import AdmittedStart, ControlRow, LedgerRecord, Outcome
 from sluicegate.streams.clock import ManualClock
+from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.apps.lifecycle import app
+from tests.apps.lifecycle import app, without_flaky
 from tests.integration.kafka_helpers import TopicReader, WorkerThread
 
 pytestmark = pytest.mark.broker
@@ -112,3 +113,53 @@ def test_pause_needs_a_reason_and_with_an_app_a_declared_name() -> None:
     assert typo.exit_code == 2
     assert "'rankedJb' is not declared in tests.apps.lifecycle" in typo.output
 
+
+
+def test_starts_collected_or_delayed_for_a_workflow_removed_while_paused_fail_at_restore(
+        settings: Settings) -> None:
+    """Paused flakyJob collects two starts, and a third waits for its `at` an hour away;
+    a worker restored with declarations that no longer have flakyJob fails all three at
+    once (`failed`, onFailure told), and `unpause` with those declarations deletes the
+    pause row that nothing else could clear."""
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    _cli(settings, "pause", "flakyJob", "--reason", "retiring it")
+    control = TopicReader(settings, topics.control, ControlRow)
+    control.until(lambda rows: len(rows) >= 1, what="the pause row")
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with Client(app=app, settings=settings, replies=False) as client, \
+            WorkerThread(app, settings, clock):
+        collected = [client.submit("flakyJob", {"jobId": f"j{i}"}) for i in range(2)]
+        delayed = client.submit("flakyJob", {"jobId": "later"}, at=clock.now_ms() + 3_600_000)
+        client.flush()
+        ledger.until(lambda rows: _queued(rows) >= 2 and any(
+            r.deferral == "delayed" for r in rows), what="two collected, one delayed")
+
+    moved = settings.with_(state_dir=settings.state_dir.parent / "state-after")
+    with WorkerThread(without_flaky, moved, clock):
+        ledger.until(lambda rows: sum(r.outcome is Outcome.failed for r in rows) >= 3,
+                     timeout=30, what="three failed starts")
+        admitted.until(lambda rows: sum(a.workflow == "jobFailed" for a in rows) >= 3,
+                       timeout=30, what="three onFailure runs")
+    failed = [r for r in ledger.records if r.outcome is Outcome.failed]
+    assert sorted(r.request_id for r in failed) == sorted(
+        h.request_id for h in [*collected, delayed])
+    assert {r.reason for r in failed} == {"workflow removed from the declarations"}
+    assert not [a for a in admitted.records if a.workflow == "flakyJob"]
+    reports = [json.loads(a.payload) for a in admitted.records if a.workflow == "jobFailed"]
+    assert {r["workflow"] for r in reports} == {"flakyJob"}
+
+    refused = runner.invoke(cli, ["workflows", "unpause", "neverPaused", "--app",
+                                  "tests.apps.lifecycle:without_flaky", "--bootstrap",
+                                  settings.bootstrap, "--namespace", settings.namespace])
+    assert refused.exit_code == 2 and "not paused" in refused.output
+    out = _cli(settings, "unpause", "flakyJob", "--app", "tests.apps.lifecycle:without_flaky")
+    assert "deleted its pause row" in out
+    table = ControlTable(settings)
+    try:
+        table.catch_up()
+        assert "flakyJob" not in table.rows
+    finally:
+        table.close()

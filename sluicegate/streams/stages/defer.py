@@ -24,7 +24,6 @@ records the choices the spec leaves open.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Literal
@@ -37,7 +36,7 @@ from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, Slot
 from sluicegate.streams.decisions import describe_invalid, reject
 from sluicegate.streams.payloads import is_sealed, validate
 from sluicegate.streams.pending import PendingQueue, priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, ControlStage, Router
+from sluicegate.streams.routing import REMOVED, ControlStage, Router, declared_digest
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
@@ -272,7 +271,7 @@ class DeferStage(ControlStage):
     def __init__(self, app: App, router: Router, max_payload_bytes: int) -> None:
         super().__init__(app, router)
         self.max_payload_bytes = max_payload_bytes
-        self._declared = hashlib.sha256("\n".join(sorted(app.workflows)).encode()).digest()
+        self._declared = declared_digest(app)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:

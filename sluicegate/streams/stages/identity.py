@@ -43,7 +43,13 @@ from sluicegate.streams.decisions import (
 )
 from sluicegate.streams.payloads import SealError, validate
 from sluicegate.streams.pending import priority_mode, rank_key
-from sluicegate.streams.routing import Router, identity_store_key
+from sluicegate.streams.routing import (
+    DECLARED_ROW,
+    REMOVED,
+    Router,
+    declared_digest,
+    identity_store_key,
+)
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
@@ -131,6 +137,7 @@ class IdentityStage(Stage):
         self.partitions = partitions
         self.router = router
         self.max_payload_bytes = max_payload_bytes
+        self._declared = declared_digest(app)
         # Whether this stage needs a workflow's payload as data: for its idempotency
         # expression, its priority, or a key of a later hop. A passthrough with none of
         # these never parses it.
@@ -266,6 +273,23 @@ class IdentityStage(Stage):
         ctx.timers.schedule(at_ms, timer, codec.encode(pending))
         self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
                            due_at_ms=at_ms)
+
+    def restored(self, ctx: StageContext) -> None:
+        """A delayed start of a workflow no longer declared fails now, not at its `at`
+        (up to its declared horizon away). This reads every timer of the partition (the
+        idempotency keys' expiries too), so only when the declarations changed since the
+        partition was last checked."""
+        if ctx.store.get(DECLARED_ROW) == self._declared:
+            return
+        for raw, value in list(ctx.store.items(TIMER_PREFIX)):
+            due_ms, key = parse_timer_key(raw)
+            if not key.startswith(_DELAYED):
+                continue
+            pending = codec.decode(PendingStart, value)
+            if self.app.get(pending.workflow) is None:
+                ctx.timers.cancel(due_ms, key)
+                self.router.fail(ctx, pending, Outcome.failed, REMOVED)
+        ctx.store.put(DECLARED_ROW, self._declared)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         if cancelon.forget(ctx, key):

@@ -1,5 +1,7 @@
 """Pause: while a workflow is paused its starts collect here, never discarded; unpause
-drains them in priority order (SPEC.md section 3).
+drains them in priority order (SPEC.md section 3). The starts of a workflow removed from
+the declarations while they waited fail (`failed`, its onFailure told) when the worker
+restores with the new declarations, as every other queue's do.
 
 Only a paused workflow's starts take this detour — just before a throttle or concurrency
 hop, or admission — keyed by workflow, so all of one workflow's paused starts wait in one
@@ -11,10 +13,17 @@ from __future__ import annotations
 from sluicegate.declare import App
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.records import CancelSweep, ControlRow, PendingStart
+from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
-from sluicegate.streams.pending import PendingQueue, priority_mode
-from sluicegate.streams.routing import PAUSE_STAGE, ControlStage, Router
+from sluicegate.streams.pending import PendingQueue, priority_mode, queue_names
+from sluicegate.streams.routing import (
+    DECLARED_ROW,
+    PAUSE_STAGE,
+    REMOVED,
+    ControlStage,
+    Router,
+    declared_digest,
+)
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 
@@ -29,6 +38,7 @@ class PauseStage(ControlStage):
     def __init__(self, app: App, partitions: int, router: Router) -> None:
         super().__init__(app, router)
         self.partitions = partitions
+        self._declared = declared_digest(app)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
@@ -63,6 +73,21 @@ class PauseStage(ControlStage):
                 if reason is not None:
                     queue.remove(parked)
                     cancelon.discard(ctx, self.router, start, sweep, reason, workflow)
+
+    def restored(self, ctx: StageContext) -> None:
+        """Fail the collected starts of workflows no longer declared: they would wait for
+        an unpause that a worker without the workflow cannot act on. Read only when the
+        declarations changed since the partition was last checked."""
+        if ctx.store.get(DECLARED_ROW) == self._declared:
+            return
+        for name in queue_names(ctx.store):
+            if self.app.get(name.decode(errors="replace")) is not None:
+                continue
+            queue = PendingQueue(ctx.store, name)
+            for parked in list(queue):
+                queue.remove(parked)
+                self.router.fail(ctx, parked.start, Outcome.failed, REMOVED)
+        ctx.store.put(DECLARED_ROW, self._declared)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         cancelon.forget(ctx, key)  # its only timers
