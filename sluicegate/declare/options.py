@@ -243,16 +243,33 @@ class Concurrency(_Keyed):
     """At most `limit` runs in flight per key. `pool` names a budget shared by every
     workflow naming it; `scope="account"`/`"env"` (seed 003) shares the budget between every
     workflow using the same key expression. `mode="steps"` frees a slot while the run is
-    suspended; `lease` frees a slot whose run went silent (unless timeouts.finish is set)."""
+    suspended; `lease` frees a slot whose run went silent (unless timeouts.finish is set).
+    `fair_by` serves the waiting starts round-robin across the values of an expression,
+    `weights` giving some values more turns (docs/decisions/fairness-option.md)."""
 
     option_name = "concurrency"
     duration_fields = ("lease",)
+    expression_fields = ("key", "fair_by")
     limit: int
     pool: str | None = None
     scope: Literal["fn", "account", "env"] = "fn"
     mode: Literal["runs", "steps"] = "runs"
     lease: DurationValue = "1h"
     max_queued: int | None = None
+    # Fairness: the starts waiting at a key are served round-robin across the values of
+    # this expression (a tenant, an account), `weights[value]` turns in a row each (1 by
+    # default), so one value's backlog cannot hold back the others.
+    fair_by: str | None = None
+    weights: dict[str, int] | None = None
+
+    @cached_property
+    def fair_expr(self) -> Expression | None:
+        """The compiled fairness key, or None when the limit declares none."""
+        return self._expr("fair_by") if self.fair_by is not None else None
+
+    def weight(self, value: str) -> int:
+        """The turns in a row the fairness value `value` gets (1 unless declared)."""
+        return self.weights.get(value, 1) if self.weights else 1
 
     @cached_property
     def lease_ms(self) -> int:

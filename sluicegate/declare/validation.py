@@ -27,6 +27,8 @@ HOUR = 3_600_000
 WEEK = 7 * 24 * HOUR
 AGE_PRIORITY = 600
 MAX_CONCURRENCY_LIMITS = 2
+# The most turns in a row a fairness value may be given (`Concurrency.weights`).
+MAX_FAIR_WEIGHT = 100
 # Names end up in Kafka keys and topic-derived names, where ':' separates parts.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 _NAME_RULE = "letters, digits, '_', '.' and '-', at most 200, not starting with '.' or '-'"
@@ -164,6 +166,13 @@ def _concurrency(limits: Sequence[Any]) -> list[str]:
                        "to share a budget; declare one")
         if limit.pool is not None and not NAME.fullmatch(limit.pool):
             out.append(f"concurrency pool {limit.pool!r} is not a valid pool name ({_NAME_RULE})")
+        if limit.weights is not None and limit.fair_by is None:
+            out.append("concurrency weights need fair_by: they weigh the values of the "
+                       "fairness key")
+        for value, weight in (limit.weights or {}).items():
+            if isinstance(weight, bool) or not 1 <= weight <= MAX_FAIR_WEIGHT:
+                out.append(f"concurrency weights[{value!r}] must be a whole number from 1 to "
+                           f"{MAX_FAIR_WEIGHT} (got {weight!r})")
         expr = limit._exprs.get("key") if limit._exprs else None
         identity = (limit.scope, limit.pool, expr.canonical if expr else str(limit.key))
         if identity in seen:
@@ -273,7 +282,7 @@ def _is_failure_report(model: type[BaseModel]) -> bool:
 
 
 def _pools(workflows: Sequence[Workflow]) -> list[str]:
-    first: dict[str, tuple[str, int]] = {}
+    first: dict[str, tuple[str, Any]] = {}
     problems = []
     for wf in workflows:
         for limit in wf.concurrency:
@@ -283,15 +292,27 @@ def _pools(workflows: Sequence[Workflow]) -> list[str]:
             if budget is None:
                 continue
             if budget not in first:
-                first[budget] = (wf.name, limit.limit)
+                first[budget] = (wf.name, limit)
                 continue
             other, other_limit = first[budget]
-            if other_limit != limit.limit:
-                what = (f"pool {limit.pool!r}" if limit.pool is not None
-                        else f"shared by key {limit.key!r} (scope {limit.scope!r})")
+            what = (f"pool {limit.pool!r}" if limit.pool is not None
+                    else f"shared by key {limit.key!r} (scope {limit.scope!r})")
+            if other_limit.limit != limit.limit:
                 problems.append(
                     f"workflow {wf.name}: concurrency {what} declares limit {limit.limit}, but "
-                    f"workflow {other} declares {other_limit}; every member of a shared budget "
-                    "must declare the same limit"
+                    f"workflow {other} declares {other_limit.limit}; every member of a shared "
+                    "budget must declare the same limit"
+                )
+            if (other_limit.fair_by is None) != (limit.fair_by is None) or (
+                    other_limit.weights or {}) != (limit.weights or {}):
+                def fairness(option: Any) -> str:
+                    if option.fair_by is None:
+                        return "no fair_by"
+                    return f"fair_by with weights {option.weights or {}}"
+
+                problems.append(
+                    f"workflow {wf.name}: concurrency {what} declares {fairness(limit)}, but "
+                    f"workflow {other} declares {fairness(other_limit)}; every member of a "
+                    "shared budget must declare fairness alike (its expression may differ)"
                 )
     return problems

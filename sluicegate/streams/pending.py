@@ -242,23 +242,36 @@ class PendingQueue:
         self._set_count(0)
 
 
+def _turn(raw: bytes) -> tuple[int, int]:
+    """A lane's marker: the turn it was last moved to the back at, and the turns it has
+    had in a row since (`turn` alone when none: every lane of weight 1)."""
+    turn, _, used = raw.partition(b":")
+    return int(turn), int(used or 0)
+
+
 class FairQueue:
     """Queues per lane inside one budget, served in the order priority gives, then
-    round-robin.
+    round-robin (a lane of weight w takes w turns in a row before it goes to the back).
 
     Within a lane the queue's rank decides (strict or age). Across lanes, in `strict` mode
     the heads compete by their priority value, then by the turn their lane was last
     served (round-robin among equals); in `age` mode the priority is waiting time, so the
     head that arrived first once its boost is counted goes first, whatever its lane, with
     real arrival and then the round deciding ties (docs/decisions/fairness-across-keys.md).
+    With a declared fairness key (`fair`) the round comes before the age of a start:
+    priority in age mode orders a lane only (docs/decisions/fairness-option.md).
     """
 
-    __slots__ = ("_lanes_prefix", "_total_key", "_turn_key", "budget", "mode", "tx")
+    __slots__ = ("_lanes_prefix", "_total_key", "_turn_key", "budget", "fair", "mode", "tx")
 
-    def __init__(self, tx: StoreTransaction, budget: bytes, mode: str = "strict") -> None:
+    def __init__(self, tx: StoreTransaction, budget: bytes, mode: str = "strict",
+                 fair: bool = False) -> None:
         self.tx = tx
         self.budget = budget
         self.mode = mode
+        # A declared fairness key (`Concurrency.fair_by`): the round decides across lanes,
+        # after priority in strict mode; in age mode the priority orders a lane only.
+        self.fair = fair
         named = _name(budget)
         self._lanes_prefix = _LANES + named
         self._total_key = _TOTAL + named
@@ -277,18 +290,20 @@ class FairQueue:
         its position in that lane."""
         marker = self._lanes_prefix + lane.encode()
         if self.tx.get(marker) is None:
-            # A new lane joins the round behind every lane already waiting (as if served
-            # just now): a lane that empties and refills cannot jump the queue.
-            self.tx.put(marker, self.tx.get(self._turn_key) or b"0")
+            # A new lane joins the round behind every lane already waiting, as if served
+            # just now (a turn of its own, so lanes that join together keep their order):
+            # a lane that empties and refills cannot jump the queue.
+            raw = self.tx.get(self._turn_key)
+            turn = str(int(raw) + 1 if raw else 1).encode()
+            self.tx.put(self._turn_key, turn)
+            self.tx.put(marker, turn)
         self._add(1)
         return self.lane(lane).park(start, self.mode, headers)
 
     def lanes(self) -> list[tuple[str, int]]:
         """(lane, last served turn) for every lane with starts waiting."""
-        return [
-            (key[len(self._lanes_prefix):].decode(), int(value))
-            for key, value in self.tx.items(self._lanes_prefix)
-        ]
+        return [(key[len(self._lanes_prefix):].decode(), _turn(value)[0])
+                for key, value in self.tx.items(self._lanes_prefix)]
 
     def __len__(self) -> int:
         raw = self.tx.get(self._total_key)
@@ -313,27 +328,39 @@ class FairQueue:
             # keeps up with its arrivals asks this at every release.
             return None
         age = self.mode == "age"
+        fair = self.fair
         best: tuple[float, int, int, str, Parked] | None = None
         for name, turn in self.lanes():
             head = self.lane(name).peek()
             if head is None:
                 continue
             start = head.start
-            candidate = ((rank(start, "age"), start.arrived_at_ms, turn, name, head) if age
-                         else (-start.priority, 0, turn, name, head))
+            if age and not fair:
+                candidate = (rank(start, "age"), start.arrived_at_ms, turn, name, head)
+            else:
+                candidate = (0.0 if age else -start.priority, 0, turn, name, head)
             if best is None or candidate[:3] < best[:3]:
                 best = candidate
         if best is None:
             return None
         return best[3], best[4]
 
-    def take(self, lane: str, parked: Parked) -> None:
-        """Remove a served start and move its lane to the back of the round."""
+    def take(self, lane: str, parked: Parked, weight: int = 1) -> None:
+        """Remove a served start; its lane goes to the back of the round once it has had
+        `weight` turns in a row."""
         raw = self.tx.get(self._turn_key)
-        turn = str(int(raw) + 1 if raw else 1).encode()
-        self.tx.put(self._turn_key, turn)
-        if self._remove(lane, parked):
-            self.tx.put(self._lanes_prefix + lane.encode(), turn)
+        turn = int(raw) + 1 if raw else 1
+        self.tx.put(self._turn_key, str(turn).encode())
+        if not self._remove(lane, parked):
+            return
+        marker = self._lanes_prefix + lane.encode()
+        if weight > 1:
+            kept, used = _turn(self.tx.get(marker) or b"0")
+            if used + 1 < weight:
+                # More turns in a row: its place in the round stays.
+                self.tx.put(marker, f"{kept}:{used + 1}".encode())
+                return
+        self.tx.put(marker, str(turn).encode())
 
     def remove(self, lane: str, parked: Parked) -> None:
         """Remove a start that was not served (it expired, its workflow went away): its

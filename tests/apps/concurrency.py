@@ -37,6 +37,10 @@ fair_job = Workflow(name="fairJob", payload=TenantJob, concurrency=[
     Concurrency(limit=1000, key="tenant"), Concurrency(limit=4, pool="gpu"),
 ])
 
+# The same shape with the fairness declared on the pool itself: no dummy limit in front.
+fair_by_tenant = Workflow(name="fairByTenant", payload=TenantJob, concurrency=Concurrency(
+    limit=1, pool="shared", fair_by="tenant", weights={"gold": 2}))
+
 # One at a time; urgent ones overtake the waiting normal ones.
 report = Workflow(name="report", payload=Report, concurrency=1,
                   priority=Priority(expr="urgent ? 100 : 0"))
@@ -59,5 +63,5 @@ bounded = Workflow(name="bounded", payload=TenantJob,
                    concurrency=Concurrency(limit=1, max_queued=2),
                    timeouts=Timeouts(start="1 minute"))
 
-app = App([per_tenant, embed, summarize, fair_job, report, plain, by_account, stepper, runner,
-           bounded])
+app = App([per_tenant, embed, summarize, fair_job, fair_by_tenant, report, plain, by_account,
+           stepper, runner, bounded])

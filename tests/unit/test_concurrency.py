@@ -341,6 +341,60 @@ def test_age_priority_across_lanes_is_first_come_first_served_on_a_tie(make: Any
     assert h.admitted_ids() == [running, first, second, third]
 
 
+def _serve_all(h: Any, running: list[str]) -> list[str]:
+    """End the runs one at a time, oldest first, until nothing waits; the admissions."""
+    seen = len(h.admitted)
+    while running:
+        h.release(running.pop(0))
+        running.extend(h.admitted_ids()[seen:])
+        seen = len(h.admitted)
+    return h.admitted_ids()
+
+
+def _tenants(h: Any, ids: list[str]) -> str:
+    tenant = {a.execution_id: json.loads(a.payload)["tenant"] for a in h.admitted}
+    return "".join(tenant[i] for i in ids)
+
+
+def test_a_fairness_key_serves_a_pool_round_robin_without_a_dummy_limit(make: Any) -> None:
+    # The pool alone, no narrower limit: before fair_by, B's 5 starts waited behind A's 50.
+    h = make(Workflow(name="f", payload=Job,
+                      concurrency=Concurrency(limit=2, pool="p", fair_by="tenant")))
+    big = [h.start("f", {"tenant": "A"}) for _ in range(50)]
+    small = [h.start("f", {"tenant": "B"}) for _ in range(5)]
+    order = _serve_all(h, h.admitted_ids())
+    assert _tenants(h, order[:14]) == "AA" + "AB" * 5 + "AA"
+    assert order == [*big[:2], *[x for pair in zip(big[2:7], small, strict=True)
+                                 for x in pair], *big[7:]]
+    positions = [r.position for r in h.ledger if r.outcome is Outcome.queued
+                 and r.request_id in {f"req-{i}" for i in small}]
+    assert positions == [0, 1, 2, 3, 4]  # its place among its tenant's starts
+
+
+def test_a_fairness_weight_gives_its_value_that_many_turns_in_a_row(make: Any) -> None:
+    h = make(Workflow(name="f", payload=Job, concurrency=Concurrency(
+        limit=1, pool="p", fair_by="tenant", weights={"G": 3})))
+    running = h.start("f", {"tenant": "x"})
+    for _ in range(6):
+        h.start("f", {"tenant": "G"})
+        h.start("f", {"tenant": "S"})
+    order = _serve_all(h, [running])
+    assert _tenants(h, order[1:]) == "GGGS" + "GGGS" + "SSSS"
+
+
+def test_a_fairness_key_in_age_mode_takes_turns_across_lanes(make: Any) -> None:
+    # Age mode orders a tenant's own starts; the round decides between tenants.
+    h = make(Workflow(name="f", payload=Job, priority=Priority(expr="p", mode="age"),
+                      concurrency=Concurrency(limit=1, pool="p", fair_by="tenant")))
+    running = h.start("f", {"tenant": "x"})
+    old = [h.start("f", {"tenant": "A"}) for _ in range(3)]
+    h.advance(60_000)
+    new = h.start("f", {"tenant": "B", "p": 0})
+    boosted = h.start("f", {"tenant": "A", "p": 120})
+    order = _serve_all(h, [running])
+    assert order == [running, boosted, new, *old]
+
+
 def test_a_pool_is_one_budget_for_all_its_members(make: Any) -> None:
     a = Workflow(name="a", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
     b = Workflow(name="b", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
@@ -600,13 +654,16 @@ class SharedPool(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp())
-        self.h = Harness(App([Workflow(name="f", payload=Job, concurrency=[
-            Concurrency(limit=100, key="tenant"), Concurrency(limit=self.LIMIT, pool="p")])]),
-            self.dir / "s")
+        self.h = Harness(self.app(), self.dir / "s")
         self.running: list[str] = []
         self.lanes: dict[str, deque[str]] = defaultdict(deque)
         # Per waiting lane: the lanes served since it began waiting or was last served.
         self.served_since: dict[str, list[str]] = {}
+
+    def app(self) -> App:
+        # The lanes come from the narrower, keyed limit before the pool.
+        return App([Workflow(name="f", payload=Job, concurrency=[
+            Concurrency(limit=100, key="tenant"), Concurrency(limit=self.LIMIT, pool="p")])])
 
     def _check_new_admissions(self, seen: int) -> None:
         for admitted in self.h.admitted[seen:]:
@@ -661,3 +718,15 @@ class SharedPool(RuleBasedStateMachine):
 
 TestSharedPool = SharedPool.TestCase
 TestSharedPool.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+class FairPool(SharedPool):
+    """The same guarantees with the lanes named by a declared fairness key."""
+
+    def app(self) -> App:
+        return App([Workflow(name="f", payload=Job, concurrency=Concurrency(
+            limit=self.LIMIT, pool="p", fair_by="tenant"))])
+
+
+TestFairPool = FairPool.TestCase
+TestFairPool.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)

@@ -273,6 +273,35 @@ def test_workflows_sharing_an_account_key_with_different_limits_are_a_load_error
     assert "workflow push-orders declares 10" in found[0]
 
 
+def test_concurrency_weights_need_a_fairness_key_and_whole_numbers_from_1_to_100() -> None:
+    assert only_problem(concurrency=Concurrency(limit=2, weights={"gold": 3})) == (
+        "workflow f: concurrency weights need fair_by: they weigh the values of the fairness "
+        "key")
+    assert only_problem(concurrency=Concurrency(limit=2, fair_by="tenantId",
+                                                weights={"gold": 0})) == (
+        "workflow f: concurrency weights['gold'] must be a whole number from 1 to 100 (got 0)")
+
+
+def test_a_misspelt_fairness_key_is_a_load_error_naming_the_field() -> None:
+    assert only_problem(concurrency=Concurrency(limit=2, fair_by="tenantID")).startswith(
+        "workflow f: concurrency fair_by: unknown field 'tenantID' in P; did you mean "
+        "'tenantId'?")
+
+
+def test_members_of_one_pool_declaring_fairness_differently_are_a_load_error() -> None:
+    found = problems(
+        Workflow(name="embeddings", payload=P, concurrency=Concurrency(
+            limit=4, pool="gpu", fair_by="tenantId", weights={"acme": 2})),
+        Workflow(name="summarize", payload=P, concurrency=Concurrency(
+            limit=4, pool="gpu", fair_by="plan")),
+    )
+    assert found == [
+        "workflow summarize: concurrency pool 'gpu' declares fair_by with weights {}, but "
+        "workflow embeddings declares fair_by with weights {'acme': 2}; every member of a "
+        "shared budget must declare fairness alike (its expression may differ)"
+    ]
+
+
 def test_an_invalid_pool_name_is_a_load_error() -> None:
     assert only_problem(concurrency=Concurrency(limit=1, pool="open ai")).startswith(
         "workflow f: concurrency pool 'open ai' is not a valid pool name")

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.declare import App, ExpressionError, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -174,6 +174,11 @@ class ConcurrencyStage(ControlStage):
                     modes.setdefault(hop.budget, set()).add(mode)
         self.modes = {budget: "age" if found == {"age"} else "strict"
                       for budget, found in modes.items()}
+        # Budgets whose limit declares a fairness key (every member alike: checked at load).
+        self.fair = {hop.budget for route in router.routes.values() for hop in route.hops
+                     if hop.stage == NAME and hop.index >= 0
+                     and app.workflows[route.workflow].concurrency[hop.index].fair_by
+                     is not None}
         # Per budget, the widest limit any route gives it: a key holding that many slots
         # has no room for any start waiting there, whatever its workflow.
         self.widest: dict[str, int] = {}
@@ -207,7 +212,8 @@ class ConcurrencyStage(ControlStage):
 
     def queue(self, ctx: StageContext, key: str) -> FairQueue:
         budget = key.partition("\x1f")[0]
-        return FairQueue(ctx.store, key.encode(), self.modes.get(budget, "strict"))
+        return FairQueue(ctx.store, key.encode(), self.modes.get(budget, "strict"),
+                         budget in self.fair)
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -319,10 +325,7 @@ class ConcurrencyStage(ControlStage):
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
               queue: FairQueue, headers: Headers | None) -> None:
-        route = self.router.routes[wf.name]
-        by = lane_hop(route, start.hop)
-        lane = wf.name if by is None else Router.key_for(
-            wf, by, self.router.payloads.open(start.payload))
+        lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
         ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
                       _prefixed(lane) + parked.row)
@@ -333,6 +336,31 @@ class ConcurrencyStage(ControlStage):
         if start.kind is AdmittedKind.start:
             self.router.queued(ctx, start, deferral=NAME, key=shown_key(key, wf.name),
                                position=position)
+
+    def _lane(self, wf: Workflow, start: PendingStart) -> str:
+        """The lane `start` waits in at its hop: the value of the limit's fairness key
+        when it declares one, else the narrower key before it (`lane_hop`)."""
+        hop = self.router.hop(start)
+        option = (wf.concurrency[hop.index] if hop is not None and hop.stage == NAME
+                  and hop.index >= 0 else None)
+        fair = option.fair_expr if option is not None else None
+        if fair is not None:
+            try:
+                return fair.text(self.router.payloads.open(start.payload))
+            except ExpressionError:
+                return "null"  # as a key that cannot be evaluated (seed 003)
+        by = lane_hop(self.router.routes[wf.name], start.hop)
+        return wf.name if by is None else Router.key_for(
+            wf, by, self.router.payloads.open(start.payload))
+
+    def _weight(self, start: PendingStart, lane: str) -> int:
+        """The turns in a row `lane` gets (its fairness key's weight; 1 without one)."""
+        wf = self.router.workflow(start.workflow)
+        hop = self.router.hop(start)
+        if wf is None or hop is None or hop.stage != NAME or hop.index < 0:
+            return 1
+        option = wf.concurrency[hop.index]
+        return option.weight(lane) if option.fair_by is not None else 1
 
     def _unpark(self, ctx: StageContext, key: str, start: PendingStart) -> None:
         """Drop a start's waiting index and expiry timer once it leaves the queue."""
@@ -401,7 +429,7 @@ class ConcurrencyStage(ControlStage):
                 continue
             if self.held(ctx, key) >= self.limit(wf, hop).limit:
                 return
-            queue.take(lane, parked)
+            queue.take(lane, parked, self._weight(start, lane))
             self._unpark(ctx, key, start)
             self._take(ctx, key, start, hop, parked.headers)
 
