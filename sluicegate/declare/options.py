@@ -185,13 +185,21 @@ class Throttle(_Keyed):
 
 class Debounce(_Keyed):
     """Starts sharing a key collapse into one pending start, run `period` after the last
-    arrival with the latest payload; `timeout` caps the wait from the first arrival."""
+    arrival with the latest payload; `timeout` caps the wait from the first arrival.
+
+    With `events` (the model each start carries), the run gets every folded start's
+    payload instead, `{"events": [...]}` in arrival order; a window that reaches
+    `max_events` events, or whose payload one more event would take past `max_bytes`,
+    runs early, as a batch does."""
 
     option_name = "debounce"
     duration_fields = ("period", "timeout")
     period: DurationValue
     timeout: DurationValue | None = None
-    # No max_queued: a debounce key holds one pending start, whatever arrives.
+    events: type[BaseModel] | None = None
+    max_events: int = 100
+    max_bytes: int = 4 * 1024 * 1024
+    # No max_queued: a debounce key holds one pending start (or one window of events).
 
     @cached_property
     def period_ms(self) -> int:

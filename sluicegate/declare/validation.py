@@ -29,6 +29,8 @@ AGE_PRIORITY = 600
 MAX_CONCURRENCY_LIMITS = 2
 # The most turns in a row a fairness value may be given (`Concurrency.weights`).
 MAX_FAIR_WEIGHT = 100
+# The most events a debounce that hands over every event may gather into one run.
+MAX_DEBOUNCE_EVENTS = 1000
 # Names end up in Kafka keys and topic-derived names, where ':' separates parts.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 _NAME_RULE = "letters, digits, '_', '.' and '-', at most 200, not starting with '.' or '-'"
@@ -94,6 +96,9 @@ def _ranges(wf: Workflow) -> list[str]:
         out += _duration(wf.debounce, "period", SECOND, WEEK)
         out += _duration(wf.debounce, "timeout", SECOND, WEEK)
         out += _queue_cap(wf.debounce)
+        if wf.debounce.events is not None:
+            out += _between(wf.debounce, "max_events", 1, MAX_DEBOUNCE_EVENTS)
+            out += _at_least(wf.debounce, "max_bytes", 1, "must be more than 0 bytes")
     if wf.batch is not None:
         out += _between(wf.batch, "max_size", 1, 100)
         out += _duration(wf.batch, "timeout", SECOND, HOUR)
@@ -200,17 +205,25 @@ def _priority(wf: Workflow) -> list[str]:
 
 
 def _batch_shape(wf: Workflow) -> list[str]:
-    batch = wf.batch
-    if batch is None or not batch.valid:
-        return []
-    item = batch.item.__name__
-    wanted = f"its payload must have a field items: list[{item}], the batch the run receives"
-    field = wf.payload.model_fields.get("items")
+    if wf.batch is not None and wf.batch.valid:
+        return _list_shape(wf, wf.batch.item, "batch item", "items", "the batch")
+    if wf.debounce is not None and wf.debounce.valid and wf.debounce.events is not None:
+        return _list_shape(wf, wf.debounce.events, "debounce events", "events",
+                           "every event of the window")
+    return []
+
+
+def _list_shape(wf: Workflow, model: type[Any], where: str, name: str,
+                what: str) -> list[str]:
+    """The workflow's payload must hold what the run receives: `name: list[model]`."""
+    wanted = (f"its payload must have a field {name}: list[{model.__name__}], {what} the run "
+              "receives")
+    field = wf.payload.model_fields.get(name)
     if field is None:
-        return [f"batch item: {wanted}; {wf.payload.__name__} has no field items"]
+        return [f"{where}: {wanted}; {wf.payload.__name__} has no field {name}"]
     element = _list_element(field.annotation)
-    if element is None or not (isinstance(element, type) and issubclass(batch.item, element)):
-        return [f"batch item: {wanted}; {wf.payload.__name__}.items is {field.annotation}"]
+    if element is None or not (isinstance(element, type) and issubclass(model, element)):
+        return [f"{where}: {wanted}; {wf.payload.__name__}.{name} is {field.annotation}"]
     return []
 
 

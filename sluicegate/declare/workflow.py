@@ -121,8 +121,13 @@ class Workflow(Declared):
     @cached_property
     def start_model(self) -> type[BaseModel]:
         """What a start request's payload is validated against: the batch item for a batch
-        workflow (callers send one item), else the workflow's payload."""
-        return self.batch.item if self.batch is not None else self.payload
+        workflow, the event for a debounce that hands over every event (callers send one
+        item or event), else the workflow's payload."""
+        if self.batch is not None:
+            return self.batch.item
+        if self.debounce is not None and self.debounce.events is not None:
+            return self.debounce.events
+        return self.payload
 
     @cached_property
     def declared_controls(self) -> tuple[str, ...]:

@@ -97,11 +97,15 @@ class Router:
         nxt = start.hop + 1
         while nxt < len(route.hops) and not applies(_CONTROL[route.hops[nxt].control],
                                                     start.origin):
-            if route.hops[nxt].control == "batch":
-                # A start that batching does not apply to runs as a batch of one, so the
-                # run's payload still has the workflow's own shape.
-                payload = {"items": [self.payloads.open(start.payload) if payload is None
-                                     else payload]}
+            control = route.hops[nxt].control
+            if control == "batch" or (control == "debounce" and wf.debounce is not None
+                                      and wf.debounce.events is not None):
+                # A start that batching (or a debounce handing over every event) does not
+                # apply to runs as a batch of one, so the run's payload still has the
+                # workflow's own shape.
+                field = "items" if control == "batch" else "events"
+                payload = {field: [self.payloads.open(start.payload) if payload is None
+                                   else payload]}
                 start = dataclasses.replace(start, payload=self.payloads.seal(wf, payload))
             nxt += 1
         last = nxt >= len(route.hops)

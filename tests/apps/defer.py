@@ -10,6 +10,10 @@ class Edit(BaseModel):
     editedAt: int
 
 
+class Edits(BaseModel):
+    events: list[Edit]
+
+
 class Click(BaseModel):
     siteId: str
     n: int = 0
@@ -51,6 +55,12 @@ guarded = Workflow(
     debounce=Debounce(key="rowId", period="5 minutes"),
     timeouts=Timeouts(start="1 hour"), on_failure="reportFailure",
 )
+# Every edit of the quiet window handed to the run, in arrival order (inngest issue 3695),
+# at most 5 per run.
+every_edit = Workflow(
+    name="tourEveryEdit", payload=Edits,
+    debounce=Debounce(key="rowId", period="15 minutes", events=Edit, max_events=5),
+)
 # Seed 003's save-clicks.
 clicks = Workflow(
     name="saveClicks", payload=Clicks,
@@ -65,6 +75,6 @@ rows = Workflow(
 report = Workflow(name="reportFailure", payload=FailureReport)
 note = Workflow(name="note", payload=Edit)
 
-app = App([tour, capped, guarded, clicks, rows, report, note])
+app = App([tour, capped, guarded, every_edit, clicks, rows, report, note])
 # The same deployment after tourNarration was removed from the declarations.
-without_tour = App([capped, guarded, clicks, rows, report, note])
+without_tour = App([capped, guarded, every_edit, clicks, rows, report, note])

@@ -187,3 +187,68 @@ def test_starts_pending_for_a_workflow_removed_from_the_declarations_fail_at_res
     assert _history(ledger.records, second) == [Outcome.queued, Outcome.failed]
     (failed,) = [r for r in ledger.records if r.outcome is Outcome.failed]
     assert failed.reason == "workflow removed from the declarations"
+
+
+def test_a_debounce_handing_over_every_event_runs_with_all_of_them_in_arrival_order(
+        settings: Settings) -> None:
+    """Seven edits 30 s apart: the fifth fills the window (max_events 5), which runs at
+    once with edits 0-4; the last two run 15 quiet minutes after the seventh, with their
+    own window. Every edit's payload reaches a run; none is lost or repeated."""
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        requests = []
+        for i in range(7):
+            requests.append(_edit(client, ledger, "tourEveryEdit", "r1", i))
+            if i < 6:
+                clock.advance(30_000)
+        last_edit = clock.now_ms()
+        admitted.until(lambda rows: len(rows) >= 1, timeout=30, what="the full window's run")
+        clock.advance(15 * MINUTE - 1)
+        admitted.settle(1.0)
+        assert len(admitted.records) == 1  # the second window is still quiet
+        clock.advance(1)
+        admitted.until(lambda rows: len(rows) >= 2, timeout=30, what="the second run")
+        ledger.until(lambda rows: _count(rows, Outcome.admitted) >= 2, what="admitted rows")
+        ledger.settle(0.5)
+
+    first, second = admitted.records
+    assert json.loads(first.payload) == {"events": [{"rowId": "r1", "editedAt": i}
+                                                    for i in range(5)]}
+    assert json.loads(second.payload) == {"events": [{"rowId": "r1", "editedAt": i}
+                                                     for i in (5, 6)]}
+    assert first.request_ids == requests[:5] and second.request_ids == requests[5:]
+    assert second.admitted_at_ms == last_edit + 15 * MINUTE
+    rows = ledger.records
+    assert _history(rows, requests[0]) == [Outcome.queued, Outcome.admitted]
+    for request in requests[1:4]:
+        assert _history(rows, request) == [Outcome.queued, Outcome.collapsed]
+    # The fifth filled the window, which ran at once: it never waited.
+    assert _history(rows, requests[4]) == [Outcome.collapsed]
+    assert _history(rows, requests[5]) == [Outcome.queued, Outcome.admitted]
+    assert _history(rows, requests[6]) == [Outcome.queued, Outcome.collapsed]
+    collapsed = [r for r in rows if r.outcome is Outcome.collapsed]
+    assert {r.execution_id for r in collapsed} == {first.execution_id, second.execution_id}
+    queued = {r.request_id: r for r in rows if r.outcome is Outcome.queued}
+    # Each arrival moves the window's due time to 15 minutes after it.
+    assert queued[requests[6]].deferral == "debounce"
+    assert queued[requests[6]].due_at_ms == second.admitted_at_ms
+    assert queued[requests[5]].due_at_ms == last_edit - 30_000 + 15 * MINUTE
+
+
+def test_a_direct_start_of_a_debounce_handing_over_every_event_runs_as_a_window_of_one(
+        settings: Settings) -> None:
+    """Debounce does not apply to `direct` starts (seed 003's matrix): the run still gets
+    the workflow's own shape, `{"events": [payload]}`, at once."""
+    create_topics(settings)
+    admitted = TopicReader(settings, Topics(settings).admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=ManualClock()), \
+            Client(app=app, settings=settings, replies=False) as client:
+        client.submit("tourEveryEdit", {"rowId": "r9", "editedAt": 3}, origin="direct")
+        client.flush()
+        (run,) = admitted.until(lambda rows: len(rows) >= 1, timeout=30, what="the run")
+    assert json.loads(run.payload) == {"events": [{"rowId": "r9", "editedAt": 3}]}

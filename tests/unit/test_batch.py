@@ -155,3 +155,23 @@ def test_an_item_that_does_not_fit_runs_the_open_batch_first() -> None:
     first = add_item(None, rule, "e2", 15, 0)
     second = add_item(first.batch, rule, "e3", 10, 0)
     assert second.flush_open and second.batch == OpenBatch("e3", 0, 1, EMPTY_BATCH_BYTES + 10)
+
+
+def test_a_window_of_events_runs_after_its_quiet_time_within_its_timeout() -> None:
+    # A debounce handing over every event: the deadline moves with each arrival, capped
+    # by the timeout from the first.
+    rule = BatchRule(max_size=100, max_bytes=4 * 1024 * 1024, timeout_ms=60 * SECOND,
+                     quiet_ms=10 * SECOND, field=b"events")
+    window = None
+    for at in (0, 5 * SECOND, 12 * SECOND):
+        window = add_item(window, rule, f"e{at}", 10, at).batch
+        assert window.due_ms(rule) == at + 10 * SECOND
+    assert window is not None and window.execution_id == "e0"
+    for at in range(20 * SECOND, 70 * SECOND, 9 * SECOND):
+        window = add_item(window, rule, f"e{at}", 10, at).batch
+    assert window.due_ms(rule) == 60 * SECOND  # the timeout from the first event
+    uncapped = BatchRule(max_size=100, max_bytes=4 * 1024 * 1024, timeout_ms=None,
+                         quiet_ms=10 * SECOND, field=b"events")
+    assert window.due_ms(uncapped) == window.last_ms + 10 * SECOND
+    assert batch_payload([b"1", b"2"], b"events") == b'{"events":[1,2]}'
+    assert uncapped.empty_bytes == len(b'{"events":[]}')

@@ -325,6 +325,22 @@ def test_priority_in_strict_mode_takes_any_number() -> None:
 # --- batch shape ----------------------------------------------------------------------------
 
 
+def test_a_debounce_handing_over_every_event_needs_a_payload_with_events() -> None:
+    class Edit(BaseModel):
+        rowId: str
+
+    class Wrong(BaseModel):
+        items: list[Edit]
+
+    found = problems(Workflow(name="w", payload=Wrong, debounce=Debounce(
+        key="rowId", period="5s", events=Edit, max_events=0)))
+    assert found == [
+        "workflow w: debounce max_events must be between 1 and 1,000 (got 0)",
+        "workflow w: debounce events: its payload must have a field events: list[Edit], "
+        "every event of the window the run receives; Wrong has no field events",
+    ]
+
+
 def test_a_batch_payload_without_items_is_a_load_error() -> None:
     message = only_problem(payload=P, batch=Batch(item=Item, max_size=10, timeout="10s"))
     assert message == ("workflow f: batch item: its payload must have a field items: list[Item], "

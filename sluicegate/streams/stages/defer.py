@@ -8,6 +8,9 @@ them); a hop's `control` says which.
   first start of the burst. The group's execution id is fixed at its first arrival, so
   each start a later one supersedes is `collapsed` at once, naming the run that will
   absorb it; the latest start carries the group and is `admitted` with the count folded.
+  A debounce declared with `events` hands the run every event instead: its window is
+  kept as a batch is (`{"events": [...]}`, `max_events`, `max_bytes`) whose deadline
+  moves to `period` after each arrival (docs/decisions/debounce-every-event.md).
 - **batch**: each start is one item. The batch runs with `{"items": [...]}` when it holds
   `max_size` items, when one more item would take that payload past `max_bytes`, or
   `timeout` after its oldest item (a deadline, never reset). An item failing `if` runs
@@ -112,19 +115,30 @@ def arrive(burst: Burst | None, execution_id: str, request_id: str, first_ms: in
 
 @dataclass(frozen=True, slots=True)
 class BatchRule:
+    """A batch's bounds; also a debounce's that hands over every event (a window of
+    events is a batch whose deadline moves to `quiet_ms` after its latest arrival)."""
+
     max_size: int
     max_bytes: int
-    timeout_ms: int
+    # From the oldest item; None: uncapped (a debounce declaring no timeout).
+    timeout_ms: int | None
     expire_ms: int | None = None
+    quiet_ms: int | None = None
+    # The field of the run's payload that holds the items.
+    field: bytes = b"items"
+
+    @property
+    def empty_bytes(self) -> int:
+        return len(batch_payload([], self.field))
 
 
-_ITEMS_OPEN, _ITEMS_CLOSE = b'{"items":[', b"]}"
-EMPTY_BATCH_BYTES = len(_ITEMS_OPEN) + len(_ITEMS_CLOSE)
+def batch_payload(items: list[bytes], field: bytes = b"items") -> bytes:
+    """The run's payload: the items' compact JSON, as written by their callers, under
+    `field` (`{"items": [...]}`, or `{"events": [...]}` for a debounce)."""
+    return b'{"' + field + b'":[' + b",".join(items) + b"]}"
 
 
-def batch_payload(items: list[bytes]) -> bytes:
-    """The run's payload: the items' compact JSON, as written by their callers."""
-    return _ITEMS_OPEN + b",".join(items) + _ITEMS_CLOSE
+EMPTY_BATCH_BYTES = len(batch_payload([]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +149,15 @@ class OpenBatch:
     first_ms: int
     count: int
     size: int  # bytes of batch_payload(items so far)
+    last_ms: int = 0  # the latest item's arrival (what a debounce's quiet time runs from)
 
     def due_ms(self, rule: BatchRule) -> int:
-        return self.first_ms + rule.timeout_ms
+        deadline = None if rule.timeout_ms is None else self.first_ms + rule.timeout_ms
+        if rule.quiet_ms is None:
+            assert deadline is not None, "a batch always has a timeout"
+            return deadline
+        quiet = self.last_ms + rule.quiet_ms
+        return quiet if deadline is None else min(quiet, deadline)
 
     def expires_ms(self, rule: BatchRule) -> int | None:
         return None if rule.expire_ms is None else self.first_ms + rule.expire_ms
@@ -164,16 +184,18 @@ def add_item(batch: OpenBatch | None, rule: BatchRule, execution_id: str, item_b
     already due (`OpenBatch.settle`) before anything joins it."""
     flush_open = batch is not None and batch.size + 1 + item_bytes > rule.max_bytes
     if batch is None or flush_open:
-        joined = OpenBatch(execution_id, first_ms, 1, EMPTY_BATCH_BYTES + item_bytes)
+        joined = OpenBatch(execution_id, first_ms, 1, rule.empty_bytes + item_bytes, first_ms)
     else:
         joined = OpenBatch(batch.execution_id, batch.first_ms, batch.count + 1,
-                           batch.size + 1 + item_bytes)
+                           batch.size + 1 + item_bytes, first_ms)
     full = joined.count >= rule.max_size or joined.size >= rule.max_bytes
     return Added(flush_open, joined, full)
 
 
 def debounce_rule(wf: Workflow) -> DebounceRule | None:
-    if wf.debounce is None:
+    """A debounce where the latest payload runs (None: none, or one handing over every
+    event, which `batch_rule` describes)."""
+    if wf.debounce is None or wf.debounce.events is not None:
         return None
     expire = wf.timeouts.start_ms if wf.timeouts is not None else None
     return DebounceRule(wf.debounce.period_ms, wf.debounce.timeout_ms, expire)
@@ -184,12 +206,16 @@ def batch_rule(wf: Workflow, max_payload_bytes: int) -> BatchRule | None:
     before it would grow past it, whatever its declared `max_bytes`; a sealed payload
     takes a third more than its items (base64), plus the token's framing
     (docs/decisions/record-size-limit.md)."""
-    if wf.batch is None:
-        return None
     expire = wf.timeouts.start_ms if wf.timeouts is not None else None
     cap = max_payload_bytes * 3 // 4 - 1024 if wf.encrypt_payloads else max_payload_bytes
-    return BatchRule(wf.batch.max_size, min(wf.batch.max_bytes, cap), wf.batch.timeout_ms,
-                     expire)
+    if wf.batch is not None:
+        return BatchRule(wf.batch.max_size, min(wf.batch.max_bytes, cap),
+                         wf.batch.timeout_ms, expire)
+    debounce = wf.debounce
+    if debounce is not None and debounce.events is not None:
+        return BatchRule(debounce.max_events, min(debounce.max_bytes, cap),
+                         debounce.timeout_ms, expire, debounce.period_ms, b"events")
+    return None
 
 
 def merged_slots(*lists: list[Slot]) -> list[Slot]:
@@ -243,17 +269,21 @@ class _Header:
     batch: OpenBatch
     wake_ms: int
     rank: bytes
+    field: bytes = b"items"  # the run payload's field (`events`: a debounce's window)
 
     def encode(self) -> bytes:
         b = self.batch
         return (f"{b.execution_id}\x1f{b.first_ms}\x1f{b.count}\x1f{b.size}\x1f"
-                f"{self.wake_ms}\x1f{self.rank.hex()}").encode()
+                f"{self.wake_ms}\x1f{self.rank.hex()}\x1f{b.last_ms}\x1f"
+                f"{self.field.decode()}").encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> _Header:
-        execution_id, first, count, size, wake, rank = raw.decode().split("\x1f")
-        return cls(OpenBatch(execution_id, int(first), int(count), int(size)), int(wake),
-                   bytes.fromhex(rank))
+        execution_id, first, count, size, wake, rank, *more = raw.decode().split("\x1f")
+        # A header written before windows of events: a batch's, its last arrival unknown.
+        last, field = (int(more[0]), more[1].encode()) if more else (int(first), b"items")
+        return cls(OpenBatch(execution_id, int(first), int(count), int(size), last),
+                   int(wake), bytes.fromhex(rank), field)
 
 
 def _key_text(key: bytes) -> str:
@@ -291,8 +321,8 @@ class DeferStage(ControlStage):
         debounce, batch = debounce_rule(wf), batch_rule(wf, self.max_payload_bytes)
         here = hop is not None and hop.stage == NAME
         # An item is judged as the batch of one it would be alone, as when it waits here.
-        alone = (self._batch_bytes([start]) if here and debounce is None and batch
-                 and wf.cancel_on else None)
+        alone = (self._batch_bytes([start], batch.field) if here and debounce is None
+                 and batch and wf.cancel_on else None)
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start, _key_text(key),
                                        payload=alone):
             return
@@ -362,13 +392,12 @@ class DeferStage(ControlStage):
 
     def _batch(self, ctx: StageContext, wf: Workflow, rule: BatchRule, key: bytes,
                start: PendingStart) -> None:
-        assert wf.batch is not None
         now = ctx.now_ms
         text = _key_text(key)
-        condition = wf.batch.if_expr
+        condition = wf.batch.if_expr if wf.batch is not None else None
         if condition is not None and not condition.matches(
                 self.router.payloads.open(start.payload)):
-            self._run_batch(ctx, wf, text, [start])
+            self._run_batch(ctx, wf, text, [start], rule.field)
             return
         raw = ctx.store.get(_BATCH + key)
         header = _Header.decode(raw) if raw is not None else None
@@ -397,15 +426,22 @@ class DeferStage(ControlStage):
             return
         if header is None:
             rank = rank_key(item, priority_mode(wf))
-            header = _Header(added.batch, added.batch.wake_ms(rule), rank)
+            header = _Header(added.batch, added.batch.wake_ms(rule), rank, rule.field)
             ctx.timers.schedule(header.wake_ms, self._timer(rank, _BATCHED, key))
+        elif rule.quiet_ms is not None:
+            # A window of events: its quiet time starts again from this arrival.
+            ctx.timers.cancel(header.wake_ms, self._timer(header.rank, _BATCHED, key))
+            header = dataclasses.replace(header, batch=added.batch,
+                                         wake_ms=added.batch.wake_ms(rule))
+            ctx.timers.schedule(header.wake_ms, self._timer(header.rank, _BATCHED, key))
         else:
             header = dataclasses.replace(header, batch=added.batch)
         ctx.store.put(_BATCH + key, header.encode())
-        self.router.queued(ctx, start, deferral="batch", key=text,
-                           due_at_ms=added.batch.due_ms(rule))
+        self.router.queued(ctx, start, deferral="batch" if wf.batch is not None else "debounce",
+                           key=text, due_at_ms=added.batch.due_ms(rule))
 
     def _take_batch(self, ctx: StageContext, key: bytes) -> list[PendingStart]:
+        """The items of `key`'s open batch in arrival order, taken (the header too)."""
         queue = PendingQueue(ctx.store, _members(key))
         members = [parked.start for parked in queue]
         queue.clear()
@@ -419,25 +455,29 @@ class DeferStage(ControlStage):
             return
         text = _key_text(key)
         if verdict == "run":
-            self._run_batch(ctx, wf, text, members)
+            self._run_batch(ctx, wf, text, members, rule.field)
             return
         assert rule.expire_ms is not None
+        what = (f"batch {text!r} ran ({len(members)} items waiting)" if wf.batch is not None
+                else f"debounce {text!r} ran ({len(members)} events waiting)")
         self._fail_batch(ctx, members, Outcome.expired,
                          f"timeouts.start ({format_duration(rule.expire_ms)}) passed before "
-                         f"batch {text!r} ran ({len(members)} items waiting)", text)
+                         f"{what}", text, rule.field)
 
     def _run_batch(self, ctx: StageContext, wf: Workflow, text: str,
-                   members: list[PendingStart]) -> None:
+                   members: list[PendingStart], field: bytes) -> None:
         first = members[0]
-        payload = self._batch_bytes(members)
+        payload = self._batch_bytes(members, field)
+        what = (f"batch of {len(members)} items" if wf.batch is not None
+                else f"window of {len(members)} events")
         try:
             validate(wf.payload, payload)
             data = json.loads(payload)
         except ValidationError as exc:
             self._fail_batch(
                 ctx, members, Outcome.failed,
-                f"workflow {wf.name}: the batch of {len(members)} items does not validate "
-                f"against the workflow's payload: {describe_invalid(exc)}", text)
+                f"workflow {wf.name}: the {what} does not validate against the workflow's "
+                f"payload: {describe_invalid(exc)}", text, field)
             return
         run = dataclasses.replace(
             first, payload=self.router.payloads.seal_bytes(wf, payload),
@@ -447,22 +487,25 @@ class DeferStage(ControlStage):
         for member in members[1:]:
             self.router.decide(
                 ctx, member, Outcome.collapsed, key=text, execution_id=run.execution_id,
-                reason=f"batched by key {text!r} into run {run.execution_id} "
-                       f"with {len(members)} items")
+                reason=(f"batched by key {text!r} into run {run.execution_id} "
+                        f"with {len(members)} items") if wf.batch is not None else (
+                        f"debounced by key {text!r} into run {run.execution_id}, which "
+                        f"gets all {len(members)} events"))
         # The header lets a later stage judge the run item by item.
         self.router.forward(ctx, run, data, headers=cancelon.group_headers(
             wf, cancelon.Group.batched(m.arrived_at_ms for m in members)))
 
-    def _batch_bytes(self, members: list[PendingStart]) -> bytes:
+    def _batch_bytes(self, members: list[PendingStart], field: bytes) -> bytes:
         """The run's payload JSON, from its items opened."""
-        return batch_payload([self.router.payloads.open_bytes(m.payload) for m in members])
+        return batch_payload([self.router.payloads.open_bytes(m.payload) for m in members],
+                             field)
 
     def _fail_batch(self, ctx: StageContext, members: list[PendingStart], outcome: Outcome,
-                    reason: str, text: str) -> None:
+                    reason: str, text: str, field: bytes) -> None:
         """The batch will never run: one failure report for the would-be run (under the
         oldest item's request), and the same outcome for every item."""
         run = dataclasses.replace(members[0], payload=self.router.payloads.seal_bytes(
-            is_sealed(members[0].payload), self._batch_bytes(members)))
+            is_sealed(members[0].payload), self._batch_bytes(members, field)))
         self.router.fail(ctx, run, outcome, reason, key=text)
         for member in members[1:]:
             self.router.decide(ctx, member, outcome, key=text, reason=reason)
@@ -500,7 +543,7 @@ class DeferStage(ControlStage):
             # `match` reads the run's payload: an item is judged as a batch of one.
             reason = cancelon.group_reason(self.app, sweep, item,
                                            cancelon.Group.batched([item.arrived_at_ms]),
-                                           payload=self._batch_bytes([item]))
+                                           payload=self._batch_bytes([item], header.field))
             if reason is None:
                 kept.append(item)
                 continue
@@ -521,8 +564,10 @@ class DeferStage(ControlStage):
         ctx.timers.cancel(header.wake_ms, old_timer)
         first = kept[0]
         batch = OpenBatch(first.execution_id, first.arrived_at_ms, len(kept),
-                          len(batch_payload([m.payload for m in kept])))
-        rest = _Header(batch, batch.wake_ms(rule), rank_key(first, priority_mode(wf)))
+                          len(batch_payload([m.payload for m in kept], rule.field)),
+                          kept[-1].arrived_at_ms)
+        rest = _Header(batch, batch.wake_ms(rule), rank_key(first, priority_mode(wf)),
+                       rule.field)
         ctx.store.put(_BATCH + key, rest.encode())
         ctx.timers.schedule(rest.wake_ms, self._timer(rest.rank, _BATCHED, key))
         if first.execution_id != header.batch.execution_id:
@@ -580,7 +625,8 @@ class DeferStage(ControlStage):
         if wf is None:
             members = self._take_batch(ctx, key)
             if members:
-                self._fail_batch(ctx, members, Outcome.failed, REMOVED, _key_text(key))
+                self._fail_batch(ctx, members, Outcome.failed, REMOVED, _key_text(key),
+                                 header.field)
         elif rule is None:
             for member in self._take_batch(ctx, key):
                 self.router.forward(ctx, member)
