@@ -1,0 +1,346 @@
+package io.sluicegate.example;
+
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.Set;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import org.apache.avro.Schema;
+import org.apache.avro.generic.GenericData;
+import org.apache.avro.generic.GenericRecord;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.consumer.RangeAssignor;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.WakeupException;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.StringSerializer;
+
+/**
+ * A workflow engine for sluicegate in Java, following docs/wire-format.md ("Being an engine").
+ *
+ * Every workflow it runs does the same thing: it waits `holdMs` milliseconds (a payload
+ * field, default 100), then completes, or fails with the payload's `fail` text if it has one.
+ * A cancel command stops a run and reports it cancelled; a redrive runs a failed run again.
+ *
+ * Usage: java -jar sluicegate-java-engine.jar [run] [--group G] [--heartbeat-ms N]
+ *        java -jar sluicegate-java-engine.jar check-golden docs/wire-format/golden.json
+ * Settings: SLUICEGATE_BOOTSTRAP (127.0.0.1:9092), SLUICEGATE_NAMESPACE (sg.),
+ * SLUICEGATE_ENCRYPTION_KEYS (to open sealed payloads).
+ */
+public final class JavaEngine {
+    private static final ObjectMapper JSON = new ObjectMapper();
+    // How many execution ids the engine remembers, to drop a start delivered twice.
+    private static final int REMEMBERED = 100_000;
+
+    private final Schemas schemas = Schemas.load();
+    private final Frames frames = new Frames();
+    private final Sealed sealed = new Sealed(System.getenv("SLUICEGATE_ENCRYPTION_KEYS"));
+    private final Schema admittedSchema = schemas.record("AdmittedStart");
+    private final Schema commandSchema = schemas.record("EngineCommand");
+    private final Schema eventSchema = schemas.record("RunEvent");
+    private final Schema eventKind = schemas.record("RunEventKind");
+
+    private final String admittedTopic;
+    private final String commandsTopic;
+    private final String eventsTopic;
+    private final KafkaConsumer<String, byte[]> consumer;
+    private final KafkaProducer<String, byte[]> producer;
+    private final long heartbeatMs;
+    private final ScheduledExecutorService clock = Executors.newSingleThreadScheduledExecutor();
+
+    /** Runs in progress, by execution id; whoever removes a run reports its end. */
+    private final Map<String, Run> running = new ConcurrentHashMap<>();
+    /** Execution ids begun or ended here, oldest first (a bounded set). */
+    private final Set<String> seen = java.util.Collections.newSetFromMap(new LinkedHashMap<>() {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
+            return size() > REMEMBERED;
+        }
+    });
+    /** Cancels read before their run's admitted start: the start is answered cancelled. */
+    private final Map<String, String> cancelledEarly = new LinkedHashMap<>() {
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<String, String> eldest) {
+            return size() > REMEMBERED;
+        }
+    };
+    private final Map<String, String> failedRuns = new ConcurrentHashMap<>();
+    private final AtomicReference<Exception> sendError = new AtomicReference<>();
+    private volatile boolean stopping;
+
+    private record Run(String executionId, String workflow, String runId, ScheduledFuture<?> end) {
+    }
+
+    JavaEngine(String bootstrap, String namespace, String group, long heartbeatMs) {
+        this.admittedTopic = namespace + "admitted";
+        this.commandsTopic = namespace + "commands";
+        this.eventsTopic = namespace + "run-events";
+        this.heartbeatMs = heartbeatMs;
+        Properties consumerConfig = new Properties();
+        consumerConfig.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        consumerConfig.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        // Range: the same partition numbers of sg.admitted and sg.commands, so a run's
+        // commands come to the instance that has its start.
+        consumerConfig.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, RangeAssignor.class.getName());
+        consumerConfig.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+        consumerConfig.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+        consumerConfig.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+        consumerConfig.put(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG, "50");
+        this.consumer = new KafkaConsumer<>(consumerConfig, new StringDeserializer(), new ByteArrayDeserializer());
+        Properties producerConfig = new Properties();
+        producerConfig.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        producerConfig.put(ProducerConfig.ACKS_CONFIG, "all");
+        producerConfig.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
+        producerConfig.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+        // The default partitioner hashes a keyed record with murmur2: where sluicegate expects it.
+        this.producer = new KafkaProducer<>(producerConfig, new StringSerializer(), new ByteArraySerializer());
+    }
+
+    void run() {
+        consumer.subscribe(List.of(admittedTopic, commandsTopic));
+        clock.scheduleAtFixedRate(this::heartbeats, heartbeatMs, heartbeatMs, TimeUnit.MILLISECONDS);
+        log("engine up: reading " + admittedTopic + " and " + commandsTopic + ", heartbeat every " + heartbeatMs + " ms");
+        try {
+            while (!stopping) {
+                ConsumerRecords<String, byte[]> records = consumer.poll(Duration.ofMillis(200));
+                Map<TopicPartition, OffsetAndMetadata> done = new HashMap<>();
+                for (ConsumerRecord<String, byte[]> record : records) {
+                    handle(record);
+                    done.put(new TopicPartition(record.topic(), record.partition()),
+                        new OffsetAndMetadata(record.offset() + 1));
+                }
+                if (!done.isEmpty()) {
+                    // At-least-once: the reports (started, cancelled) are on the broker before
+                    // the offsets that would skip their records are committed.
+                    producer.flush();
+                    failOnSendError();
+                    consumer.commitSync(done);
+                }
+                failOnSendError();
+            }
+        } catch (WakeupException e) {
+            if (!stopping) {
+                throw e;
+            }
+        } finally {
+            clock.shutdownNow();
+            consumer.close();
+            producer.close();
+        }
+    }
+
+    void stop() {
+        stopping = true;
+        consumer.wakeup();
+    }
+
+    private void handle(ConsumerRecord<String, byte[]> record) {
+        try {
+            if (record.topic().equals(admittedTopic)) {
+                admitted(frames.decode(admittedSchema, record.value()));
+            } else {
+                command(frames.decode(commandSchema, record.value()));
+            }
+        } catch (Frames.FrameException | IllegalArgumentException e) {
+            // A record this engine cannot read is skipped, said once, never a stopped loop.
+            log("skipped " + record.topic() + "/" + record.partition() + "@" + record.offset() + ": " + e.getMessage());
+        }
+    }
+
+    private void admitted(GenericRecord start) {
+        String executionId = start.get("execution_id").toString();
+        String workflow = start.get("workflow").toString();
+        if (!start.get("kind").toString().equals("start")) {
+            // This engine never suspends a run, so it is never asked to resume one.
+            log("ignored " + start.get("kind") + " of " + executionId);
+            return;
+        }
+        synchronized (seen) {
+            if (!seen.add(executionId)) {
+                log("duplicate start of " + executionId + " dropped");
+                return;
+            }
+        }
+        String reason;
+        synchronized (cancelledEarly) {
+            reason = cancelledEarly.remove(executionId);
+        }
+        if (reason != null) {
+            report(executionId, workflow, "cancelled", null, r -> r.put("reason", reason));
+            log("cancelled " + executionId + " before it started: " + reason);
+            return;
+        }
+        JsonNode payload = payload(start);
+        begin(executionId, workflow, payload);
+    }
+
+    private void begin(String executionId, String workflow, JsonNode payload) {
+        String runId = "java-" + UUID.randomUUID();
+        long holdMs = payload.path("holdMs").asLong(100);
+        String failure = payload.hasNonNull("fail") ? payload.get("fail").asText() : null;
+        report(executionId, workflow, "started", runId, r -> { });
+        ScheduledFuture<?> end = clock.schedule(() -> finish(executionId, failure), holdMs, TimeUnit.MILLISECONDS);
+        running.put(executionId, new Run(executionId, workflow, runId, end));
+        log("started " + executionId + " " + workflow + " for " + holdMs + " ms");
+    }
+
+    private JsonNode payload(GenericRecord start) {
+        java.nio.ByteBuffer buffer = ((java.nio.ByteBuffer) start.get("payload")).duplicate();
+        byte[] raw = new byte[buffer.remaining()];
+        buffer.get(raw);
+        try {
+            return JSON.readTree(sealed.open(raw));
+        } catch (java.io.IOException e) {
+            throw new IllegalArgumentException("the payload is not JSON: " + e.getMessage(), e);
+        }
+    }
+
+    private void finish(String executionId, String failure) {
+        Run run = running.get(executionId);
+        if (run == null || !running.remove(executionId, run)) {
+            return; // cancelled meanwhile: the cancel reported it
+        }
+        if (failure == null) {
+            report(executionId, run.workflow(), "completed", run.runId(), r -> { });
+            log("completed " + executionId);
+        } else {
+            failedRuns.put(executionId, run.workflow());
+            report(executionId, run.workflow(), "failed", run.runId(), r -> {
+                r.put("retries_spent", 0L);
+                r.put("error_tag", "Failed");
+                r.put("error_message", failure);
+            });
+            log("failed " + executionId + ": " + failure);
+        }
+    }
+
+    private void command(GenericRecord command) {
+        String executionId = command.get("execution_id").toString();
+        String workflow = command.get("workflow").toString();
+        String kind = command.get("kind").toString();
+        Object why = command.get("reason");
+        String reason = why == null ? "cancelled by command " + command.get("command_id") : why.toString();
+        if (kind.equals("cancel")) {
+            Run run = running.remove(executionId);
+            if (run != null) {
+                run.end().cancel(false);
+                report(executionId, workflow, "cancelled", run.runId(), r -> r.put("reason", reason));
+                log("cancelled " + executionId + ": " + reason);
+                return;
+            }
+            boolean known;
+            synchronized (seen) {
+                known = seen.contains(executionId);
+            }
+            if (!known) {
+                synchronized (cancelledEarly) {
+                    cancelledEarly.put(executionId, reason);
+                }
+                log("cancel for " + executionId + " kept until its start arrives");
+            }
+            return;
+        }
+        if (kind.equals("redrive")) {
+            String failedWorkflow = failedRuns.remove(executionId);
+            if (failedWorkflow != null) {
+                // This engine's runs have one step: redriving one runs it again.
+                begin(executionId, failedWorkflow, JSON.createObjectNode());
+            } else {
+                log("redrive of " + executionId + " ignored: no failed run of that id here");
+            }
+        }
+    }
+
+    private void heartbeats() {
+        for (Run run : running.values()) {
+            report(run.executionId(), run.workflow(), "heartbeat", run.runId(), r -> { });
+        }
+    }
+
+    private void report(String executionId, String workflow, String kind, String runId,
+                        java.util.function.Consumer<GenericRecord> fill) {
+        GenericRecord event = new GenericData.Record(eventSchema);
+        event.put("execution_id", executionId);
+        event.put("workflow", workflow);
+        event.put("kind", new GenericData.EnumSymbol(eventKind, kind));
+        event.put("at_ms", System.currentTimeMillis());
+        event.put("run_id", runId);
+        fill.accept(event);
+        producer.send(new ProducerRecord<>(eventsTopic, executionId, frames.encode(event)), (meta, error) -> {
+            if (error != null) {
+                sendError.compareAndSet(null, error);
+            }
+        });
+    }
+
+    private void failOnSendError() {
+        Exception error = sendError.get();
+        if (error != null) {
+            throw new IllegalStateException("a run event was not delivered: " + error, error);
+        }
+    }
+
+    private static void log(String line) {
+        System.out.println(line);
+        System.out.flush();
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (System.getProperty("org.slf4j.simpleLogger.defaultLogLevel") == null) {
+            System.setProperty("org.slf4j.simpleLogger.defaultLogLevel", "warn");
+        }
+        if (args.length >= 2 && args[0].equals("check-golden")) {
+            System.exit(GoldenCheck.run(Path.of(args[1])));
+        }
+        String group = "sluicegate-java-engine";
+        long heartbeatMs = 60_000;
+        for (int i = 0; i < args.length; i++) {
+            switch (args[i]) {
+                case "run" -> { }
+                case "--group" -> group = args[++i];
+                case "--heartbeat-ms" -> heartbeatMs = Long.parseLong(args[++i]);
+                default -> {
+                    System.err.println("unknown argument " + args[i]
+                        + "; usage: [run] [--group G] [--heartbeat-ms N] | check-golden FILE");
+                    System.exit(2);
+                }
+            }
+        }
+        String bootstrap = System.getenv().getOrDefault("SLUICEGATE_BOOTSTRAP", "127.0.0.1:9092");
+        String namespace = System.getenv().getOrDefault("SLUICEGATE_NAMESPACE", "sg.");
+        JavaEngine engine = new JavaEngine(bootstrap, namespace, group, heartbeatMs);
+        Thread main = Thread.currentThread();
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            engine.stop();
+            try {
+                main.join(10_000);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }));
+        engine.run();
+    }
+}
