@@ -1,0 +1,176 @@
+"""The Java engine of examples/java-engine (the Kafka Java client and Apache Avro, nothing
+from the Python package) against a worker on the real broker: its reports free the slots of
+a concurrency-limited workflow, it honours a cancel, and Avro for Java reads and writes the
+golden examples of docs/wire-format.md."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import platformdirs
+import pytest
+
+from sluicegate.client import Client
+from sluicegate.config import Settings
+from sluicegate.ops import bulk
+from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind, RunStatus
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.integration.kafka_helpers import ROOT, TopicReader, WorkerProcess, settings_env
+from tests.integration.test_concurrency import most_in_flight
+
+pytestmark = pytest.mark.broker
+
+APP = "tests.apps.java_engine"
+ENGINE = ROOT / "examples" / "java-engine"
+
+
+def _sources() -> list[Path]:
+    """What the jar is built from: the pom, the Java sources and the schemas it packs."""
+    return sorted([ENGINE / "pom.xml", *(ENGINE / "src").rglob("*.java"),
+                   *(ROOT / "sluicegate" / "schemas" / "avro").glob("*.avsc")])
+
+
+@pytest.fixture(scope="session")
+def java_engine_jar() -> Path:
+    """The engine's jar, built with Maven once per state of its sources: into the user cache,
+    under a hash of them, so a session (and CI's next run on the same machine) with nothing
+    changed starts no Maven at all."""
+    digest = hashlib.sha256()
+    for path in _sources():
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    out = Path(platformdirs.user_cache_dir("sluicegate")) / f"java-engine-{digest.hexdigest()[:16]}"
+    jar = out / "sluicegate-java-engine.jar"
+    if not (out / ".complete").exists():
+        build = subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(ENGINE / "pom.xml"), "package", f"-DbuildDir={out}"],
+            capture_output=True, text=True, timeout=600, check=False)
+        assert build.returncode == 0, f"mvn package failed:\n{build.stdout}\n{build.stderr}"
+        (out / ".complete").write_text("")
+    assert jar.exists()
+    return jar
+
+
+class JavaEngineProcess:
+    """`java -jar` the engine, on the test's namespace, logging to a file."""
+
+    def __init__(self, settings: Settings, jar: Path, log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                ["java", "-jar", str(jar), "--group", f"java-engine-{uuid.uuid4().hex[:6]}",
+                 "--heartbeat-ms", "1000"],
+                cwd=ROOT, env=settings_env(settings, log.parent / "unused-state"),
+                stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def java_engine(settings: Settings, tmp_path: Path, java_engine_jar: Path
+                ) -> Iterator[JavaEngineProcess]:
+    create_topics(settings)
+    worker = WorkerProcess(settings, APP, tmp_path / "worker").start()
+    engine = JavaEngineProcess(settings, java_engine_jar, tmp_path / "java-engine.log")
+    try:
+        yield engine
+    finally:
+        engine.stop()
+        worker.stop()
+
+
+def test_apache_avro_for_java_reads_and_writes_every_golden_example(
+        java_engine_jar: Path) -> None:
+    check = subprocess.run(
+        ["java", "-jar", str(java_engine_jar), "check-golden",
+         str(ROOT / "docs" / "wire-format" / "golden.json")],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "15 records and the sealed payload checked, 0 problems" in check.stdout
+
+
+def reported(events: list[RunEvent], kind: RunEventKind) -> dict[str, RunEvent]:
+    return {e.execution_id: e for e in events if e.kind is kind}
+
+
+def test_the_java_engines_reports_free_the_slots_of_a_concurrency_limit(
+        settings: Settings, java_engine: JavaEngineProcess) -> None:
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    events = TopicReader(settings, topics.run_events, RunEvent)
+    with Client(app=APP, settings=settings, replies=False) as client:
+        for n in range(10):
+            client.submit("javaJob", {"n": n, "holdMs": 300})
+    try:
+        admitted.until(lambda rows: len(rows) >= 10, timeout=60, what="10 admitted")
+        events.until(lambda rows: len(reported(rows, RunEventKind.completed)) >= 10,
+                     timeout=30, what="10 completed by the Java engine")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\njava engine:\n{java_engine.tail()}") from None
+    runs = {a.execution_id for a in admitted.records}
+    assert len(runs) == 10
+    started = reported(events.records, RunEventKind.started)
+    completed = reported(events.records, RunEventKind.completed)
+    assert set(started) == set(completed) == runs
+    assert all(e.run_id is not None and e.run_id.startswith("java-") for e in completed.values())
+    # Only the engine's completions let the 3rd to 10th in: 2 at a time, never more.
+    assert most_in_flight(admitted.records, events.records, lambda a: a.workflow) == {
+        "javaJob": 2}
+
+
+def test_the_java_engine_honours_a_cancel_and_the_slot_goes_to_the_next_start(
+        settings: Settings, java_engine: JavaEngineProcess) -> None:
+    topics = Topics(settings)
+    events = TopicReader(settings, topics.run_events, RunEvent)
+    with Client(app=APP, settings=settings) as client:
+        # Two runs that would hold both slots for ten minutes.
+        long = [client.start("javaJob", {"n": n, "holdMs": 600_000}, wait_decision=True)
+                for n in range(2)]
+        assert [h.status for h in long] == ["admitted", "admitted"]
+        ids = [h.execution_id for h in long]
+        events.until(lambda rows: set(ids) <= set(reported(rows, RunEventKind.started)),
+                     timeout=30, what="both long runs started by the Java engine")
+        waiting = client.start("javaJob", {"n": 2, "holdMs": 100}, wait_decision=True)
+        assert waiting.status == "queued"
+        # The runs table has both long runs live before a bulk cancel can pick one.
+        deadline = time.monotonic() + 30
+        while {r.execution_id for r in bulk.read_runs(settings)
+               if r.status is RunStatus.running} < set(ids):
+            assert time.monotonic() < deadline, "the long runs never showed as running"
+        result = bulk.apply_cancel(settings, "javaJob", "test: stop the first long run", 1,
+                                   only=[ids[0]])
+        assert [r.execution_id for r in result.succeeded] == [ids[0]]
+        try:
+            events.until(lambda rows: ids[0] in reported(rows, RunEventKind.cancelled),
+                         timeout=30, what="the Java engine's cancelled report")
+            # The cancelled run's slot admits the waiting start, which then runs to its end.
+            events.until(lambda rows: len(reported(rows, RunEventKind.completed)) >= 1,
+                         timeout=30, what="the waiting start admitted and completed")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\njava engine:\n{java_engine.tail()}") from None
+    cancelled = reported(events.records, RunEventKind.cancelled)[ids[0]]
+    assert cancelled.reason == "test: stop the first long run"
+    assert set(reported(events.records, RunEventKind.completed)) == {
+        e.execution_id for e in events.records
+        if e.kind is RunEventKind.started and e.execution_id not in ids}
+    assert ids[1] not in reported(events.records, RunEventKind.cancelled)
+    # Heartbeats keep the remaining long run's lease (every second here).
+    events.until(lambda rows: any(e.kind is RunEventKind.heartbeat and e.execution_id == ids[1]
+                                  for e in rows), timeout=10, what="a heartbeat of the other")
+    deadline = time.monotonic() + 30
+    while (row := next(r for r in bulk.read_runs(settings) if r.execution_id == ids[0])
+           ).status is not RunStatus.cancelled:
+        assert time.monotonic() < deadline, f"run {ids[0]} is {row.status}, not cancelled"
+    assert row.last_reason == "test: stop the first long run"
