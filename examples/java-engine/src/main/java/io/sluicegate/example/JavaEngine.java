@@ -58,10 +58,10 @@ public final class JavaEngine {
     private final Schemas schemas = Schemas.load();
     private final Frames frames = new Frames();
     private final Sealed sealed = new Sealed(System.getenv("SLUICEGATE_ENCRYPTION_KEYS"));
-    private final Schema admittedSchema = schemas.record("AdmittedStart");
-    private final Schema commandSchema = schemas.record("EngineCommand");
-    private final Schema eventSchema = schemas.record("RunEvent");
-    private final Schema eventKind = schemas.record("RunEventKind");
+    private final Schema admittedSchema = schemas.named("AdmittedStart");
+    private final Schema commandSchema = schemas.named("EngineCommand");
+    private final Schema eventSchema = schemas.named("RunEvent");
+    private final Schema eventKind = schemas.named("RunEventKind");
 
     private final String admittedTopic;
     private final String commandsTopic;
@@ -71,9 +71,12 @@ public final class JavaEngine {
     private final long heartbeatMs;
     private final ScheduledExecutorService clock = Executors.newSingleThreadScheduledExecutor();
 
+    // The poll loop's thread handles every record; the clock's thread ends runs and sends
+    // heartbeats. `seen` and `cancelledEarly` belong to the poll loop alone.
+
     /** Runs in progress, by execution id; whoever removes a run reports its end. */
     private final Map<String, Run> running = new ConcurrentHashMap<>();
-    /** Execution ids begun or ended here, oldest first (a bounded set). */
+    /** Execution ids begun here, oldest first (a bounded set): a start read twice is dropped. */
     private final Set<String> seen = java.util.Collections.newSetFromMap(new LinkedHashMap<>() {
         @Override
         protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
@@ -87,11 +90,21 @@ public final class JavaEngine {
             return size() > REMEMBERED;
         }
     };
+    /** Runs that failed here, by execution id: a redrive runs them again. */
     private final Map<String, String> failedRuns = new ConcurrentHashMap<>();
     private final AtomicReference<Exception> sendError = new AtomicReference<>();
     private volatile boolean stopping;
 
-    private record Run(String executionId, String workflow, String runId, ScheduledFuture<?> end) {
+    private static final class Run {
+        final String executionId;
+        final String workflow;
+        final String runId = "java-" + UUID.randomUUID();
+        volatile ScheduledFuture<?> end;
+
+        Run(String executionId, String workflow) {
+            this.executionId = executionId;
+            this.workflow = workflow;
+        }
     }
 
     JavaEngine(String bootstrap, String namespace, String group, long heartbeatMs) {
@@ -158,15 +171,12 @@ public final class JavaEngine {
     }
 
     private void handle(ConsumerRecord<String, byte[]> record) {
-        try {
-            if (record.topic().equals(admittedTopic)) {
-                admitted(frames.decode(admittedSchema, record.value()));
-            } else {
-                command(frames.decode(commandSchema, record.value()));
-            }
-        } catch (Frames.FrameException | IllegalArgumentException e) {
-            // A record this engine cannot read is skipped, said once, never a stopped loop.
-            log("skipped " + record.topic() + "/" + record.partition() + "@" + record.offset() + ": " + e.getMessage());
+        // A record this engine cannot read stops it, its offset not committed: skipping an
+        // admitted start would lose a run (and hold its slots until the lease runs out).
+        if (record.topic().equals(admittedTopic)) {
+            admitted(frames.decode(admittedSchema, record.value()));
+        } else {
+            command(frames.decode(commandSchema, record.value()));
         }
     }
 
@@ -178,32 +188,39 @@ public final class JavaEngine {
             log("ignored " + start.get("kind") + " of " + executionId);
             return;
         }
-        synchronized (seen) {
-            if (!seen.add(executionId)) {
-                log("duplicate start of " + executionId + " dropped");
-                return;
-            }
+        if (!seen.add(executionId)) {
+            log("duplicate start of " + executionId + " dropped");
+            return;
         }
-        String reason;
-        synchronized (cancelledEarly) {
-            reason = cancelledEarly.remove(executionId);
-        }
+        String reason = cancelledEarly.remove(executionId);
         if (reason != null) {
             report(executionId, workflow, "cancelled", null, r -> r.put("reason", reason));
             log("cancelled " + executionId + " before it started: " + reason);
             return;
         }
-        JsonNode payload = payload(start);
+        JsonNode payload;
+        try {
+            payload = payload(start);
+        } catch (IllegalArgumentException e) {
+            // The run exists but cannot run: it fails, which frees what it holds.
+            report(executionId, workflow, "failed", null, r -> {
+                r.put("retries_spent", 0L);
+                r.put("error_tag", "PayloadError");
+                r.put("error_message", e.getMessage());
+            });
+            log("failed " + executionId + ": " + e.getMessage());
+            return;
+        }
         begin(executionId, workflow, payload);
     }
 
     private void begin(String executionId, String workflow, JsonNode payload) {
-        String runId = "java-" + UUID.randomUUID();
         long holdMs = payload.path("holdMs").asLong(100);
         String failure = payload.hasNonNull("fail") ? payload.get("fail").asText() : null;
-        report(executionId, workflow, "started", runId, r -> { });
-        ScheduledFuture<?> end = clock.schedule(() -> finish(executionId, failure), holdMs, TimeUnit.MILLISECONDS);
-        running.put(executionId, new Run(executionId, workflow, runId, end));
+        Run run = new Run(executionId, workflow);
+        report(executionId, workflow, "started", run.runId, r -> { });
+        running.put(executionId, run);
+        run.end = clock.schedule(() -> finish(run, failure), holdMs, TimeUnit.MILLISECONDS);
         log("started " + executionId + " " + workflow + " for " + holdMs + " ms");
     }
 
@@ -218,22 +235,21 @@ public final class JavaEngine {
         }
     }
 
-    private void finish(String executionId, String failure) {
-        Run run = running.get(executionId);
-        if (run == null || !running.remove(executionId, run)) {
+    private void finish(Run run, String failure) {
+        if (!running.remove(run.executionId, run)) {
             return; // cancelled meanwhile: the cancel reported it
         }
         if (failure == null) {
-            report(executionId, run.workflow(), "completed", run.runId(), r -> { });
-            log("completed " + executionId);
+            report(run.executionId, run.workflow, "completed", run.runId, r -> { });
+            log("completed " + run.executionId);
         } else {
-            failedRuns.put(executionId, run.workflow());
-            report(executionId, run.workflow(), "failed", run.runId(), r -> {
+            failedRuns.put(run.executionId, run.workflow);
+            report(run.executionId, run.workflow, "failed", run.runId, r -> {
                 r.put("retries_spent", 0L);
                 r.put("error_tag", "Failed");
                 r.put("error_message", failure);
             });
-            log("failed " + executionId + ": " + failure);
+            log("failed " + run.executionId + ": " + failure);
         }
     }
 
@@ -246,19 +262,11 @@ public final class JavaEngine {
         if (kind.equals("cancel")) {
             Run run = running.remove(executionId);
             if (run != null) {
-                run.end().cancel(false);
-                report(executionId, workflow, "cancelled", run.runId(), r -> r.put("reason", reason));
+                run.end.cancel(false);
+                report(executionId, workflow, "cancelled", run.runId, r -> r.put("reason", reason));
                 log("cancelled " + executionId + ": " + reason);
-                return;
-            }
-            boolean known;
-            synchronized (seen) {
-                known = seen.contains(executionId);
-            }
-            if (!known) {
-                synchronized (cancelledEarly) {
-                    cancelledEarly.put(executionId, reason);
-                }
+            } else if (!seen.contains(executionId)) {
+                cancelledEarly.put(executionId, reason);
                 log("cancel for " + executionId + " kept until its start arrives");
             }
             return;
@@ -276,7 +284,7 @@ public final class JavaEngine {
 
     private void heartbeats() {
         for (Run run : running.values()) {
-            report(run.executionId(), run.workflow(), "heartbeat", run.runId(), r -> { });
+            report(run.executionId, run.workflow, "heartbeat", run.runId, r -> { });
         }
     }
 

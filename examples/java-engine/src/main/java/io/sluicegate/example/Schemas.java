@@ -44,7 +44,7 @@ public final class Schemas {
         return schema;
     }
 
-    public Schema record(String simpleName) {
+    public Schema named(String simpleName) {
         return get(NAMESPACE + simpleName);
     }
 
