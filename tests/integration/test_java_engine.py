@@ -19,6 +19,7 @@ import pytest
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.ops import bulk
+from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind, RunStatus
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
@@ -60,13 +61,13 @@ def java_engine_jar() -> Path:
 class JavaEngineProcess:
     """`java -jar` the engine, on the test's namespace, logging to a file."""
 
-    def __init__(self, settings: Settings, jar: Path, log: Path) -> None:
+    def __init__(self, settings: Settings, jar: Path, log: Path, **env: str) -> None:
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
                 ["java", "-jar", str(jar), "--group", f"java-engine-{uuid.uuid4().hex[:6]}",
                  "--heartbeat-ms", "1000"],
-                cwd=ROOT, env=settings_env(settings, log.parent / "unused-state"),
+                cwd=ROOT, env=settings_env(settings, log.parent / "unused-state", **env),
                 stdout=out, stderr=subprocess.STDOUT)
 
     def stop(self) -> int:
@@ -174,3 +175,35 @@ def test_the_java_engine_honours_a_cancel_and_the_slot_goes_to_the_next_start(
            ).status is not RunStatus.cancelled:
         assert time.monotonic() < deadline, f"run {ids[0]} is {row.status}, not cancelled"
     assert row.last_reason == "test: stop the first long run"
+
+
+def test_with_a_schema_registry_the_java_engine_reads_and_writes_registry_frames(
+        settings: Settings, schema_registry_url: str, tmp_path: Path, java_engine_jar: Path,
+        restore_codec: None) -> None:
+    framed = settings.with_(schema_registry_url=schema_registry_url)
+    create_topics(framed)  # also registers the schemas
+    topics = Topics(framed)
+    admitted = TopicReader(framed, topics.admitted, bytes)
+    events = TopicReader(framed, topics.run_events, bytes)
+    registry = {"SLUICEGATE_SCHEMA_REGISTRY_URL": schema_registry_url}
+    worker = WorkerProcess(settings, APP, tmp_path / "worker", **registry).start()
+    engine = JavaEngineProcess(settings, java_engine_jar, tmp_path / "java-engine.log", **registry)
+    try:
+        with Client(app=APP, settings=framed, replies=False) as client:  # framed for the registry
+            for n in range(4):
+                client.submit("javaJob", {"n": n, "holdMs": 50})
+        done = events.until(lambda rows: sum(codec.decode(RunEvent, v).kind
+                                             is RunEventKind.completed for v in rows) >= 4,
+                            timeout=60, what="4 runs completed by the Java engine")
+        admitted.until(lambda rows: len(rows) >= 4, timeout=10, what="4 admitted")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\njava engine:\n{engine.tail()}") from None
+    finally:
+        engine.stop()
+        worker.stop()
+    # Both sides framed 00 + schema id: the worker's admitted starts, the engine's reports.
+    assert {v[:1] for v in admitted.records} == {v[:1] for v in done} == {b"\x00"}
+    # 4 starts through a limit of 2: the last two ran only because the reports freed slots.
+    assert most_in_flight([codec.decode(AdmittedStart, v) for v in admitted.records],
+                          [codec.decode(RunEvent, v) for v in done],
+                          lambda a: a.workflow) == {"javaJob": 2}

@@ -48,7 +48,8 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * Usage: java -jar sluicegate-java-engine.jar [run] [--group G] [--heartbeat-ms N]
  *        java -jar sluicegate-java-engine.jar check-golden docs/wire-format/golden.json
  * Settings: SLUICEGATE_BOOTSTRAP (127.0.0.1:9092), SLUICEGATE_NAMESPACE (sg.),
- * SLUICEGATE_ENCRYPTION_KEYS (to open sealed payloads).
+ * SLUICEGATE_ENCRYPTION_KEYS (to open sealed payloads), SLUICEGATE_SCHEMA_REGISTRY_URL and
+ * SLUICEGATE_SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO (a deployment with a schema registry).
  */
 public final class JavaEngine {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -56,7 +57,7 @@ public final class JavaEngine {
     private static final int REMEMBERED = 100_000;
 
     private final Schemas schemas = Schemas.load();
-    private final Frames frames = new Frames();
+    private final Frames frames = new Frames(Registry.fromEnvironment());
     private final Sealed sealed = new Sealed(System.getenv("SLUICEGATE_ENCRYPTION_KEYS"));
     private final Schema admittedSchema = schemas.named("AdmittedStart");
     private final Schema commandSchema = schemas.named("EngineCommand");
