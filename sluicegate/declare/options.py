@@ -169,7 +169,8 @@ class RateLimit(_Keyed):
 
 class Throttle(_Keyed):
     """At most `limit` started per `period` per key, spaced evenly; the excess waits.
-    `burst` extra may start at once after a quiet time (GCRA)."""
+    `burst` extra may start at once after a quiet time (GCRA). `pool` names a pace shared
+    by every workflow naming it (per key within the pool)."""
 
     option_name = "throttle"
     duration_fields = ("period",)
@@ -177,10 +178,16 @@ class Throttle(_Keyed):
     period: DurationValue
     burst: int = 0
     max_queued: int | None = None
+    pool: str | None = None
 
     @cached_property
     def period_ms(self) -> int:
         return self._required_ms("period")
+
+    @cached_property
+    def shared_budget(self) -> str | None:
+        """`pool:<name>` for a pool shared with other workflows, else None."""
+        return f"pool:{self.pool}" if self.pool is not None else None
 
 
 class Debounce(_Keyed):

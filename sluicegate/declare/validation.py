@@ -92,6 +92,9 @@ def _ranges(wf: Workflow) -> list[str]:
     if wf.throttle is not None:
         out += _between(wf.throttle, "burst", 0, MAX_LIMIT)
         out += _queue_cap(wf.throttle)
+        pool = wf.throttle.pool
+        if pool is not None and not NAME.fullmatch(pool):
+            out.append(f"throttle pool {pool!r} is not a valid pool name ({_NAME_RULE})")
     if wf.debounce is not None:
         out += _duration(wf.debounce, "period", SECOND, WEEK)
         out += _duration(wf.debounce, "timeout", SECOND, WEEK)
@@ -258,6 +261,7 @@ def check_app(workflows: Iterable[Workflow], *, encryption_configured: bool) -> 
             )
         problems += _on_failure(wf, by_name)
     problems += _pools(listed)
+    problems += _throttle_pools(listed)
     return problems
 
 
@@ -292,6 +296,32 @@ def _on_failure(wf: Workflow, by_name: dict[str, Workflow]) -> list[str]:
 
 def _is_failure_report(model: type[BaseModel]) -> bool:
     return isinstance(model, type) and issubclass(model, FailureReport)
+
+
+def _throttle_pools(workflows: Sequence[Workflow]) -> list[str]:
+    """Every member of a throttle pool paces it alike: one rate, burst and queue cap."""
+    first: dict[str, tuple[str, tuple[Any, ...]]] = {}
+    problems = []
+    for wf in workflows:
+        option = wf.throttle
+        if option is None or option.pool is None or not option.valid:
+            continue
+        pace = (option.limit, option.period_ms, option.burst, option.max_queued)
+        if option.pool not in first:
+            first[option.pool] = (wf.name, pace)
+            continue
+        other, other_pace = first[option.pool]
+        if pace != other_pace:
+            def said(p: tuple[Any, ...]) -> str:
+                limit, period, burst, cap = p
+                return (f"limit {limit} per {format_duration(period)}, burst {burst}, "
+                        f"max_queued {cap}")
+
+            problems.append(
+                f"workflow {wf.name}: throttle pool {option.pool!r} declares {said(pace)}, but "
+                f"workflow {other} declares {said(other_pace)}; every member of a throttle "
+                "pool must declare the same limit, period, burst and max_queued")
+    return problems
 
 
 def _pools(workflows: Sequence[Workflow]) -> list[str]:

@@ -81,7 +81,8 @@ def route_for(wf: Workflow, deployment_cap: int = 0) -> Route:
     if wf.singleton is not None:
         hops.append(Hop("singleton", "singleton", wf.name, wf.singleton.key))
     if wf.throttle is not None:
-        hops.append(Hop("throttle", "throttle", wf.name, wf.throttle.key))
+        hops.append(Hop("throttle", "throttle", wf.throttle.shared_budget or wf.name,
+                        wf.throttle.key))
     hops += _concurrency_hops(wf, deployment_cap)
     return Route(wf.name, tuple(hops))
 

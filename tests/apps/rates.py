@@ -30,7 +30,18 @@ sync_crm = Workflow(name="syncCrm", payload=Upload,
                     priority="urgent ? 100 : 0", timeouts=Timeouts(start="12s"),
                     on_failure="throttleFailed")
 throttle_failed = Workflow(name="throttleFailed", payload=FailureReport)
+# Two workflows sharing one pace per user: one call a minute to the partner's API between
+# them (a throttle pool).
+partner_push = Workflow(name="partnerPush", payload=Upload,
+                        throttle=Throttle(limit=1, period="1m", key="userId", pool="partner"))
+partner_pull = Workflow(name="partnerPull", payload=Upload,
+                        throttle=Throttle(limit=1, period="1m", key="userId", pool="partner"))
 
-app = App([low_stock_alert, resize_image, push_partner, sync_crm, throttle_failed])
+app = App([low_stock_alert, resize_image, push_partner, sync_crm, throttle_failed,
+           partner_push, partner_pull])
 # The same, after syncCrm was taken out of the declarations (its handler stays).
-without_sync_crm = App([low_stock_alert, resize_image, push_partner, throttle_failed])
+without_sync_crm = App([low_stock_alert, resize_image, push_partner, throttle_failed,
+                        partner_push, partner_pull])
+# The same, after partnerPush left the pool's declarations.
+without_partner_push = App([low_stock_alert, resize_image, push_partner, sync_crm,
+                            throttle_failed, partner_pull])

@@ -159,3 +159,37 @@ def test_starts_queued_for_a_workflow_removed_from_the_declarations_fail_into_on
     reports = [json.loads(a.payload) for a in _of(admitted.records, "throttleFailed")]
     assert {(r["workflow"], r["reason"]) for r in reports} == {
         ("syncCrm", "workflow removed from the declarations")}
+
+
+def test_a_throttle_pool_paces_two_workflows_as_one(settings: Settings) -> None:
+    """partnerPush and partnerPull share one call a minute per user: three starts of the
+    same user across both workflows are admitted a minute apart, in arrival order; another
+    user's start is not held back by them."""
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    t0 = clock.now_ms()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        handles = []
+        for workflow in ("partnerPush", "partnerPull", "partnerPush"):
+            handles.append(client.submit(workflow, UPLOAD))
+            client.flush()
+            decided = len(handles)
+            ledger.until(lambda rows, n=decided: len(rows) >= n, what="decided")
+        other = client.submit("partnerPull", {"userId": "u2", "imageId": "i2"})
+        client.flush()
+        admitted.until(lambda rows: len(rows) >= 2, what="the first of u1 and u2's")
+        for n in (3, 4):
+            clock.advance(60_000)
+            admitted.until(lambda rows, n=n: len(rows) >= n, what=f"{n} admitted")
+        admitted.settle()
+
+    times = {a.request_ids[0]: a.admitted_at_ms for a in admitted.records}
+    assert [times[h.request_id] for h in handles] == [t0, t0 + 60_000, t0 + 120_000]
+    assert times[other.request_id] == t0
+    queued = [r for r in ledger.records if r.outcome is Outcome.queued]
+    assert sorted((r.workflow, r.due_at_ms) for r in queued) == [
+        ("partnerPull", t0 + 60_000), ("partnerPush", t0 + 120_000)]

@@ -283,7 +283,8 @@ class Harness:
             request_id=request_id, request_ids=[request_id], requested_at_ms=self.now,
             arrived_at_ms=self.now, priority=100.0 if urgent else 0.0, slots=[],
             on_failure="throttleFailed" if workflow == "syncCrm" else None)
-        key = f"{workflow}\x1f{user if workflow != 'pushPartner' else ''}".encode()
+        budget = "pool:partner" if workflow.startswith("partner") else workflow
+        key = f"{budget}\x1f{user if workflow != 'pushPartner' else ''}".encode()
         self.stage.process(self.ctx, InputRecord(self.topics.stage("throttle"), 0, 0, key,
                                                  codec.encode(start), self.now))
         return request_id
@@ -408,3 +409,32 @@ def test_a_fresh_key_admits_and_an_idle_key_leaves_no_row_behind(harness: Harnes
     harness.advance(61_000)
     harness.commit()
     assert list(harness.store.items(b"")) == []
+
+
+def test_a_throttle_pool_paces_its_members_together_per_key(harness: Harness) -> None:
+    t0 = harness.now
+    push = harness.start("partnerPush", user="u1")
+    pull = harness.start("partnerPull", user="u1")  # the same pool and user: waits
+    other = harness.start("partnerPull", user="u2")  # another user of the pool: at once
+    queued = [r for r in harness.ledger() if r.outcome is Outcome.queued]
+    assert [(r.request_id, r.due_at_ms, r.key) for r in queued] == [(pull, t0 + 60_000, "u1")]
+    harness.advance(59_999)
+    assert [a.execution_id for a in harness.admitted()] == [f"x-{push}", f"x-{other}"]
+    harness.advance(1)
+    assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()][2:] == [
+        (f"x-{pull}", t0 + 60_000)]
+
+
+def test_a_pool_key_paced_by_a_member_since_removed_goes_on_with_the_others(
+        harness: Harness) -> None:
+    t0 = harness.now
+    harness.start("partnerPush", user="u1")
+    waiting = harness.start("partnerPull", user="u1")
+    harness.commit()
+    harness.load(rates.without_partner_push)
+    harness.advance(0)
+    later = harness.start("partnerPull", user="u1")
+    harness.advance(120_000)
+    assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()][1:] == [
+        (f"x-{waiting}", t0 + 60_000), (f"x-{later}", t0 + 120_000)]
+    assert not [r for r in harness.ledger() if r.outcome is Outcome.failed]

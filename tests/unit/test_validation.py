@@ -302,6 +302,20 @@ def test_members_of_one_pool_declaring_fairness_differently_are_a_load_error() -
     ]
 
 
+def test_members_of_one_throttle_pool_declaring_different_paces_are_a_load_error() -> None:
+    found = problems(
+        Workflow(name="push", payload=P, throttle=Throttle(limit=10, period="1m", pool="crm")),
+        Workflow(name="pull", payload=P, throttle=Throttle(limit=10, period="1h", pool="crm")),
+    )
+    assert found == [
+        "workflow pull: throttle pool 'crm' declares limit 10 per 1h, burst 0, max_queued "
+        "None, but workflow push declares limit 10 per 1m, burst 0, max_queued None; every "
+        "member of a throttle pool must declare the same limit, period, burst and max_queued"
+    ]
+    assert only_problem(throttle=Throttle(limit=1, period="1m", pool="c r m")).startswith(
+        "workflow f: throttle pool 'c r m' is not a valid pool name")
+
+
 def test_an_invalid_pool_name_is_a_load_error() -> None:
     assert only_problem(concurrency=Concurrency(limit=1, pool="open ai")).startswith(
         "workflow f: concurrency pool 'open ai' is not a valid pool name")

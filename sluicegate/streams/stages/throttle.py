@@ -1,6 +1,7 @@
 """throttle: starts per key spaced evenly, one each `period/limit`, with `burst` extra at
 once after a quiet time; the excess waits its turn, none is lost (SPEC.md section 3,
-step 5; seed 003 "Throttle").
+step 5; seed 003 "Throttle"). A throttle `pool` is one pace shared by every workflow that
+names it: their starts meet at the pool's key and wait in one queue.
 
 The pace is GCRA (the generic cell rate algorithm, virtual scheduling form): a key keeps
 the theoretical arrival time (TAT) of its next start; a start conforms at an instant
@@ -166,6 +167,9 @@ class ThrottleStage(ControlStage):
         key = record.key
         raw = ctx.store.get(_KEY + key)
         row = KeyRow.decode(raw) if raw else KeyRow(wf.name)
+        if row.workflow != wf.name and self.app.get(row.workflow) is None:
+            # A pool's key, last paced for a member since removed: this one paces it now.
+            row = replace(row, workflow=wf.name)
         queue = PendingQueue(ctx.store, key)
         # Whoever's turn has come goes before the newcomer, so the queue stays in order.
         row = self._drain(ctx, key, row, queue)
@@ -242,6 +246,13 @@ class ThrottleStage(ControlStage):
         rate = Rate.of(wf.throttle) if wf is not None and wf.throttle is not None else None
         turn: int | None
         if len(queue) > 0:
+            head = queue.peek() if rate is None else None
+            member = self.app.get(head.start.workflow) if head is not None else None
+            if member is not None and member.throttle is not None:
+                # A pool's key whose last pacer left the declarations: a member still
+                # declared paces it (every member declares the same pace).
+                rate = Rate.of(member.throttle)
+                row = replace(row, workflow=member.name)
             # No declaration judges the head any more: drain it at once.
             turn = due_ms(row.pace, rate) if rate is not None else ctx.now_ms
         else:
