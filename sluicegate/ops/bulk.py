@@ -252,7 +252,8 @@ def _retry(topics: Topics) -> Callable[[RunRow, int], tuple[str, bytes, bytes, s
     def record(row: RunRow, now: int) -> tuple[str, bytes, bytes, str]:
         ident = retry_id(row.execution_id)
         start = StartRequest(request_id=ident, workflow=row.workflow, payload=row.payload,
-                             origin=Origin.direct, requested_at_ms=now, idempotency_id=ident)
+                             origin=Origin.direct, requested_at_ms=now, idempotency_id=ident,
+                             retry_of=row.execution_id)
         return (topics.starts, store_key(row.workflow, ident), codec.encode(start),
                 f"retry requested as {ident}")
     return record

@@ -146,6 +146,7 @@ class StartRequest:
     at_ms: int | None = None
     reply_partition: int | None = None
     wait: bool = False
+    retry_of: str | None = None
 
 
 @record

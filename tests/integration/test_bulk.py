@@ -110,3 +110,29 @@ def test_replay_skips_runs_the_mode_cannot_replay_with_the_reason(settings: Sett
     assert result.succeeded == []
     (skipped,) = result.skipped
     assert skipped.detail is not None and "only a failed run has" in skipped.detail
+
+
+def test_a_retried_run_is_admitted_with_retry_of_naming_the_run_it_retries(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    runs = TopicReader(settings, topics.runs, RunRow)
+    with WorkerThread(app, settings), \
+            Client(app=app, settings=settings, replies=False) as client:
+        client.submit("plainTour", {"rowId": "r1", "issueKey": "K"})
+        client.flush()
+        (first,) = admitted.until(lambda rs: len(rs) >= 1, what="the first run")
+        _report(settings, first.execution_id, RunEventKind.failed)
+        runs.until(lambda rs: any(r.status is RunStatus.failed for r in rs), what="its failure")
+
+        result = bulk.apply_replay(settings, RunStatus.failed, "retry", limit=5,
+                                   workflow="plainTour")
+        assert [r.execution_id for r in result.succeeded] == [first.execution_id]
+        admitted.until(lambda rs: len(rs) >= 2, what="the retry admitted")
+
+    retry = admitted.records[1]
+    assert retry.request_ids == [f"retry:{first.execution_id}"]
+    assert retry.execution_id != first.execution_id
+    assert retry.retry_of == first.execution_id
+    assert first.retry_of is None

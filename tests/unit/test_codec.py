@@ -75,7 +75,7 @@ PINNED_FINGERPRINTS = {
     "RunEvent": ("9462448059425459",),
     "RunRow": ("06447376cd9c7853",),
     "Slot": ("16224862afffa95e",),
-    "StartRequest": ("bd2bd67921797a9d",),
+    "StartRequest": ("bd2bd67921797a9d", "5ceb6ca412bcb42a"),
 }
 
 

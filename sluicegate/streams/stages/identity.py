@@ -243,6 +243,7 @@ class IdentityStage(Stage):
                 declaration_version=wf.version, origin=start.origin,
                 kind=AdmittedKind.start, slots=slots, request_ids=[start.request_id],
                 requested_at_ms=start.requested_at_ms, admitted_at_ms=now,
+                retry_of=start.retry_of,
             ))
             self._decided(ctx, start, wf, Outcome.admitted, key, execution_id, now)
             return
@@ -254,7 +255,7 @@ class IdentityStage(Stage):
             requested_at_ms=start.requested_at_ms, arrived_at_ms=now,
             priority=wf.priority.value(payload) if wf.priority is not None else 0.0,
             slots=slots, reply_partition=start.reply_partition, identity_key=key,
-            on_failure=wf.on_failure,
+            retry_of=start.retry_of, on_failure=wf.on_failure,
         )
         if start.at_ms is not None and start.at_ms > now:
             self._park_delayed(ctx, pending, start.at_ms, wf)
