@@ -80,10 +80,16 @@ def newer_frame(record: Record, note: str) -> bytes:
 
 def evolved_package(dest: Path) -> Path:
     """A copy of this package as its next release: each EVOLVED type's .avsc and class have
-    the added field. Its history keeps this release's schemas, as the copy's own files."""
+    the added field. Its history keeps this release's schemas."""
     package = dest / "sluicegate"
     shutil.copytree(ROOT / "sluicegate", package,
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # The next release ships this one's schemas in its history (they need not be in a
+    # released folder yet: this checkout may have changed one since the last release).
+    this = package / "schemas" / "avro" / "history" / "this"
+    this.mkdir()
+    for avsc in (package / "schemas" / "avro").glob("*.avsc"):
+        shutil.copy(avsc, this / avsc.name)
     records = package / "schemas" / "records.py"
     source = records.read_text()
     for cls in EVOLVED:
