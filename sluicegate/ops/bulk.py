@@ -16,12 +16,17 @@ cancel acts on live runs (admitted, running, suspended); `redrive` on failed run
 (an engine command: resume from the step that died); `retry` on failed and cancelled runs
 (a fresh execution: a `direct` start of the same workflow and payload whose explicit id is
 `retry:<execution id>`, so applying twice starts one retry, not two).
+
+An apply sends one `RunOperation` per run to the runs stage, which carries it out in one
+transaction with the run's row: the engine command (its `command_id` unique per operation
+and run), or the retry's start; the operator's reason on the run; a ledger row per run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,15 +35,9 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from sluicegate.config import Settings
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import (
-    CommandKind,
-    EngineCommand,
-    Origin,
-    RunRow,
-    RunStatus,
-    StartRequest,
-)
-from sluicegate.streams.stages.identity import store_key
+from sluicegate.schemas.records import RunOperation, RunRow, RunStatus
+from sluicegate.streams.decisions import RUNS_STAGE
+from sluicegate.streams.stages.runs import ELIGIBLE
 from sluicegate.topology.topics import Topics
 
 Verb = Literal["cancel", "redrive", "retry"]
@@ -47,14 +46,6 @@ Mode = Literal["redrive", "retry"]
 Progress = Callable[[int, int], None]
 
 # -- the pure core -------------------------------------------------------------------
-
-ELIGIBLE: dict[Verb, frozenset[RunStatus]] = {
-    # An admitted run is one the engine has been handed: leaving it out would let it start
-    # after the operator stopped "all" of them.
-    "cancel": frozenset({RunStatus.admitted, RunStatus.running, RunStatus.suspended}),
-    "redrive": frozenset({RunStatus.failed}),
-    "retry": frozenset({RunStatus.failed, RunStatus.cancelled}),
-}
 
 _WHY_NOT: dict[Verb, str] = {
     "cancel": "only live runs (admitted, running, suspended) can be cancelled",
@@ -92,6 +83,8 @@ class BulkResult:
     truncated: bool = False  # more runs were eligible than `limit`
     eligible: int = 0  # how many were eligible in all
     ineligible: int = 0  # how many were selected but ineligible (`skipped` lists `limit`)
+    # An apply's id: its ledger rows are `run:<execution id>:bulk-<verb>:<operation>`.
+    operation: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -126,12 +119,6 @@ def selected(rows: Iterable[RunRow], *, workflow: str | None = None,
              status: RunStatus | None = None) -> list[RunRow]:
     return [r for r in rows if (workflow is None or r.workflow == workflow)
             and (status is None or r.status is status)]
-
-
-def retry_id(execution_id: str) -> str:
-    """The explicit id of a retry's start: one retry per failed execution, however often
-    the apply is repeated (identity answers `existing` to a repeat)."""
-    return f"retry:{execution_id}"
 
 
 # -- reading the runs table ------------------------------------------------------------
@@ -206,16 +193,22 @@ class _Sender:
         self.producer.flush(timeout_s)
 
 
-def _apply(settings: Settings, chosen: list[RunRow], result: BulkResult,
-           record_for: Callable[[RunRow, int], tuple[str, bytes, bytes, str]],
+def _apply(settings: Settings, chosen: list[RunRow], result: BulkResult, reason: str | None,
            progress: Progress | None, timeout_s: float) -> BulkResult:
+    """One `RunOperation` per chosen run to the runs stage (keyed by execution id, so it
+    reaches the partition that keeps the run's row)."""
     result.committed = True
+    result.operation = uuid.uuid4().hex
+    topic = Topics(settings).stage(RUNS_STAGE)
     sender = _Sender(settings)
     done: list[tuple[RunRow, str]] = []
     for i, row in enumerate(chosen, 1):
-        topic, key, value, what = record_for(row, int(time.time() * 1000))
-        sender.send(row.execution_id, topic, key, value)
-        done.append((row, what))
+        op = RunOperation(operation=result.operation, execution_id=row.execution_id,
+                          workflow=row.workflow, verb=result.verb,
+                          issued_at_ms=int(time.time() * 1000), reason=reason)
+        sender.send(row.execution_id, topic, row.execution_id.encode(), codec.encode(op))
+        done.append((row, f"{result.verb} sent as {op.command_id}"
+                     + (f": {reason}" if reason else "")))
         if progress is not None:
             progress(i, len(chosen))
     sender.finish(timeout_s)
@@ -237,28 +230,6 @@ def _preview(chosen: list[RunRow], result: BulkResult, what: str) -> BulkResult:
     return result
 
 
-def _command(kind: CommandKind, reason: str | None, topics: Topics) -> Callable[
-        [RunRow, int], tuple[str, bytes, bytes, str]]:
-    def record(row: RunRow, now: int) -> tuple[str, bytes, bytes, str]:
-        command = EngineCommand(
-            command_id=f"bulk-{kind.value}:{row.execution_id}", execution_id=row.execution_id,
-            workflow=row.workflow, kind=kind, issued_at_ms=now, reason=reason)
-        return (topics.commands, row.execution_id.encode(), codec.encode(command),
-                f"{kind.value} command sent" + (f": {reason}" if reason else ""))
-    return record
-
-
-def _retry(topics: Topics) -> Callable[[RunRow, int], tuple[str, bytes, bytes, str]]:
-    def record(row: RunRow, now: int) -> tuple[str, bytes, bytes, str]:
-        ident = retry_id(row.execution_id)
-        start = StartRequest(request_id=ident, workflow=row.workflow, payload=row.payload,
-                             origin=Origin.direct, requested_at_ms=now, idempotency_id=ident,
-                             retry_of=row.execution_id)
-        return (topics.starts, store_key(row.workflow, ident), codec.encode(start),
-                f"retry requested as {ident}")
-    return record
-
-
 def _require_reason(reason: str) -> str:
     if not reason.strip():
         raise ValueError("a bulk cancel needs a reason: it is recorded on every run it stops")
@@ -278,8 +249,7 @@ def apply_cancel(settings: Settings, workflow: str, reason: str, limit: int, *,
     reason = _require_reason(reason)
     rows = selected(read_runs(settings), workflow=workflow)
     chosen, result = plan(rows, "cancel", limit, only)
-    return _apply(settings, chosen, result,
-                  _command(CommandKind.cancel, reason, Topics(settings)), progress, timeout_s)
+    return _apply(settings, chosen, result, reason, progress, timeout_s)
 
 
 def preview_replay(settings: Settings, status: RunStatus, mode: Mode, limit: int, *,
@@ -291,11 +261,12 @@ def preview_replay(settings: Settings, status: RunStatus, mode: Mode, limit: int
 
 
 def apply_replay(settings: Settings, status: RunStatus, mode: Mode, limit: int, *,
-                 workflow: str | None = None, only: Collection[str] | None = None,
-                 progress: Progress | None = None, timeout_s: float = 30.0) -> BulkResult:
+                 workflow: str | None = None, reason: str | None = None,
+                 only: Collection[str] | None = None, progress: Progress | None = None,
+                 timeout_s: float = 30.0) -> BulkResult:
+    """`reason` (optional for a replay) goes on each run's ledger row and redrive command;
+    without one the row says `replay-many --mode <mode>`."""
     rows = selected(read_runs(settings), workflow=workflow, status=status)
     chosen, result = plan(rows, mode, limit, only)
-    topics = Topics(settings)
-    record = (_command(CommandKind.redrive, None, topics) if mode == "redrive"
-              else _retry(topics))
-    return _apply(settings, chosen, result, record, progress, timeout_s)
+    return _apply(settings, chosen, result, reason.strip() or None if reason else None,
+                  progress, timeout_s)

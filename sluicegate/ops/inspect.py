@@ -106,7 +106,7 @@ class ModuleBulkOps:
         else:
             result = bulk.apply_replay(self.settings, _status(request), request["mode"],
                                        request["limit"], workflow=request.get("workflow"),
-                                       only=only)
+                                       reason=request.get("reason"), only=only)
         results = [{"execution_id": r.execution_id, "outcome": outcome, "reason": r.detail}
                    for outcome, runs in (("succeeded", result.succeeded),
                                          ("failed", result.failed),

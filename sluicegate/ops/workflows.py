@@ -266,6 +266,8 @@ def replay_many(
                        "and cancelled runs start afresh); no default.")],
     limit: Limit,
     workflow: Annotated[str | None, typer.Option("--workflow", help="Only this one.")] = None,
+    reason: Annotated[str | None, typer.Option(
+        "--reason", help="Why (recorded on each replayed run's ledger row).")] = None,
     commit: Commit = False,
     fmt: BulkFormat = "text",
     bootstrap: Bootstrap = None,
@@ -279,7 +281,8 @@ def replay_many(
     settings = _settings(bootstrap, namespace)
     if commit:
         result = _with_progress(fmt, lambda progress: bulk.apply_replay(
-            settings, status, chosen, limit, workflow=workflow, progress=progress))
+            settings, status, chosen, limit, workflow=workflow, reason=reason,
+            progress=progress))
     else:
         result = bulk.preview_replay(settings, status, chosen, limit, workflow=workflow)
     _report(result, fmt)

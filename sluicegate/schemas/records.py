@@ -93,6 +93,9 @@ class Outcome(StrEnum):
     cancelled = "cancelled"
     failed = "failed"
     lease_expired = "lease_expired"
+    # An operator's replay of a run (replay-many): rows about the run, not a request.
+    redriven = "redriven"
+    retried = "retried"
 
 
 class RunEventKind(StrEnum):
@@ -214,6 +217,25 @@ class EngineCommand:
     kind: CommandKind
     issued_at_ms: int
     reason: str | None = None
+
+
+@record
+class RunOperation:
+    """sg.stage.runs (key: execution_id): an operator's bulk operation on one run, which the
+    runs stage carries out and records (docs/decisions/bulk-operations.md)."""
+
+    operation: str
+    execution_id: str
+    workflow: str
+    verb: str  # cancel | redrive | retry
+    issued_at_ms: int
+    reason: str | None = None
+
+    @property
+    def command_id(self) -> str:
+        """Unique per operation and run: what the engine command (or the ledger row) is
+        named after."""
+        return f"bulk-{self.verb}:{self.operation}:{self.execution_id}"
 
 
 @record
@@ -357,6 +379,7 @@ Record = (
     | LedgerRecord
     | RunEvent
     | EngineCommand
+    | RunOperation
     | ControlRow
     | DeadLetter
     | RunRow

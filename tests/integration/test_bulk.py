@@ -17,6 +17,8 @@ from sluicegate.schemas.records import (
     AdmittedStart,
     CommandKind,
     EngineCommand,
+    LedgerRecord,
+    Outcome,
     RunEvent,
     RunEventKind,
     RunRow,
@@ -32,12 +34,19 @@ from tests.integration.kafka_helpers import TopicReader, WorkerThread
 pytestmark = pytest.mark.broker
 
 
-def _report(settings: Settings, execution_id: str, kind: RunEventKind) -> None:
+def _report(settings: Settings, execution_id: str, kind: RunEventKind, at_ms: int = 1,
+            reason: str | None = None) -> None:
     producer = Producer(settings.client_config(partitioner="murmur2_random"))
     producer.produce(Topics(settings).run_events, codec.encode(RunEvent(
-        execution_id=execution_id, workflow="plainTour", kind=kind, at_ms=1,
-        retries_spent=3 if kind is RunEventKind.failed else None)), execution_id.encode())
+        execution_id=execution_id, workflow="plainTour", kind=kind, at_ms=at_ms,
+        retries_spent=3 if kind is RunEventKind.failed else None, reason=reason)),
+        execution_id.encode())
     assert producer.flush(30) == 0
+
+
+def _latest(rows: list[RunRow], execution_id: str) -> RunRow | None:
+    mine = [r for r in rows if r.execution_id == execution_id]
+    return mine[-1] if mine else None
 
 
 def test_the_dry_run_changes_nothing_and_names_the_runs_the_commit_acts_on(
@@ -136,3 +145,106 @@ def test_a_retried_run_is_admitted_with_retry_of_naming_the_run_it_retries(
     assert retry.execution_id != first.execution_id
     assert retry.retry_of == first.execution_id
     assert first.retry_of is None
+
+
+def test_a_bulk_cancel_records_the_operators_reason_on_every_run_and_in_the_ledger(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    runs = TopicReader(settings, topics.runs, RunRow)
+    commands = TopicReader(settings, topics.commands, EngineCommand)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    with WorkerThread(app, settings), \
+            Client(app=app, settings=settings, replies=False) as client:
+        for row in ("r1", "r2"):
+            client.submit("plainTour", {"rowId": row, "issueKey": "K"})
+        client.flush()
+        running, asleep = (a.execution_id for a in admitted.until(
+            lambda rs: len(rs) >= 2, what="two runs"))
+        _report(settings, running, RunEventKind.started, at_ms=10)
+        _report(settings, asleep, RunEventKind.suspended, at_ms=10,
+                reason="waiting for approval")
+        runs.until(lambda rs: getattr(_latest(rs, asleep), "last_reason", None)
+                   == "waiting for approval", what="the suspended run")
+
+        result = CliRunner().invoke(workflows_cli, [
+            "cancel-many", "--workflow", "plainTour", "--reason", "bad deploy", "--limit", "5",
+            "--commit", "--format", "json", "--bootstrap", settings.bootstrap,
+            "--namespace", settings.namespace])
+        assert result.exit_code == 0, result.output
+        applied = json.loads(result.output)
+        commands.until(lambda cs: len(cs) >= 2, what="two cancel commands")
+        # The engine cancels both and says nothing of why.
+        for run in (running, asleep):
+            _report(settings, run, RunEventKind.cancelled, at_ms=20)
+        runs.until(lambda rs: all(getattr(_latest(rs, r), "status", None)
+                                  is RunStatus.cancelled for r in (running, asleep)),
+                   what="both runs cancelled")
+        for run in (running, asleep):
+            row = _latest(runs.records, run)
+            assert row is not None and (row.status, row.last_reason) == (
+                RunStatus.cancelled, "bad deploy")
+        ledger.until(lambda ls: sum(r.outcome is Outcome.cancelled for r in ls) >= 2,
+                     what="a ledger row per cancelled run")
+
+    assert {c.reason for c in commands.records} == {"bad deploy"}
+    operation = applied["operation"]
+    rows = [r for r in ledger.records if r.request_id.startswith("run:")]
+    assert sorted((r.request_id, r.outcome, r.reason, r.stage) for r in rows) == sorted(
+        (f"run:{run}:bulk-cancel:{operation}", Outcome.cancelled, "bad deploy", "runs")
+        for run in (running, asleep))
+    assert {r.execution_id for r in rows} == {running, asleep}
+
+
+def test_every_redrive_sends_a_command_of_its_own_and_each_replay_writes_a_ledger_row(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    runs = TopicReader(settings, topics.runs, RunRow)
+    commands = TopicReader(settings, topics.commands, EngineCommand)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+
+    def status_is(run: str, status: RunStatus, what: str) -> None:
+        runs.until(lambda rs: getattr(_latest(rs, run), "status", None) is status, what=what)
+
+    with WorkerThread(app, settings), \
+            Client(app=app, settings=settings, replies=False) as client:
+        client.submit("plainTour", {"rowId": "r1", "issueKey": "K"})
+        client.flush()
+        (first,) = admitted.until(lambda rs: len(rs) >= 1, what="the run")
+        run = first.execution_id
+        _report(settings, run, RunEventKind.failed, at_ms=10)
+        status_is(run, RunStatus.failed, "the run failed")
+        once = bulk.apply_replay(settings, RunStatus.failed, "redrive", 5,
+                                 workflow="plainTour", reason="downstream fixed")
+        commands.until(lambda cs: len(cs) >= 1, what="the first redrive")
+        # Redriven, it fails again 52 s later, and the operator redrives it again.
+        _report(settings, run, RunEventKind.started, at_ms=20)
+        status_is(run, RunStatus.running, "the run redriven")
+        _report(settings, run, RunEventKind.failed, at_ms=52_020)
+        status_is(run, RunStatus.failed, "the run failed again")
+        twice = bulk.apply_replay(settings, RunStatus.failed, "redrive", 5,
+                                  workflow="plainTour", reason="downstream fixed")
+        first_command, second_command = commands.until(lambda cs: len(cs) >= 2,
+                                                       what="the second redrive")
+        # An engine drops a command whose id it has seen (docs/wire-format.md).
+        assert first_command.command_id != second_command.command_id
+        assert (first_command.kind, second_command.kind) == (CommandKind.redrive,) * 2
+        assert first_command.execution_id == second_command.execution_id == run
+        retried = bulk.apply_replay(settings, RunStatus.failed, "retry", 5,
+                                    workflow="plainTour")
+        ledger.until(lambda ls: sum(r.request_id.startswith("run:") for r in ls) >= 3,
+                     what="a ledger row per replay")
+
+    assert first_command.reason == "downstream fixed"
+    rows = sorted((r.request_id, r.outcome, r.reason, r.execution_id)
+                  for r in ledger.records if r.request_id.startswith("run:"))
+    assert rows == sorted([
+        (f"run:{run}:bulk-redrive:{once.operation}", Outcome.redriven, "downstream fixed", run),
+        (f"run:{run}:bulk-redrive:{twice.operation}", Outcome.redriven, "downstream fixed",
+         run),
+        (f"run:{run}:bulk-retry:{retried.operation}", Outcome.retried,
+         "replay-many --mode retry", run),
+    ])

@@ -14,9 +14,13 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
+    EngineCommand,
+    LedgerRecord,
     Origin,
+    Outcome,
     RunEvent,
     RunEventKind,
+    RunOperation,
     RunRow,
     RunStatus,
     Slot,
@@ -24,6 +28,7 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages.runs import (
+    _CANCELLING,
     DEFAULT_LEASE_MS,
     ENDED,
     Backstop,
@@ -83,6 +88,22 @@ def test_a_run_goes_admitted_running_suspended_running_completed() -> None:
         row = apply_event(row, _event(kind, ADMITTED_AT + 1))
         assert row.status is status
     assert row.ended_at_ms == ADMITTED_AT + 1
+
+
+def test_a_status_change_without_a_reason_does_not_keep_the_earlier_status_reason() -> None:
+    asleep = apply_event(_row(), _event(RunEventKind.suspended, ADMITTED_AT + 1,
+                                        reason="waiting for approval"))
+    assert asleep.last_reason == "waiting for approval"
+    assert apply_event(asleep, _event(RunEventKind.heartbeat, ADMITTED_AT + 2)).last_reason == (
+        "waiting for approval")
+    assert apply_event(asleep, _event(RunEventKind.cancelled, ADMITTED_AT + 3)).last_reason is None
+    # An operator's cancel: its reason is what the cancelled run shows.
+    cancelled = apply_event(asleep, _event(RunEventKind.cancelled, ADMITTED_AT + 3,
+                                           reason="cancelled by the engine"), "bad deploy")
+    assert (cancelled.status, cancelled.last_reason) == (RunStatus.cancelled, "bad deploy")
+    # ... and only a cancel takes it.
+    done = apply_event(asleep, _event(RunEventKind.completed, ADMITTED_AT + 3), "bad deploy")
+    assert (done.status, done.last_reason) == (RunStatus.completed, None)
 
 
 def test_an_engine_failure_keeps_its_message_and_retries() -> None:
@@ -263,4 +284,67 @@ def test_a_report_read_before_its_admission_is_applied_when_the_admission_arrive
         RunStatus.running, "run-1", ADMITTED_AT + 5)
     # Applied once: the kept report is gone.
     assert not any(b"e-early\x1f" in key for key, _ in ctx.store.items(b""))
+    tx.store.close()
+
+
+def test_an_operation_on_a_run_that_changed_since_it_was_selected_is_skipped_and_recorded(
+        tmp_path: Path) -> None:
+    topics = Topics(Settings(namespace="sg."))
+    sent: list[tuple[str, bytes | None]] = []
+    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
+    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
+                       lambda t, k, v, p=None, h=None, m=None: sent.append((t, v)),
+                       lambda: ADMITTED_AT + 10)
+    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
+    stage.process(ctx, InputRecord(topics.stage("runs"), 0, -1, b"e1", b"", 0, None,
+                                   _admitted("e1")))
+    stage.process(ctx, InputRecord(topics.run_events, 0, 1, b"e1", codec.encode(RunEvent(
+        execution_id="e1", workflow="flakyJob", kind=RunEventKind.completed,
+        at_ms=ADMITTED_AT + 5)), 0))
+    sent.clear()
+
+    def operate(verb: str, reason: str | None) -> None:
+        stage.process(ctx, InputRecord(topics.stage("runs"), 0, 2, b"e1", codec.encode(
+            RunOperation(operation="op1", execution_id="e1", workflow="flakyJob", verb=verb,
+                         issued_at_ms=ADMITTED_AT + 6, reason=reason)), 0))
+
+    # Selected while it ran, carried out once it had completed: nothing to cancel.
+    operate("cancel", "bad deploy")
+    ((topic, value),) = sent
+    assert topic == topics.ledger
+    row = codec.decode(LedgerRecord, value)
+    assert (row.request_id, row.outcome, row.execution_id) == (
+        "run:e1:bulk-cancel:op1", Outcome.skipped, "e1")
+    assert row.reason == "cancel not carried out, the run is completed now (bad deploy)"
+    assert not any(t == topics.commands for t, _ in sent)
+    tx.store.close()
+
+
+def test_a_cancel_operation_sends_the_command_and_the_run_ends_with_its_reason(
+        tmp_path: Path) -> None:
+    topics = Topics(Settings(namespace="sg."))
+    sent: list[tuple[str, bytes | None]] = []
+    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
+    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
+                       lambda t, k, v, p=None, h=None, m=None: sent.append((t, v)),
+                       lambda: ADMITTED_AT + 10)
+    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
+    stage.process(ctx, InputRecord(topics.stage("runs"), 0, -1, b"e1", b"", 0, None,
+                                   _admitted("e1")))
+    stage.process(ctx, InputRecord(topics.stage("runs"), 0, 2, b"e1", codec.encode(
+        RunOperation(operation="op1", execution_id="e1", workflow="flakyJob", verb="cancel",
+                     issued_at_ms=ADMITTED_AT + 6, reason="bad deploy")), 0))
+    (command,) = [codec.decode(EngineCommand, v) for t, v in sent if t == topics.commands]
+    assert (command.command_id, command.reason) == ("bulk-cancel:op1:e1", "bad deploy")
+    (ledger,) = [codec.decode(LedgerRecord, v) for t, v in sent if t == topics.ledger]
+    assert (ledger.outcome, ledger.reason) == (Outcome.cancelled, "bad deploy")
+    assert len(list(ctx.store.items(_CANCELLING))) == 1
+    stage.process(ctx, InputRecord(topics.run_events, 0, 3, b"e1", codec.encode(RunEvent(
+        execution_id="e1", workflow="flakyJob", kind=RunEventKind.cancelled,
+        at_ms=ADMITTED_AT + 7)), 0))
+    row = RunsStage.load(ctx, "e1")
+    assert row is not None and (row.status, row.last_reason) == (
+        RunStatus.cancelled, "bad deploy")
+    # The reason waited for the run's end, and is gone with it.
+    assert list(ctx.store.items(_CANCELLING)) == []
     tx.store.close()

@@ -40,12 +40,14 @@ from sluicegate.schemas.records import (
     ReleaseKind,
     RunEvent,
     RunEventKind,
+    RunOperation,
     RunRow,
     RunStatus,
+    StartRequest,
     changed,
 )
 from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
-from sluicegate.streams.routing import Router
+from sluicegate.streams.routing import Router, identity_store_key
 from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
@@ -57,12 +59,25 @@ _RUN = STATE_PREFIX + b"R"
 _EARLY = STATE_PREFIX + b"E"
 _EARLY_MARK = STATE_PREFIX + b"e"
 _BACKSTOP = STATE_PREFIX + b"B"
+# + execution id -> the reason of a cancel an operator sent, until the run ends.
+_CANCELLING = STATE_PREFIX + b"K"
 # Timer keys, by kind, then the execution id.
 _FINISH = b"F"
 _LEASE = b"L"
 
 ENDED = {RunStatus.completed, RunStatus.failed, RunStatus.cancelled}
 LIVE = {RunStatus.admitted, RunStatus.running, RunStatus.suspended}
+# Which runs each bulk verb acts on (SPEC.md section 4; seed 000): the operation selects
+# them by this, and the runs stage checks it again when it carries the operation out.
+ELIGIBLE: dict[str, frozenset[RunStatus]] = {
+    # An admitted run is one the engine has been handed: leaving it out would let it start
+    # after the operator stopped "all" of them.
+    "cancel": frozenset(LIVE),
+    "redrive": frozenset({RunStatus.failed}),
+    "retry": frozenset({RunStatus.failed, RunStatus.cancelled}),
+}
+_OPERATED = {"cancel": Outcome.cancelled, "redrive": Outcome.redriven,
+             "retry": Outcome.retried}
 # What a slot lease covers: the crash backstop of SPEC.md is a concurrency rule (the
 # deployment cap's slots live on the concurrency stage too).
 LEASED_STAGE = "concurrency"
@@ -92,6 +107,12 @@ def admitted_row(admitted: AdmittedStart) -> RunRow:
     )
 
 
+def retry_id(execution_id: str) -> str:
+    """The request id and explicit id of a retry's start: one retry per execution, however
+    often the operation is repeated (identity answers `existing` to a repeat)."""
+    return f"retry:{execution_id}"
+
+
 def redriven(row: RunRow, event: RunEvent) -> bool:
     """Whether the report reopens an ended run: only a failed run comes back (a redrive
     resumes it from the failed step), when the engine reports it started or resumed after
@@ -101,9 +122,14 @@ def redriven(row: RunRow, event: RunEvent) -> bool:
             and event.at_ms > (row.ended_at_ms or 0))
 
 
-def apply_event(row: RunRow, event: RunEvent) -> RunRow:
+def apply_event(row: RunRow, event: RunEvent, cancel_reason: str | None = None) -> RunRow:
     """The run row after an engine report; an ended run does not change again, unless a
-    failed run is redriven (it then holds nothing: its holds went back when it failed)."""
+    failed run is redriven (it then holds nothing: its holds went back when it failed).
+
+    `last_reason` is the report's reason (or error message); a report without one keeps
+    the row's only while the status stays, so a run cancelled while suspended does not
+    show why it was suspended. A `cancelled` report after an operator's cancel
+    (`cancel_reason`) records the operator's reason (SPEC.md section 4)."""
     if row.status in ENDED:
         if not redriven(row, event):
             return row
@@ -111,10 +137,14 @@ def apply_event(row: RunRow, event: RunEvent) -> RunRow:
     status = _STATUS_OF.get(event.kind, row.status)
     if event.kind is RunEventKind.resumed:
         status = RunStatus.running
+    reason = event.reason or event.error_message or (
+        row.last_reason if status is row.status else None)
+    if status is RunStatus.cancelled and cancel_reason is not None:
+        reason = cancel_reason
     return changed(
         row, status=status, updated_at_ms=event.at_ms,
         ended_at_ms=event.at_ms if status in ENDED else None,
-        last_reason=event.reason or event.error_message or row.last_reason,
+        last_reason=reason,
         retries_spent=event.retries_spent if event.retries_spent is not None
         else row.retries_spent,
         run_id=event.run_id or row.run_id,
@@ -235,11 +265,14 @@ class RunsStage(Stage):
                 self._admitted(ctx, record.message, reports_may_precede=False)
                 return
             try:
-                admitted = codec.decode(AdmittedStart, record.value)
+                message = codec.decode_one_of((AdmittedStart, RunOperation), record.value)
             except codec.DecodeError as exc:
-                reject(ctx, record, f"not an admitted start: {exc}")
+                reject(ctx, record, f"not an admitted start or a run operation: {exc}")
                 return
-            self._admitted(ctx, admitted, reports_may_precede=True)
+            if isinstance(message, RunOperation):
+                self.operate(ctx, message)
+                return
+            self._admitted(ctx, message, reports_may_precede=True)
             return
         try:
             event = codec.decode(RunEvent, record.value)
@@ -316,7 +349,15 @@ class RunsStage(Stage):
         if event.kind is RunEventKind.heartbeat:
             self.heartbeat(ctx, row, event)
             return
-        updated = apply_event(row, event)
+        cancel_reason = None
+        if _STATUS_OF.get(event.kind) in ENDED:
+            # A point lookup only when the run ends: an operator's cancel waits for it.
+            mark = _CANCELLING + row.execution_id.encode()
+            raw = ctx.store.get(mark)
+            if raw is not None:
+                ctx.store.delete(mark)
+                cancel_reason = raw.decode()
+        updated = apply_event(row, event, cancel_reason)
         # A redriven run was resumed by the engine on an operator's command: not re-admitted.
         if (event.kind is RunEventKind.resumed and row.status not in ENDED
                 and self._needs_readmission(row)):
@@ -363,6 +404,7 @@ class RunsStage(Stage):
         took = format_duration(finish_at_ms - row.admitted_at_ms)
         reason = f"{FINISH_REASON}: the run did not end within {took} of its admission"
         failed = finished_late(row, ctx.now_ms, reason)
+        ctx.store.delete(_CANCELLING + row.execution_id.encode())
         ctx.send(ctx.topics.commands, row.execution_id.encode(), codec.encode(EngineCommand(
             command_id=f"{FINISH_REASON}:{row.execution_id}", execution_id=row.execution_id,
             workflow=row.workflow, kind=CommandKind.cancel, issued_at_ms=ctx.now_ms,
@@ -386,6 +428,47 @@ class RunsStage(Stage):
         # Nothing is leased any more; a steps-mode re-admission arms the lease again.
         self._store_backstop(ctx, row.execution_id, backstop,
                              changed(backstop, lease_until_ms=None))
+
+    # -- operators' bulk operations ------------------------------------------------------
+
+    def operate(self, ctx: StageContext, op: RunOperation) -> None:
+        """Carry out an operator's bulk operation on one run: the engine command (cancel,
+        redrive) or the retry's start, the cancel's reason kept for the run's row, and a
+        ledger row `run:<execution id>:bulk-<verb>:<operation>` with the operator's reason,
+        all in one transaction. A run that changed since the operation selected it is left
+        as it is, and the row says so (`skipped`). docs/decisions/bulk-operations.md."""
+        row = self.load(ctx, op.execution_id)
+        what = f"bulk-{op.verb}:{op.operation}"
+        reason = op.reason or f"replay-many --mode {op.verb}"
+        eligible = ELIGIBLE.get(op.verb)
+        if row is None or eligible is None or row.status not in eligible:
+            why = ("no such run" if row is None else f"no verb {op.verb!r}" if eligible is None
+                   else f"the run is {row.status.value} now")
+            skipped = f"{op.verb} not carried out, {why} ({reason})"
+            if row is not None:
+                self._ledger(ctx, row, what, Outcome.skipped, skipped)
+                return
+            now = ctx.now_ms
+            record_decision(ctx, LedgerRecord(
+                request_id=f"run:{op.execution_id}:{what}", workflow=op.workflow,
+                outcome=Outcome.skipped, requested_at_ms=op.issued_at_ms, decided_at_ms=now,
+                stage=self.name, reason=skipped, execution_id=op.execution_id), None)
+            return
+        if op.verb == "retry":
+            ident = retry_id(row.execution_id)
+            ctx.send(ctx.topics.starts, identity_store_key(row.workflow, ident), codec.encode(
+                StartRequest(request_id=ident, workflow=row.workflow, payload=row.payload,
+                             origin=Origin.direct, requested_at_ms=ctx.now_ms,
+                             idempotency_id=ident, retry_of=row.execution_id)))
+        else:
+            kind = CommandKind.cancel if op.verb == "cancel" else CommandKind.redrive
+            ctx.send(ctx.topics.commands, row.execution_id.encode(), codec.encode(EngineCommand(
+                command_id=op.command_id, execution_id=row.execution_id,
+                workflow=row.workflow, kind=kind, issued_at_ms=ctx.now_ms, reason=op.reason)))
+            if kind is CommandKind.cancel:
+                # The engine's `cancelled` report records it on the run (apply_event).
+                ctx.store.put(_CANCELLING + row.execution_id.encode(), reason.encode())
+        self._ledger(ctx, row, what, _OPERATED[op.verb], reason)
 
     def _ledger(self, ctx: StageContext, row: RunRow, what: str, outcome: Outcome,
                 reason: str) -> None:
