@@ -36,8 +36,8 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.records import ControlRow, RunRow
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.stages.concurrency import NAME as CONCURRENCY
-from sluicegate.streams.stages.concurrency import shown_key
 from sluicegate.streams.stages.runs import ENDED
+from sluicegate.topology.route import key_text
 from sluicegate.topology.topics import Topics
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
@@ -192,7 +192,7 @@ def in_flight(runs: Iterable[RunRow]) -> Counter[FlowKey]:
         if not slots:
             counts[(run.workflow, None)] += 1
         for slot in slots:
-            counts[(run.workflow, shown_key(slot.key, run.workflow))] += 1
+            counts[(run.workflow, key_text(slot.key))] += 1
     return counts
 
 

@@ -47,6 +47,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("waited_ms", "BIGINT NOT NULL"),
     ("folded", "BIGINT NOT NULL"),
     ("key", "VARCHAR"),
+    ("control", "VARCHAR"),
     ("stage", "VARCHAR"),
     ("reason", "VARCHAR"),
     ("execution_id", "VARCHAR"),
@@ -76,11 +77,16 @@ CREATE TABLE IF NOT EXISTS _offsets (
 
 # Rows go in column-wise, one list parameter per column, unnested side by side: DuckDB's
 # executemany costs milliseconds per row, this tens of microseconds.
-_INSERT = "INSERT INTO ledger SELECT " + ", ".join(
+# By name: a file made before a column was added has it last (`_ADDED`).
+_NAMES = ", ".join(f'"{name}"' for name, _ in COLUMNS)
+_INSERT = f"INSERT INTO ledger ({_NAMES}) SELECT " + ", ".join(
     (f"epoch_ms(unnest(${i + 1}::BIGINT[]))" if name in _TIMESTAMPS
      else f"unnest(${i + 1}::{kind.removesuffix(' NOT NULL')}[])")
     for i, (name, kind) in enumerate(COLUMNS)
 )
+# Columns added since the first release, for files made before: (name, DuckDB type).
+_ADDED: tuple[tuple[str, str], ...] = (("control", "VARCHAR"),)
+
 _SAVE_OFFSET = """
 INSERT INTO _offsets VALUES ($1, $2, $3)
 ON CONFLICT (topic, "partition") DO UPDATE SET next_offset = excluded.next_offset
@@ -97,7 +103,8 @@ def row_of(record: LedgerRecord, partition: int, offset: int) -> Row:
     """One `ledger` table row, in `COLUMNS` order; instants stay ms until the insert."""
     return (
         record.request_id, record.workflow, record.outcome.value, record.requested_at_ms,
-        record.decided_at_ms, record.waited_ms, record.folded, record.key, record.stage,
+        record.decided_at_ms, record.waited_ms, record.folded, record.key, record.control,
+        record.stage,
         record.reason, record.execution_id, record.retry_after_ms, record.deferral,
         record.due_at_ms, record.position, record.declaration_version, record.payload,
         partition, offset,
@@ -130,6 +137,8 @@ class LedgerDb:
                 f"cannot open the ledger database {path}: {exc}. Another `sluicegate ledger`"
                 " may be using it; wait for it, or pass --db with another file") from exc
         self.con.execute(_SCHEMA)
+        for name, kind in _ADDED:
+            self.con.execute(f'ALTER TABLE ledger ADD COLUMN IF NOT EXISTS "{name}" {kind}')
 
     def close(self) -> None:
         self.con.close()

@@ -190,6 +190,8 @@ class LedgerRecord:
     position: int | None = None
     declaration_version: str | None = None
     payload: bytes | None = None
+    # The declared control `key` belongs to (docs/decisions/ledger-keys.md).
+    control: str | None = None
 
 
 @record

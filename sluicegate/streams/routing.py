@@ -34,7 +34,7 @@ from sluicegate.streams.decisions import admit, dead_letter, record_decision, re
 from sluicegate.streams.payloads import Payloads
 from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import Hop, Route, hop_key, route_for
+from sluicegate.topology.route import Hop, Route, control_name, hop_key, key_text, route_for
 from sluicegate.topology.topics import Topics
 
 PAUSE_STAGE = "pause"
@@ -66,6 +66,11 @@ class Router:
         self.routes: dict[str, Route] = {
             wf.name: route_for(wf, deployment_cap) for wf in app.workflows.values()
         }
+        # Per workflow, the control of each hop as the ledger names it.
+        self.controls: dict[str, tuple[str, ...]] = {
+            wf.name: tuple(control_name(wf, hop) for hop in self.routes[wf.name].hops)
+            for wf in app.workflows.values()
+        }
 
     def workflow(self, name: str) -> Workflow | None:
         return self.app.get(name)
@@ -78,17 +83,39 @@ class Router:
             return None
         return route.hops[start.hop]
 
+    def control_of(self, start: PendingStart) -> str | None:
+        """The control of the hop `start` is at, as the ledger names it (None when its
+        workflow is gone, or at identity for a start without an idempotency key)."""
+        names = self.controls.get(start.workflow)
+        if names is None or start.hop >= len(names):
+            return None
+        if start.hop == 0 and start.identity_key is None:
+            return None
+        return names[start.hop]
+
+    def control_of_slot(self, workflow: str, slot: Slot) -> str | None:
+        """The control a run's slot was taken by, as the ledger names it."""
+        route, names = self.routes.get(workflow), self.controls.get(workflow)
+        if route is None or names is None:
+            return None
+        budget = slot.key.partition("\x1f")[0]
+        for hop, name in zip(route.hops, names, strict=True):
+            if hop.stage == slot.stage and hop.budget == budget:
+                return name
+        return None
+
     def paused(self, workflow: str) -> bool:
         return self.control is not None and self.control.paused(workflow)
 
     # -- moving on -------------------------------------------------------------------
 
     def forward(self, ctx: StageContext, start: PendingStart, payload: Any = None,
-                headers: Headers | None = None) -> None:
+                headers: Headers | None = None, key: str | None = None) -> None:
         """The current hop is done with `start`: on to the next hop that applies to its
         origin (seed 003's matrix), or admitted when none is left. `headers` (what a
         group defer let go carries: docs/decisions/record-headers.md) go on with it to
-        the next stage, and end at admission."""
+        the next stage, and end at admission. `key`: the current hop's key text, which
+        the admitted row shows when no hop is left (a hop holding a slot needs none)."""
         route = self.routes.get(start.workflow)
         wf = self.app.get(start.workflow)
         if route is None or wf is None:
@@ -116,16 +143,16 @@ class Router:
             self.park_paused(ctx, start, headers)
             return
         if last:
-            self.admit(ctx, start)
+            self.admit(ctx, start, key)
             return
         hop = route.hops[nxt]
         if payload is None:
             payload = self.payloads.open(start.payload)
         moved = changed(start, hop=nxt)
-        topic, key = ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode()
+        topic, next_key = ctx.topics.stage(hop.stage), self.key_for(wf, hop, payload).encode()
         # With the record itself, which the next stage takes as it is when it is handed
         # over in this process (docs/decisions/in-process-handover.md).
-        ctx.send(topic, key, codec.encode(moved), None, headers, moved)
+        ctx.send(topic, next_key, codec.encode(moved), None, headers, moved)
 
     @staticmethod
     def key_for(wf: Workflow, hop: Hop, payload: Any) -> str:
@@ -140,10 +167,12 @@ class Router:
         """Send `start` to the pause stage, which forwards it from where it is on unpause."""
         ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start),
                  None, headers)
-        self.queued(ctx, start, deferral="pause", key=start.workflow)
+        self.queued(ctx, start, deferral="pause", key=start.workflow, control=PAUSE_STAGE)
 
-    def admit(self, ctx: StageContext, start: PendingStart) -> None:
-        """Admit now (`forward` has already checked the pause table)."""
+    def admit(self, ctx: StageContext, start: PendingStart, key: str | None = None) -> None:
+        """Admit now (`forward` has already checked the pause table). The ledger row shows
+        the key of the last control the start passed: `key`, else the slot it took there,
+        else its idempotency key."""
         now = ctx.now_ms
         admit(ctx, AdmittedStart(
             execution_id=start.execution_id, workflow=start.workflow, payload=start.payload,
@@ -154,25 +183,39 @@ class Router:
         ))
         if start.kind is AdmittedKind.start:
             self.decide(ctx, start, Outcome.admitted, execution_id=start.execution_id,
-                        folded=len(start.request_ids) - 1)
+                        folded=len(start.request_ids) - 1,
+                        key=key if key is not None else self._passed_key(start))
+
+    def _passed_key(self, start: PendingStart) -> str | None:
+        route = self.routes.get(start.workflow)
+        if route is None or start.hop >= len(route.hops):
+            return None
+        stage = route.hops[start.hop].stage
+        if start.hop == 0:
+            return start.identity_key
+        for slot in reversed(start.slots):
+            if slot.stage == stage:
+                return key_text(slot.key)
+        return None
 
     # -- decisions -------------------------------------------------------------------
 
     def queued(self, ctx: StageContext, start: PendingStart, *, deferral: str,
                key: str | None, due_at_ms: int | None = None,
-               position: int | None = None) -> None:
+               position: int | None = None, control: str | None = None) -> None:
         """A start parked by a control: not final, its final outcome comes later."""
         self.decide(ctx, start, Outcome.queued, key=key, deferral=deferral,
-                    due_at_ms=due_at_ms, position=position)
+                    due_at_ms=due_at_ms, position=position, control=control)
 
     def decide(self, ctx: StageContext, start: PendingStart, outcome: Outcome, *,
                key: str | None = None, reason: str | None = None,
                execution_id: str | None = None, folded: int = 0,
                retry_after_ms: int | None = None, deferral: str | None = None,
                due_at_ms: int | None = None, position: int | None = None,
-               request_id: str | None = None) -> None:
+               request_id: str | None = None, control: str | None = None) -> None:
         """A ledger row (and a reply to a waiting caller) about `start`'s open request,
-        or about `request_id` when a folded request is decided on its own."""
+        or about `request_id` when a folded request is decided on its own. `control`:
+        what `key` belongs to, when it is not the control of the hop the start is at."""
         now = ctx.now_ms
         own = request_id is None or request_id == start.request_id
         record_decision(ctx, LedgerRecord(
@@ -183,6 +226,7 @@ class Router:
             stage=ctx.stage, reason=reason, execution_id=execution_id,
             retry_after_ms=retry_after_ms, deferral=deferral, due_at_ms=due_at_ms,
             position=position, declaration_version=start.declaration_version,
+            control=control if control is not None else self.control_of(start),
         ), start.reply_partition if own else None)
 
 

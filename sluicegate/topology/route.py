@@ -115,3 +115,26 @@ def hop_key(wf: Workflow, hop: Hop, payload: Any) -> str:
     """The Kafka key a start carries to this hop: its budget and its key's text."""
     expr = key_expression(wf, hop)
     return f"{hop.budget}\x1f{expr.text(payload) if expr is not None else ''}"
+
+
+def key_text(key: str) -> str:
+    """A hop key (or a slot's key) as the ledger shows it: the key's own text, without the
+    budget (docs/decisions/ledger-keys.md)."""
+    return key.partition("\x1f")[2]
+
+
+def control_name(wf: Workflow, hop: Hop) -> str:
+    """A hop's control as the ledger names it (`LedgerRecord.control`): the option as
+    declared (`rateLimit`, `debounce`, `batch`, `singleton`, `throttle`, `idempotency`,
+    `deployment cap`). A concurrency limit is `concurrency`, `concurrency[i]` when the
+    workflow declares two, followed by the budget it shares (`concurrency pool:openai`,
+    `concurrency[1] scope:account`)."""
+    if hop.control != "concurrency":
+        return hop.control
+    limit = wf.concurrency[hop.index]
+    name = "concurrency" if len(wf.concurrency) == 1 else f"concurrency[{hop.index}]"
+    if limit.pool is not None:
+        return f"{name} pool:{limit.pool}"
+    if limit.shared_budget is not None:
+        return f"{name} scope:{limit.scope}"
+    return name

@@ -216,7 +216,9 @@ def test_a_silent_run_gives_its_slot_back_after_the_lease_and_heartbeats_extend_
     (release,) = [r for r in releases.records if r.execution_id == run]
     assert (release.kind, release.key) == (ReleaseKind.expired, "leasedJob\x1f")
     (row,) = [r for r in ledger.records if r.outcome is Outcome.lease_expired]
-    assert (row.execution_id, row.stage, row.key) == (run, "runs", "leasedJob\x1f")
+    # leasedJob's limit declares no key: its text is empty.
+    assert (row.execution_id, row.stage, row.key, row.control) == (
+        run, "runs", "", "concurrency")
     assert row.request_id.startswith(f"run:{run}:lease")
     assert row.reason is not None and "1m" in row.reason and "heartbeat" in row.reason
     assert row.decided_at_ms == start + 110_001

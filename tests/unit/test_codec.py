@@ -68,7 +68,7 @@ PINNED_FINGERPRINTS = {
     "EngineCommand": ("0d0500815e3a9f47",),
     "FailureReportRecord": ("bd0c4f1464eeddb1",),
     "IdentityAlias": ("5477608d3edd6039",),
-    "LedgerRecord": ("15b3363074c5d885", "ae61a668da04660d"),
+    "LedgerRecord": ("15b3363074c5d885", "ad4be50f143d2e3f"),
     "PendingStart": ("b777d6c986184f76",),
     "Release": ("465edb096de24533",),
     "Reply": ("fdda1162b93a2102", "398e955231c7dd2a"),

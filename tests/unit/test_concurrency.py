@@ -45,11 +45,10 @@ from sluicegate.streams.stages.concurrency import (
     expires_at,
     frees,
     lane_hop,
-    shown_key,
 )
 from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.streams.timers import Timers
-from sluicegate.topology.route import route_for
+from sluicegate.topology.route import control_name, key_text, route_for
 from sluicegate.topology.topics import Topics
 
 
@@ -123,10 +122,23 @@ def test_the_lane_is_the_narrower_limits_key_else_the_throttle_key_else_the_work
     assert lane_hop(route_for(alone), 1) is None
 
 
-def test_the_ledger_shows_a_workflows_own_key_as_its_text_and_a_shared_one_by_budget() -> None:
-    assert shown_key("w\x1facme", "w") == "acme"
-    assert shown_key("pool:openai\x1facme", "w") == "pool:openai/acme"
-    assert shown_key("deployment\x1f", "w") == "deployment"
+def test_the_ledger_shows_a_key_as_its_text_and_names_the_limit_it_belongs_to() -> None:
+    assert key_text("w\x1facme") == "acme"
+    assert key_text("pool:openai\x1facme") == "acme"
+    assert key_text("w#1\x1facme") == "acme"
+    assert key_text("deployment\x1f") == ""
+    one = Workflow(name="one", payload=Job, concurrency=Concurrency(limit=2, key="tenant"))
+    assert [control_name(one, h) for h in route_for(one, deployment_cap=10).hops] == [
+        "idempotency", "concurrency", "deployment cap"]
+    two = Workflow(name="two", payload=Job, concurrency=[
+        Concurrency(limit=9, pool="p"), Concurrency(limit=2, key="tenant"),
+    ])
+    # The keyed limit is taken first; each is named by its place in the declaration.
+    assert [control_name(two, h) for h in route_for(two).hops] == [
+        "idempotency", "concurrency[1]", "concurrency[0] pool:p"]
+    shared = Workflow(name="s", payload=Job, concurrency=Concurrency(
+        limit=2, key="tenant", scope="account"))
+    assert control_name(shared, route_for(shared).hops[1]) == "concurrency scope:account"
 
 
 # -- the stage, with the routes around it played by a harness -------------------------

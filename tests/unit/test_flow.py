@@ -91,7 +91,8 @@ def test_in_flight_counts_live_runs_per_concurrency_slot_as_the_ledger_shows_its
         run("e2", "perTenant", RunStatus.admitted, Slot("concurrency", "perTenant\x1facme")),
         run("e3", "perTenant", RunStatus.suspended, Slot("concurrency", "perTenant\x1fzeta")),
         run("e4", "perTenant", RunStatus.completed, Slot("concurrency", "perTenant\x1facme")),
-        # A pool slot shows as the pool; a run with two limits counts under each.
+        # A slot shows its key's text (an unkeyed pool's is empty); a run with two limits
+        # counts under each.
         run("e5", "fairJob", RunStatus.running, Slot("concurrency", "fairJob\x1facme"),
             Slot("concurrency", "pool:gpu\x1f"), Slot("singleton", "fairJob\x1fx")),
         # No concurrency slot: one run under no key.
@@ -100,7 +101,7 @@ def test_in_flight_counts_live_runs_per_concurrency_slot_as_the_ledger_shows_its
     ]
     assert in_flight(runs) == {
         ("perTenant", "acme"): 2, ("perTenant", "zeta"): 1,
-        ("fairJob", "acme"): 1, ("fairJob", "pool:gpu"): 1, ("note", None): 1,
+        ("fairJob", "acme"): 1, ("fairJob", ""): 1, ("note", None): 1,
     }
 
 

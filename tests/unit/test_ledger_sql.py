@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import duckdb
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -48,19 +49,41 @@ def rows_as_dicts(db: LedgerDb, sql: str) -> list[dict[str, object]]:
     return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
 
+def test_a_file_made_before_the_control_column_gains_it_and_takes_new_rows(
+        tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    # The table as 0.1.0 made it: every column but `control`, and one row.
+    con = duckdb.connect(str(path))
+    con.execute(f"""CREATE TABLE ledger ({", ".join(
+        f'"{name}" {kind}' for name, kind in COLUMNS if name != "control")},
+        PRIMARY KEY (_partition, _offset))""")
+    con.execute("INSERT INTO ledger (request_id, workflow, outcome, requested_at, decided_at,"
+                " waited_ms, folded, key, _partition, _offset) VALUES ('r0', 'w', 'admitted',"
+                " epoch_ms(0), epoch_ms(0), 0, 0, 'a', 1, 0)")
+    con.close()
+    with LedgerDb(path) as reopened:
+        fill(reopened, [LedgerRecord(request_id="r1", workflow="w", outcome=Outcome.queued,
+                                     requested_at_ms=T0, decided_at_ms=T0, key="b",
+                                     control="throttle")])
+        rows = reopened.query("SELECT request_id, key, control FROM ledger ORDER BY 1").rows
+    assert rows == [("r0", "a", None), ("r1", "b", "throttle")]
+
+
 def test_every_ledger_field_is_a_column_and_instants_are_timestamps(db: LedgerDb) -> None:
     record = LedgerRecord(
         request_id="r1", workflow="w", outcome=Outcome.queued, requested_at_ms=T0,
         decided_at_ms=T0 + 1500, waited_ms=1500, folded=2, key="tour:1", stage="defer",
         reason="why", execution_id="e1", retry_after_ms=30, deferral="debounce",
-        due_at_ms=T0 + 15 * MIN, position=3, declaration_version="v1", payload=b'{"a":1}')
+        due_at_ms=T0 + 15 * MIN, position=3, declaration_version="v1", payload=b'{"a":1}',
+        control="debounce")
     assert len(row_of(record, 4, 7)) == len(COLUMNS)
     fill(db, [record])
     (row,) = rows_as_dicts(db, "SELECT * FROM ledger")
     assert row == {
         "request_id": "r1", "workflow": "w", "outcome": "queued",
         "requested_at": datetime(2026, 1, 1), "decided_at": datetime(2026, 1, 1, 0, 0, 1, 500_000),
-        "waited_ms": 1500, "folded": 2, "key": "tour:1", "stage": "defer", "reason": "why",
+        "waited_ms": 1500, "folded": 2, "key": "tour:1", "control": "debounce", "stage": "defer",
+        "reason": "why",
         "execution_id": "e1", "retry_after_ms": 30, "deferral": "debounce",
         "due_at": datetime(2026, 1, 1, 0, 15), "position": 3, "declaration_version": "v1",
         "payload": b'{"a":1}', "_partition": 0, "_offset": 0,

@@ -41,7 +41,8 @@ CREATE STREAM IF NOT EXISTS sg_ledger (
     due_at_ms TIMESTAMP,
     `POSITION` BIGINT,
     declaration_version STRING,
-    payload BYTES
+    payload BYTES,
+    control STRING
 ) WITH (
     KAFKA_TOPIC = 'sg.ledger',
     KEY_FORMAT = 'KAFKA',

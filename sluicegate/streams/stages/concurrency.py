@@ -40,7 +40,7 @@ from sluicegate.streams.routing import REMOVED, ControlStage, Router, with_slot
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
+from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route, key_text
 
 NAME = "concurrency"
 
@@ -127,15 +127,6 @@ def lane_hop(route: Route, position: int) -> Hop | None:
             if hop.control == control:
                 return hop
     return None
-
-
-def shown_key(key: str, workflow: str) -> str:
-    """A budget key as the ledger shows it: the key text for the workflow's own limit,
-    `pool:openai/tenant-1` or `deployment` for a shared one."""
-    budget, _, text = key.partition("\x1f")
-    if budget == workflow:
-        return text
-    return f"{budget}/{text}" if text else budget
 
 
 # -- the stage -----------------------------------------------------------------------
@@ -289,7 +280,7 @@ class ConcurrencyStage(ControlStage):
             self.router.forward(ctx, start, headers=headers)
             return
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
-                                       shown_key(key, wf.name), headers=headers):
+                                       key_text(key), headers=headers):
             return
         limit = self.limit(wf, hop)
         holder = _HOLDER + _prefixed(key) + start.execution_id.encode()
@@ -307,7 +298,7 @@ class ConcurrencyStage(ControlStage):
         elif verdict is Verdict.full:
             reason = (f"queue-full: {occupancy.waiting} starts already wait for a concurrency "
                       f"slot of {self._described(key, wf)} (max_queued {limit.max_queued})")
-            self.router.decide(ctx, start, Outcome.dropped, key=shown_key(key, wf.name),
+            self.router.decide(ctx, start, Outcome.dropped, key=key_text(key),
                                reason=reason)
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
@@ -334,7 +325,7 @@ class ConcurrencyStage(ControlStage):
         if due is not None:
             ctx.timers.schedule(due, _EXPIRE + _prefixed(key) + start.execution_id.encode())
         if start.kind is AdmittedKind.start:
-            self.router.queued(ctx, start, deferral=NAME, key=shown_key(key, wf.name),
+            self.router.queued(ctx, start, deferral=NAME, key=key_text(key),
                                position=position)
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
@@ -452,7 +443,7 @@ class ConcurrencyStage(ControlStage):
             self.queue(ctx, key).remove(lane, parked)
             self._unpark(ctx, key, start)
             cancelon.discard(ctx, self.router, start, sweep, reason,
-                             shown_key(key, start.workflow))
+                             key_text(key))
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -520,7 +511,7 @@ class ConcurrencyStage(ControlStage):
 
     def _fail(self, ctx: StageContext, key: str, start: PendingStart, outcome: Outcome,
               reason: str) -> None:
-        self.router.fail(ctx, start, outcome, reason, key=shown_key(key, start.workflow))
+        self.router.fail(ctx, start, outcome, reason, key=key_text(key))
 
     def _described(self, key: str, wf: Workflow | None) -> str:
         budget, _, text = key.partition("\x1f")

@@ -379,7 +379,7 @@ class DeferStage(ControlStage):
         if verdict == "run":
             # The header lets a later stage judge the group by its latest arrival.
             self.router.forward(ctx, carrier, headers=cancelon.group_headers(
-                wf, cancelon.Group.debounced(held.last_ms)))
+                wf, cancelon.Group.debounced(held.last_ms)), key=text)
             return
         assert rule.expire_ms is not None
         self.router.fail(
@@ -493,7 +493,7 @@ class DeferStage(ControlStage):
                         f"gets all {len(members)} events"))
         # The header lets a later stage judge the run item by item.
         self.router.forward(ctx, run, data, headers=cancelon.group_headers(
-            wf, cancelon.Group.batched(m.arrived_at_ms for m in members)))
+            wf, cancelon.Group.batched(m.arrived_at_ms for m in members)), key=text)
 
     def _batch_bytes(self, members: list[PendingStart], field: bytes) -> bytes:
         """The run's payload JSON, from its items opened."""

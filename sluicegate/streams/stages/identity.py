@@ -353,4 +353,5 @@ class IdentityStage(Stage):
             requested_at_ms=start.requested_at_ms, decided_at_ms=now,
             waited_ms=max(0, now - start.requested_at_ms), key=key, stage=self.name,
             reason=reason, execution_id=execution_id, declaration_version=wf.version,
+            control="idempotency" if key is not None else None,
         ), start.reply_partition)

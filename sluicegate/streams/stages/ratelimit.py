@@ -111,7 +111,7 @@ class RateLimitStage(ControlStage):
             # One timer per row's life, not per admission: it moves itself on when it fires.
             ctx.timers.schedule(decision.window.forget_at(option.period_ms),
                                 _FORGET + record.key)
-        self.router.forward(ctx, start)
+        self.router.forward(ctx, start, key=key_text)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         if not key.startswith(_FORGET):

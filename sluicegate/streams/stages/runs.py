@@ -50,6 +50,7 @@ from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.streams.routing import Router, identity_store_key
 from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
 from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.route import key_text
 from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -474,14 +475,18 @@ class RunsStage(Stage):
                 reason: str) -> None:
         """A ledger row about a run rather than a start request: its request id is
         `run:<execution id>:<what>`, so no request gets a second final outcome
-        (docs/decisions/run-backstops.md)."""
+        (docs/decisions/run-backstops.md). Its key and control are those of the run's
+        concurrency slots (docs/decisions/ledger-keys.md)."""
         now = ctx.now_ms
+        leased = [s for s in row.slots if s.stage == LEASED_STAGE]
         record_decision(ctx, LedgerRecord(
             request_id=f"run:{row.execution_id}:{what}", workflow=row.workflow,
             outcome=outcome, requested_at_ms=row.admitted_at_ms, decided_at_ms=now,
             waited_ms=max(0, now - row.admitted_at_ms), stage=self.name, reason=reason,
             execution_id=row.execution_id, declaration_version=row.declaration_version,
-            key=", ".join(s.key for s in row.slots if s.stage == LEASED_STAGE) or None,
+            key=", ".join(key_text(s.key) for s in leased) if leased else None,
+            control=", ".join(self.router.control_of_slot(row.workflow, s) or LEASED_STAGE
+                              for s in leased) if leased else None,
         ), None)
 
     def _notify(self, ctx: StageContext, row: RunRow, reason: str, what: str, *,

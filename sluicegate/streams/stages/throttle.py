@@ -184,7 +184,7 @@ class ThrottleStage(ControlStage):
         if len(queue) == 0:
             taken = take(row.pace, rate, now)
             if taken is not None:
-                self.router.forward(ctx, start, headers=headers)
+                self.router.forward(ctx, start, headers=headers, key=_key_text(key))
                 return replace(row, pace=taken)
         key_text = _key_text(key)
         expires = _expires_at(wf, start)
@@ -228,7 +228,7 @@ class ThrottleStage(ControlStage):
                 break
             queue.remove(head)
             row = replace(row, pace=taken)
-            self.router.forward(ctx, start, headers=head.headers)
+            self.router.forward(ctx, start, headers=head.headers, key=_key_text(key))
         return row
 
     def _unjudged(self, ctx: StageContext, key: bytes, parked: Parked,
