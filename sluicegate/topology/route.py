@@ -126,11 +126,13 @@ def key_text(key: str) -> str:
 def control_name(wf: Workflow, hop: Hop) -> str:
     """A hop's control as the ledger names it (`LedgerRecord.control`): the option as
     declared (`rateLimit`, `debounce`, `batch`, `singleton`, `throttle`, `idempotency`,
-    `deployment cap`). A concurrency limit is `concurrency`, `concurrency[i]` when the
-    workflow declares two, followed by the budget it shares (`concurrency pool:openai`,
+    `deployment cap`), followed by the pool it shares (`throttle pool:partner-api`). A
+    concurrency limit is `concurrency`, `concurrency[i]` when the workflow declares two,
+    followed by the budget it shares (`concurrency pool:openai`,
     `concurrency[1] scope:account`)."""
     if hop.control != "concurrency":
-        return hop.control
+        shared = hop.budget not in (wf.name, DEPLOYMENT_BUDGET)
+        return f"{hop.control} {hop.budget}" if shared else hop.control
     limit = wf.concurrency[hop.index]
     name = "concurrency" if len(wf.concurrency) == 1 else f"concurrency[{hop.index}]"
     if limit.pool is not None:

@@ -139,6 +139,9 @@ def test_the_ledger_shows_a_key_as_its_text_and_names_the_limit_it_belongs_to() 
     shared = Workflow(name="s", payload=Job, concurrency=Concurrency(
         limit=2, key="tenant", scope="account"))
     assert control_name(shared, route_for(shared).hops[1]) == "concurrency scope:account"
+    paced = Workflow(name="paced", payload=Job, throttle=Throttle(
+        limit=5, period="1m", key="tenant", pool="partner-api"))
+    assert control_name(paced, route_for(paced).hops[1]) == "throttle pool:partner-api"
 
 
 # -- the stage, with the routes around it played by a harness -------------------------
