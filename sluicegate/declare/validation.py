@@ -312,16 +312,20 @@ def _throttle_pools(workflows: Sequence[Workflow]) -> list[str]:
             continue
         other, other_pace = first[option.pool]
         if pace != other_pace:
-            def said(p: tuple[Any, ...]) -> str:
-                limit, period, burst, cap = p
-                return (f"limit {limit} per {format_duration(period)}, burst {burst}, "
-                        f"max_queued {cap}")
-
             problems.append(
-                f"workflow {wf.name}: throttle pool {option.pool!r} declares {said(pace)}, but "
-                f"workflow {other} declares {said(other_pace)}; every member of a throttle "
-                "pool must declare the same limit, period, burst and max_queued")
+                f"workflow {wf.name}: throttle pool {option.pool!r} declares {_pace(pace)}, "
+                f"but workflow {other} declares {_pace(other_pace)}; every member of a "
+                "throttle pool must declare the same limit, period, burst and max_queued")
     return problems
+
+
+def _pace(pace: tuple[Any, ...]) -> str:
+    limit, period, burst, cap = pace
+    return f"limit {limit} per {format_duration(period)}, burst {burst}, max_queued {cap}"
+
+
+def _fairness(limit: Any) -> str:
+    return "no fair_by" if limit.fair_by is None else f"fair_by with weights {limit.weights or {}}"
 
 
 def _pools(workflows: Sequence[Workflow]) -> list[str]:
@@ -346,16 +350,11 @@ def _pools(workflows: Sequence[Workflow]) -> list[str]:
                     f"workflow {other} declares {other_limit.limit}; every member of a shared "
                     "budget must declare the same limit"
                 )
-            if (other_limit.fair_by is None) != (limit.fair_by is None) or (
-                    other_limit.weights or {}) != (limit.weights or {}):
-                def fairness(option: Any) -> str:
-                    if option.fair_by is None:
-                        return "no fair_by"
-                    return f"fair_by with weights {option.weights or {}}"
-
+            if ((limit.fair_by is None, limit.weights or {})
+                    != (other_limit.fair_by is None, other_limit.weights or {})):
                 problems.append(
-                    f"workflow {wf.name}: concurrency {what} declares {fairness(limit)}, but "
-                    f"workflow {other} declares {fairness(other_limit)}; every member of a "
+                    f"workflow {wf.name}: concurrency {what} declares {_fairness(limit)}, but "
+                    f"workflow {other} declares {_fairness(other_limit)}; every member of a "
                     "shared budget must declare fairness alike (its expression may differ)"
                 )
     return problems

@@ -39,6 +39,16 @@ from sluicegate.topology.topics import Topics
 
 PAUSE_STAGE = "pause"
 REMOVED = "workflow removed from the declarations"
+# Stages that hand out a budget (a throttle turn, a slot): a paused start waits before them.
+_BUDGET_STAGES = {"throttle", "concurrency"}
+# A hop's control, by the name the origin matrix knows it under.
+_CONTROL = {
+    "idempotency": "idempotency", "rateLimit": "rate_limit", "debounce": "debounce",
+    "batch": "batch", "singleton": "singleton", "throttle": "throttle",
+    "concurrency": "concurrency", "deployment cap": "concurrency",
+}
+
+
 # Where a stage keeps the digest of the workflows it last checked its state against (a
 # state row no idempotency key, queue or group can have: those never start with \x00).
 DECLARED_ROW = STATE_PREFIX + b"\x00declared"
@@ -48,14 +58,6 @@ def declared_digest(app: App) -> bytes:
     """The workflows declared, as a digest: a stage whose state outlives a workflow
     (parked, queued, delayed starts) checks it again at restore only when this changed."""
     return hashlib.sha256("\n".join(sorted(app.workflows)).encode()).digest()
-# Stages that hand out a budget (a throttle turn, a slot): a paused start waits before them.
-_BUDGET_STAGES = {"throttle", "concurrency"}
-# A hop's control, by the name the origin matrix knows it under.
-_CONTROL = {
-    "idempotency": "idempotency", "rateLimit": "rate_limit", "debounce": "debounce",
-    "batch": "batch", "singleton": "singleton", "throttle": "throttle",
-    "concurrency": "concurrency", "deployment cap": "concurrency",
-}
 
 
 class Router:

@@ -117,10 +117,11 @@ def hop_key(wf: Workflow, hop: Hop, payload: Any) -> str:
     return f"{hop.budget}\x1f{expr.text(payload) if expr is not None else ''}"
 
 
-def key_text(key: str) -> str:
-    """A hop key (or a slot's key) as the ledger shows it: the key's own text, without the
-    budget (docs/decisions/ledger-keys.md)."""
-    return key.partition("\x1f")[2]
+def key_text(key: str | bytes) -> str:
+    """A hop key (or a slot's key, or the Kafka key it travels under) as the ledger shows
+    it: the key's own text, without the budget (docs/decisions/ledger-keys.md)."""
+    text = key.decode(errors="replace") if isinstance(key, bytes) else key
+    return text.partition("\x1f")[2]
 
 
 def control_name(wf: Workflow, hop: Hop) -> str:

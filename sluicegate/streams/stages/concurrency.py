@@ -344,11 +344,11 @@ class ConcurrencyStage(ControlStage):
         return wf.name if by is None else Router.key_for(
             wf, by, self.router.payloads.open(start.payload))
 
-    def _weight(self, start: PendingStart, lane: str) -> int:
-        """The turns in a row `lane` gets (its fairness key's weight; 1 without one)."""
-        wf = self.router.workflow(start.workflow)
-        hop = self.router.hop(start)
-        if wf is None or hop is None or hop.stage != NAME or hop.index < 0:
+    @staticmethod
+    def _weight(wf: Workflow, hop: Hop, lane: str) -> int:
+        """The turns in a row `lane` gets at this concurrency hop (its fairness key's
+        weight; 1 without one, and at the deployment cap)."""
+        if hop.index < 0:
             return 1
         option = wf.concurrency[hop.index]
         return option.weight(lane) if option.fair_by is not None else 1
@@ -420,7 +420,7 @@ class ConcurrencyStage(ControlStage):
                 continue
             if self.held(ctx, key) >= self.limit(wf, hop).limit:
                 return
-            queue.take(lane, parked, self._weight(start, lane))
+            queue.take(lane, parked, self._weight(wf, hop, lane))
             self._unpark(ctx, key, start)
             self._take(ctx, key, start, hop, parked.headers)
 

@@ -43,6 +43,7 @@ from sluicegate.streams.routing import REMOVED, ControlStage, Router, declared_d
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
+from sluicegate.topology.route import key_text
 
 NAME = "defer"
 
@@ -286,10 +287,6 @@ class _Header:
                    int(wake), bytes.fromhex(rank), field)
 
 
-def _key_text(key: bytes) -> str:
-    """The control key as people wrote it (the Kafka key is budget \\x1f key)."""
-    return key.decode(errors="replace").partition("\x1f")[2]
-
 
 def _members(key: bytes) -> bytes:
     return b"batch\x1f" + key
@@ -323,7 +320,7 @@ class DeferStage(ControlStage):
         # An item is judged as the batch of one it would be alone, as when it waits here.
         alone = (self._batch_bytes([start], batch.field) if here and debounce is None
                  and batch and wf.cancel_on else None)
-        if cancelon.discard_on_arrival(ctx, self.app, self.router, start, _key_text(key),
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, start, key_text(key),
                                        payload=alone):
             return
         if here and debounce is not None:
@@ -339,7 +336,7 @@ class DeferStage(ControlStage):
     def _debounce(self, ctx: StageContext, wf: Workflow, rule: DebounceRule, key: bytes,
                   start: PendingStart) -> None:
         now = ctx.now_ms
-        text = _key_text(key)
+        text = key_text(key)
         raw = ctx.store.get(_BURST + key)
         held = _Held.decode(raw) if raw is not None else None
         if held is not None:
@@ -393,7 +390,7 @@ class DeferStage(ControlStage):
     def _batch(self, ctx: StageContext, wf: Workflow, rule: BatchRule, key: bytes,
                start: PendingStart) -> None:
         now = ctx.now_ms
-        text = _key_text(key)
+        text = key_text(key)
         condition = wf.batch.if_expr if wf.batch is not None else None
         if condition is not None and not condition.matches(
                 self.router.payloads.open(start.payload)):
@@ -453,7 +450,7 @@ class DeferStage(ControlStage):
         members = self._take_batch(ctx, key)
         if not members:
             return
-        text = _key_text(key)
+        text = key_text(key)
         if verdict == "run":
             self._run_batch(ctx, wf, text, members, rule.field)
             return
@@ -526,7 +523,7 @@ class DeferStage(ControlStage):
             key = skey[len(_BURST):]
             ctx.timers.cancel(held.wake_ms, self._timer(held.rank, _DEBOUNCE, key))
             ctx.store.delete(skey)
-            cancelon.discard(ctx, self.router, c, sweep, reason, _key_text(key))
+            cancelon.discard(ctx, self.router, c, sweep, reason, key_text(key))
         for hkey, raw in list(ctx.store.items(_BATCH)):
             self._cancel_batched(ctx, sweep, hkey[len(_BATCH):], _Header.decode(raw))
 
@@ -548,7 +545,7 @@ class DeferStage(ControlStage):
                 kept.append(item)
                 continue
             queue.remove(parked)
-            cancelon.discard(ctx, self.router, item, sweep, reason, _key_text(key))
+            cancelon.discard(ctx, self.router, item, sweep, reason, key_text(key))
         if len(kept) == len(members):
             return
         old_timer = self._timer(header.rank, _BATCHED, key)
@@ -608,12 +605,12 @@ class DeferStage(ControlStage):
             return
         ctx.store.delete(_BURST + key)
         if wf is None:
-            self.router.fail(ctx, held.carrier, Outcome.failed, REMOVED, key=_key_text(key))
+            self.router.fail(ctx, held.carrier, Outcome.failed, REMOVED, key=key_text(key))
         elif rule is None:
             self.router.forward(ctx, held.carrier)
         else:
             assert verdict is not None
-            self._settle_burst(ctx, wf, rule, _key_text(key), held, verdict)
+            self._settle_burst(ctx, wf, rule, key_text(key), held, verdict)
 
     def _fire_batch(self, ctx: StageContext, wf: Workflow | None, key: bytes) -> None:
         raw = ctx.store.get(_BATCH + key)
@@ -625,7 +622,7 @@ class DeferStage(ControlStage):
         if wf is None:
             members = self._take_batch(ctx, key)
             if members:
-                self._fail_batch(ctx, members, Outcome.failed, REMOVED, _key_text(key),
+                self._fail_batch(ctx, members, Outcome.failed, REMOVED, key_text(key),
                                  header.field)
         elif rule is None:
             for member in self._take_batch(ctx, key):

@@ -20,6 +20,7 @@ from sluicegate.streams.decisions import reject
 from sluicegate.streams.routing import ControlStage
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.route import key_text
 
 NAME = "ratelimit"
 _WINDOW = STATE_PREFIX + b"W"
@@ -89,7 +90,7 @@ class RateLimitStage(ControlStage):
         except codec.DecodeError as exc:
             reject(ctx, record, f"not a pending start: {exc}")
             return
-        key_text = _key_text(record.key)
+        text = key_text(record.key)
         wf = self.app.get(start.workflow)
         option = wf.rate_limit if wf is not None else None
         if option is None:
@@ -102,8 +103,8 @@ class RateLimitStage(ControlStage):
         window = Window.decode(raw) if raw else Window()
         decision = decide(window, option.limit, option.period_ms, ctx.now_ms)
         if isinstance(decision, Drop):
-            self.router.decide(ctx, start, Outcome.dropped, key=key_text,
-                               reason=_reason(option, key_text, decision.retry_after_ms),
+            self.router.decide(ctx, start, Outcome.dropped, key=text,
+                               reason=_reason(option, text, decision.retry_after_ms),
                                retry_after_ms=decision.retry_after_ms)
             return
         ctx.store.put(row, decision.window.encode())
@@ -111,7 +112,7 @@ class RateLimitStage(ControlStage):
             # One timer per row's life, not per admission: it moves itself on when it fires.
             ctx.timers.schedule(decision.window.forget_at(option.period_ms),
                                 _FORGET + record.key)
-        self.router.forward(ctx, start, key=key_text)
+        self.router.forward(ctx, start, key=text)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         if not key.startswith(_FORGET):
@@ -130,10 +131,6 @@ class RateLimitStage(ControlStage):
             # Admissions came after the row was made: forget it after the newest one.
             ctx.timers.schedule(window.forget_at(option.period_ms), key)
 
-
-def _key_text(kafka_key: bytes) -> str:
-    """The key's own text, without the budget the hop key starts with."""
-    return kafka_key.partition(b"\x1f")[2].decode(errors="replace")
 
 
 def _workflow(kafka_key: bytes) -> str:

@@ -31,6 +31,7 @@ from sluicegate.streams.routing import REMOVED, ControlStage
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.route import key_text
 
 NAME = "throttle"
 _KEY = STATE_PREFIX + b"K"
@@ -155,11 +156,11 @@ class ThrottleStage(ControlStage):
         wf = self.app.get(start.workflow)
         if wf is None:
             # Removed while it was on its way here: it would have waited here.
-            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=_key_text(record.key))
+            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=key_text(record.key))
             return
         headers = record.headers
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
-                                       _key_text(record.key), headers=headers):
+                                       key_text(record.key), headers=headers):
             return
         if wf.throttle is None or not applies("throttle", start.origin):
             self.router.forward(ctx, start, headers=headers)
@@ -184,25 +185,25 @@ class ThrottleStage(ControlStage):
         if len(queue) == 0:
             taken = take(row.pace, rate, now)
             if taken is not None:
-                self.router.forward(ctx, start, headers=headers, key=_key_text(key))
+                self.router.forward(ctx, start, headers=headers, key=key_text(key))
                 return replace(row, pace=taken)
-        key_text = _key_text(key)
+        text = key_text(key)
         expires = _expires_at(wf, start)
         if expires is not None and expires <= now:
             # It already waited its whole timeouts.start upstream (a debounce, say).
-            self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, key_text, now),
-                             key=key_text)
+            self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, text, now),
+                             key=text)
             return row
         if option.max_queued is not None and len(queue) >= option.max_queued:
             retry_after = due_ms(row.pace, rate) - now
             self.router.decide(
-                ctx, start, Outcome.dropped, key=key_text, retry_after_ms=retry_after,
-                reason=(f"queue-full: the throttle queue of key {key_text!r} already holds "
+                ctx, start, Outcome.dropped, key=text, retry_after_ms=retry_after,
+                reason=(f"queue-full: the throttle queue of key {text!r} already holds "
                         f"{len(queue)} starts (max_queued {option.max_queued}); a place "
                         f"frees in {format_duration(retry_after)}"))
             return row
         position = queue.push(start, priority_mode(wf), headers)
-        self.router.queued(ctx, start, deferral="throttle", key=key_text,
+        self.router.queued(ctx, start, deferral="throttle", key=text,
                            due_at_ms=due_ms(row.pace, rate, position), position=position)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
             row = self._move_sweep(ctx, key, row, expires)
@@ -228,13 +229,13 @@ class ThrottleStage(ControlStage):
                 break
             queue.remove(head)
             row = replace(row, pace=taken)
-            self.router.forward(ctx, start, headers=head.headers, key=_key_text(key))
+            self.router.forward(ctx, start, headers=head.headers, key=key_text(key))
         return row
 
     def _unjudged(self, ctx: StageContext, key: bytes, parked: Parked,
                   wf: Workflow | None) -> None:
         if wf is None:
-            self.router.fail(ctx, parked.start, Outcome.failed, REMOVED, key=_key_text(key))
+            self.router.fail(ctx, parked.start, Outcome.failed, REMOVED, key=key_text(key))
         else:
             self.router.forward(ctx, parked.start, headers=parked.headers)
 
@@ -287,7 +288,7 @@ class ThrottleStage(ControlStage):
                                         cancelon.Group.of(parked.headers))
                 if reason is not None:
                     queue.remove(parked)
-                    cancelon.discard(ctx, self.router, start, sweep, reason, _key_text(key))
+                    cancelon.discard(ctx, self.router, start, sweep, reason, key_text(key))
                     discarded = True
             if discarded:
                 self._settle(ctx, key, KeyRow.decode(raw), queue)
@@ -306,7 +307,7 @@ class ThrottleStage(ControlStage):
         """Expire every start that waited past its timeouts.start, let go those no
         declaration judges any more, and aim the sweep at the next expiry."""
         now = ctx.now_ms
-        key_text = _key_text(key)
+        text = key_text(key)
         following: int | None = None
         for parked in list(queue):
             start = parked.start
@@ -320,8 +321,8 @@ class ThrottleStage(ControlStage):
                 continue
             if expires <= now:
                 queue.remove(parked)
-                self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, key_text, now),
-                                 key=key_text)
+                self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, text, now),
+                                 key=text)
             elif following is None or expires < following:
                 following = expires
         return self._move_sweep(ctx, key, row, following)
@@ -361,10 +362,6 @@ class ThrottleStage(ControlStage):
             row = self._move_sweep(ctx, key, row, now)
             ctx.store.put(raw_key, row.encode())
 
-
-def _key_text(kafka_key: bytes) -> str:
-    """The key's own text, without the budget the hop key starts with."""
-    return kafka_key.partition(b"\x1f")[2].decode(errors="replace")
 
 
 def _expires_at(wf: Workflow, start: PendingStart) -> int | None:
