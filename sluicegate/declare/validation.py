@@ -65,6 +65,12 @@ def _combinations(wf: Workflow) -> list[str]:
             "throttle and rate_limit cannot both be declared: throttle queues the excess, "
             "rate_limit drops it; pick one"
         )
+    if len(wf.throttle) > 1 and any(t.pool is not None for t in wf.throttle):
+        problems.append(
+            "throttle pool cannot be shared by a workflow that declares several throttles: "
+            "its starts are paced together on one partition of their own, where the "
+            "pool's other members never come; declare the pool's throttle alone"
+        )
     if wf.batch and wf.debounce:
         problems.append(
             "batch and debounce cannot both be declared: a batch timeout is a deadline, a "
@@ -85,14 +91,14 @@ def _combinations(wf: Workflow) -> list[str]:
 
 def _ranges(wf: Workflow) -> list[str]:
     out: list[str] = []
-    for option in (wf.rate_limit, wf.throttle):
+    for option in (wf.rate_limit, *wf.throttle):
         if option is not None:
             out += _between(option, "limit", 1, MAX_LIMIT)
             out += _duration(option, "period", SECOND, WEEK)
-    if wf.throttle is not None:
-        out += _between(wf.throttle, "burst", 0, MAX_LIMIT)
-        out += _queue_cap(wf.throttle)
-        pool = wf.throttle.pool
+    for throttle in wf.throttle:
+        out += _between(throttle, "burst", 0, MAX_LIMIT)
+        out += _queue_cap(throttle)
+        pool = throttle.pool
         if pool is not None and not NAME.fullmatch(pool):
             out.append(f"throttle pool {pool!r} is not a valid pool name ({_NAME_RULE})")
     if wf.debounce is not None:
@@ -303,8 +309,10 @@ def _throttle_pools(workflows: Sequence[Workflow]) -> list[str]:
     first: dict[str, tuple[str, tuple[Any, ...]]] = {}
     problems = []
     for wf in workflows:
-        option = wf.throttle
-        if option is None or option.pool is None or not option.valid:
+        if len(wf.throttle) != 1:
+            continue
+        (option,) = wf.throttle
+        if option.pool is None or not option.valid:
             continue
         pace = (option.limit, option.period_ms, option.burst, option.max_queued)
         if option.pool not in first:

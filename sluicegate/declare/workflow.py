@@ -44,7 +44,8 @@ class Workflow(Declared):
     """`Workflow(name=..., payload=Model, debounce=Debounce(...), ...)`; see SPEC.md section 1.
 
     Shorthands: `idempotency="expr"` for Idempotency(key=...), `priority="expr"` for
-    Priority(expr=...) (strict), `concurrency=5` or one Concurrency for a list of one."""
+    Priority(expr=...) (strict), `concurrency=5` or one Concurrency for a list of one, one
+    Throttle for a list of one (several throttles: a start goes when all have room)."""
 
     name: str
     payload: type[BaseModel]
@@ -53,7 +54,7 @@ class Workflow(Declared):
     debounce: Debounce | None = None
     batch: Batch | None = None
     singleton: Singleton | None = None
-    throttle: Throttle | None = None
+    throttle: tuple[Throttle, ...] = ()
     concurrency: tuple[Concurrency, ...] = ()
     priority: Priority | None = None
     timeouts: Timeouts | None = None
@@ -93,6 +94,11 @@ class Workflow(Declared):
     def _concurrency_shorthand(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return (Concurrency(limit=value),)
+        return _as_tuple(value)
+
+    @field_validator("throttle", mode="before")
+    @classmethod
+    def _throttle_list(cls, value: Any) -> Any:
         return _as_tuple(value)
 
     @field_validator("cancel_on", mode="before")
@@ -192,13 +198,20 @@ def _version_of(wf: Workflow) -> str:
         "on_failure": wf.on_failure,
         "encrypt_payloads": wf.encrypt_payloads,
         "options": {
-            field: _canonical_option(getattr(wf, field))
+            field: _canonical_option(_one_or_many(getattr(wf, field)))
             for field in Workflow.option_fields
             if getattr(wf, field)
         },
     }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _one_or_many(value: Any) -> Any:
+    # One throttle hashes as it did when a workflow could declare only one, so a
+    # declaration that did not change keeps its version.
+    return value[0] if isinstance(value, tuple) and len(value) == 1 and isinstance(
+        value[0], Throttle) else value
 
 
 def _canonical_option(value: Any) -> Any:

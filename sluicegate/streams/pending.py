@@ -231,6 +231,13 @@ class PendingQueue:
         for key, value in rows:
             yield self._parked(key, value)
 
+    def forget(self) -> None:
+        """An empty queue that may not be used again (a key gone idle) drops its last
+        row, its sequence. Should it fill again, its rows start from the sequence's
+        beginning, below the rows taken before: those are read over once more."""
+        if len(self) == 0:
+            self.tx.delete(self._seq_key)
+
     def clear(self) -> None:
         rows = [key for key, _ in self._rows()]
         for key in rows:

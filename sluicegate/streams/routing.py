@@ -156,6 +156,25 @@ class Router:
         # over in this process (docs/decisions/in-process-handover.md).
         ctx.send(topic, next_key, codec.encode(moved), None, headers, moved)
 
+    def rejudge(self, ctx: StageContext, start: PendingStart,
+                headers: Headers | None = None) -> None:
+        """Send `start` back to this stage's hop, keyed as the declarations now say: a
+        control redeclared so that its waiting starts belong under other keys (one
+        throttle that became several, or several that became one) judges them again."""
+        route = self.routes.get(start.workflow)
+        wf = self.app.get(start.workflow)
+        if route is None or wf is None:
+            self.fail(ctx, start, Outcome.failed, REMOVED)
+            return
+        at = next((i for i, hop in enumerate(route.hops) if hop.stage == ctx.stage), None)
+        if at is None:
+            self.forward(ctx, start, headers=headers)
+            return
+        hop = route.hops[at]
+        moved = changed(start, hop=at)
+        key = self.key_for(wf, hop, self.payloads.open(start.payload)).encode()
+        ctx.send(ctx.topics.stage(hop.stage), key, codec.encode(moved), None, headers, moved)
+
     @staticmethod
     def key_for(wf: Workflow, hop: Hop, payload: Any) -> str:
         try:

@@ -80,9 +80,14 @@ def route_for(wf: Workflow, deployment_cap: int = 0) -> Route:
         hops.append(Hop("defer", "batch", wf.name, wf.batch.key))
     if wf.singleton is not None:
         hops.append(Hop("singleton", "singleton", wf.name, wf.singleton.key))
-    if wf.throttle is not None:
-        hops.append(Hop("throttle", "throttle", wf.throttle.shared_budget or wf.name,
-                        wf.throttle.key))
+    if len(wf.throttle) == 1:
+        (throttle,) = wf.throttle
+        hops.append(Hop("throttle", "throttle", throttle.shared_budget or wf.name,
+                        throttle.key))
+    elif wf.throttle:
+        # Several paces, judged together where all of the workflow's starts meet
+        # (docs/decisions/several-throttles.md).
+        hops.append(Hop("throttle", "throttle", wf.name, None))
     hops += _concurrency_hops(wf, deployment_cap)
     return Route(wf.name, tuple(hops))
 
@@ -103,7 +108,7 @@ def key_expression(wf: Workflow, hop: Hop) -> Expression | None:
     elif hop.control == "singleton":
         option = wf.singleton
     elif hop.control == "throttle":
-        option = wf.throttle
+        option = wf.throttle[0] if len(wf.throttle) == 1 else None
     elif hop.control == "concurrency":
         option = wf.concurrency[hop.index]
     else:

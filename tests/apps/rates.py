@@ -37,8 +37,26 @@ partner_push = Workflow(name="partnerPush", payload=Upload,
 partner_pull = Workflow(name="partnerPull", payload=Upload,
                         throttle=Throttle(limit=1, period="1m", key="userId", pool="partner"))
 
+# One call each 10 s per user and two each 10 s in all (several throttles): a start goes
+# when both have room. At most three wait for the pace in all.
+call_partner = Workflow(name="callPartner", payload=Upload,
+                        throttle=[Throttle(limit=1, period="10s", key="userId"),
+                                  Throttle(limit=2, period="10s", max_queued=3)],
+                        timeouts=Timeouts(start="1m"), on_failure="throttleFailed")
+
+# The same two paces with nothing else declared (no cap, no timeout).
+paced_twice = Workflow(name="pacedTwice", payload=Upload,
+                       throttle=[Throttle(limit=1, period="10s", key="userId"),
+                                 Throttle(limit=2, period="10s")])
+
 app = App([low_stock_alert, resize_image, push_partner, sync_crm, throttle_failed,
-           partner_push, partner_pull])
+           partner_push, partner_pull, call_partner, paced_twice])
+# callPartner redeclared with its per-user throttle only.
+call_partner_per_user = App([throttle_failed, Workflow(
+    name="callPartner", payload=Upload, throttle=Throttle(limit=1, period="10s", key="userId"),
+    on_failure="throttleFailed")])
+# callPartner taken out of the declarations (its handler stays).
+without_call_partner = App([throttle_failed])
 # The same, after syncCrm was taken out of the declarations (its handler stays).
 without_sync_crm = App([low_stock_alert, resize_image, push_partner, throttle_failed,
                         partner_push, partner_pull])

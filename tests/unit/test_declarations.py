@@ -87,9 +87,20 @@ def test_shorthands_mean_their_long_forms() -> None:
 
 def test_an_omitted_key_is_one_key_for_the_whole_workflow() -> None:
     wf = Workflow(name="f", payload=Tour, throttle=Throttle(limit=10, period="1m"))
-    assert wf.throttle is not None
-    assert wf.throttle.key_expr.is_constant
-    assert wf.throttle.key_expr.text(PAYLOAD) == wf.throttle.key_expr.text({}) == ""
+    (throttle,) = wf.throttle
+    assert throttle.key_expr.is_constant
+    assert throttle.key_expr.text(PAYLOAD) == throttle.key_expr.text({}) == ""
+
+
+def test_one_throttle_or_several_and_one_keeps_the_version_it_had() -> None:
+    one = Throttle(limit=10, period="1m", key="id")
+    wf = Workflow(name="f", payload=Tour, throttle=one)
+    assert wf.throttle == (wf.throttle[0],) and Workflow(
+        name="f", payload=Tour, throttle=[one]).version == wf.version
+    # The version one throttle had when a workflow could declare only one.
+    assert wf.version == "83151a159c644cb9"
+    both = Workflow(name="f", payload=Tour, throttle=[one, Throttle(limit=100, period="1m")])
+    assert len(both.throttle) == 2 and both.valid and both.version != wf.version
 
 
 def test_idempotency_without_a_key_dedupes_by_explicit_id_only() -> None:

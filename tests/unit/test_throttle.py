@@ -8,7 +8,9 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterator
 from fractions import Fraction
+from itertools import pairwise
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import TypeVar
 
 import pytest
@@ -285,6 +287,12 @@ class Harness:
             on_failure="throttleFailed" if workflow == "syncCrm" else None)
         budget = "pool:partner" if workflow.startswith("partner") else workflow
         key = f"{budget}\x1f{user if workflow != 'pushPartner' else ''}".encode()
+        if workflow in ("callPartner", "pacedTwice"):
+            # Keyed as the route says: by the workflow alone under several throttles.
+            router = self.stage.router
+            wf = router.app.workflows[workflow]
+            (hop,) = (h for h in router.routes[workflow].hops if h.stage == "throttle")
+            key = router.key_for(wf, hop, json.loads(payload)).encode()
         self.stage.process(self.ctx, InputRecord(self.topics.stage("throttle"), 0, 0, key,
                                                  codec.encode(start), self.now))
         return request_id
@@ -438,3 +446,142 @@ def test_a_pool_key_paced_by_a_member_since_removed_goes_on_with_the_others(
     assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()][1:] == [
         (f"x-{waiting}", t0 + 60_000), (f"x-{later}", t0 + 120_000)]
     assert not [r for r in harness.ledger() if r.outcome is Outcome.failed]
+
+
+# -- several throttles on one workflow ---------------------------------------------------
+
+
+def _admitted_at(h: Harness) -> list[tuple[str, int]]:
+    return [(a.execution_id, a.admitted_at_ms - T0) for a in h.admitted()]
+
+
+T0 = 1_700_000_000_000  # the harness clock at its start
+
+
+def test_under_several_throttles_a_start_goes_when_every_pace_has_room(
+        harness: Harness) -> None:
+    first = harness.start("callPartner", user="u1")
+    harness.advance(1)
+    again = harness.start("callPartner", user="u1")  # u1's own pace: 10 s
+    harness.advance(1)
+    other = harness.start("callPartner", user="u2")  # room for u2, not in all: 5 s
+    harness.advance(1)
+    third = harness.start("callPartner", user="u3")
+    queued = {r.request_id: r for r in harness.ledger() if r.outcome is Outcome.queued}
+    assert (queued[again].key, queued[again].deferral) == ("u1", "throttle")
+    assert queued[again].due_at_ms == T0 + 10_000
+    harness.advance(30_000)
+    # Both paces hold: one per user each 10 s, two in all each 10 s, and at 10 s u1's
+    # second start (waiting since 1 ms) goes before u3's (since 3 ms).
+    assert _admitted_at(harness) == [
+        (f"x-{first}", 0), (f"x-{other}", 5_000), (f"x-{again}", 10_000),
+        (f"x-{third}", 15_000)]
+    admitted = [r for r in harness.ledger() if r.outcome is Outcome.admitted]
+    assert [r.key for r in admitted] == ["u1", "u2", "u1", "u3"]
+
+
+def test_a_user_at_its_own_pace_does_not_hold_back_the_others(harness: Harness) -> None:
+    harness.start("callPartner", user="u1")
+    harness.advance(5_000)
+    slow = harness.start("callPartner", user="u1")   # u1 waits until 10 s
+    quick = harness.start("callPartner", user="u2")  # the global pace has room at 5 s
+    assert _admitted_at(harness)[1:] == [(f"x-{quick}", 5_000)]
+    harness.advance(5_000)
+    assert _admitted_at(harness)[2:] == [(f"x-{slow}", 10_000)]
+
+
+def test_over_a_throttles_max_queued_a_start_is_dropped_naming_that_throttle(
+        harness: Harness) -> None:
+    for user in ("u1", "u2", "u3", "u4", "u5", "u6"):
+        harness.start("callPartner", user=user)
+    outcomes = [r.outcome for r in harness.ledger()]
+    # One goes at once (two each 10 s in all is one each 5 s), three wait, the fifth and
+    # sixth find the global queue full.
+    assert outcomes == [Outcome.admitted, *[Outcome.queued] * 3, *[Outcome.dropped] * 2]
+    dropped = next(r for r in harness.ledger() if r.outcome is Outcome.dropped)
+    assert "throttle[1]" in (dropped.reason or "") and "max_queued 3" in (dropped.reason or "")
+
+
+def test_several_throttles_expire_a_start_past_timeouts_start(harness: Harness) -> None:
+    for i in range(4):
+        harness.start("callPartner", user=f"u{i}")
+    harness.commit()
+    harness.advance(60_000)
+    outcomes = [r.outcome for r in harness.ledger() if r.outcome is not Outcome.queued]
+    assert outcomes.count(Outcome.admitted) == 4
+    for _ in range(4):
+        harness.start("callPartner", user="u9")  # one each 10 s for u9: the fourth waits 30 s
+    harness.advance(60_000)
+    assert [r.outcome for r in harness.ledger()].count(Outcome.expired) == 0
+    assert len(harness.admitted()) == 8
+    # Everything idle is forgotten: no row is left.
+    harness.advance(60_000)
+    harness.commit()
+    assert list(harness.store.items(b"")) == []
+
+
+def test_redeclared_throttles_judge_their_waiting_starts_again(harness: Harness) -> None:
+    harness.start("callPartner", user="u1")
+    waiting = [harness.start("callPartner", user="u1"), harness.start("callPartner", user="u2")]
+    harness.commit()
+    harness.load(rates.call_partner_per_user)
+    harness.advance(0)
+    resent = [(k, codec.decode(PendingStart, v).request_id) for t, k, v in harness.sent
+              if t == harness.topics.stage("throttle") and v]
+    # Sent back to the throttle hop, keyed by the one throttle's key now.
+    assert sorted(resent) == sorted([(b"callPartner\x1fu1", waiting[0]),
+                                     (b"callPartner\x1fu2", waiting[1])])
+    harness.commit()
+    assert [k for k, _ in harness.store.items(b"\x00St")] == []
+
+
+def test_several_throttles_of_a_removed_workflow_fail_their_waiting_starts(
+        harness: Harness) -> None:
+    harness.start("callPartner", user="u1")
+    waiting = harness.start("callPartner", user="u1")
+    harness.commit()
+    before = len(harness.ledger())
+    harness.load(rates.without_call_partner)
+    harness.advance(0)
+    (failed,) = harness.ledger()[before:]
+    assert (failed.request_id, failed.outcome, failed.reason, failed.key) == (
+        waiting, Outcome.failed, REMOVED, "u1")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["u1", "u2", "u3"]), st.integers(0, 7_000)),
+                min_size=1, max_size=20))
+def test_several_throttles_admit_every_start_and_never_break_either_pace(
+        arrivals: list[tuple[str, int]]) -> None:
+    with TemporaryDirectory() as tmp:
+        h = Harness(Path(tmp) / "store")
+        users = {}
+        for user, gap in arrivals:
+            h.advance(gap)
+            users[f"x-{h.start('pacedTwice', user=user)}"] = user
+        h.advance(len(arrivals) * 10_000)
+        admitted = [(a.admitted_at_ms, users[a.execution_id]) for a in h.admitted()]
+        assert len(admitted) == len(arrivals)
+        times = [t for t, _ in admitted]
+        assert times == sorted(times)
+        # Two each 10 s in all: the start two places later is 10 s later at least.
+        assert all(later - earlier >= 10_000
+                   for earlier, later in zip(times, times[2:], strict=False))
+        for user in set(users.values()):
+            own = [t for t, u in admitted if u == user]
+            assert all(b - a >= 10_000 for a, b in pairwise(own))
+        # In each user's order of arrival.
+        order = [users[a.execution_id] + a.execution_id for a in h.admitted()]
+        for user in set(users.values()):
+            arrived = [f"{user}{x}" for x, u in users.items() if u == user]
+            assert [o for o in order if o.startswith(user)] == arrived
+        h.store.close()
+
+
+def test_a_key_that_queued_leaves_no_row_behind_once_idle(harness: Harness) -> None:
+    for _ in range(3):
+        harness.start("syncCrm")
+    harness.advance(60_000)
+    harness.commit()
+    assert len(harness.admitted()) == 3
+    assert list(harness.store.items(b"")) == []

@@ -250,6 +250,13 @@ def test_concurrency_pool_and_shared_scope_together_are_a_load_error() -> None:
     assert message.startswith("workflow f: concurrency pool 'openai' and scope 'account'")
 
 
+def test_several_throttles_cannot_share_a_throttle_pool() -> None:
+    message = only_problem(throttle=[Throttle(limit=10, period="1m", key="'x'"),
+                                     Throttle(limit=1, period="1s", pool="partner")])
+    assert message.startswith("workflow f: throttle pool cannot be shared by a workflow "
+                              "that declares several throttles")
+
+
 def test_members_of_one_pool_declaring_different_limits_are_a_load_error() -> None:
     found = problems(
         Workflow(name="embeddings", payload=P, concurrency=Concurrency(limit=10, pool="openai")),

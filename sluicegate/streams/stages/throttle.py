@@ -1,7 +1,8 @@
 """throttle: starts per key spaced evenly, one each `period/limit`, with `burst` extra at
 once after a quiet time; the excess waits its turn, none is lost (SPEC.md section 3,
 step 5; seed 003 "Throttle"). A throttle `pool` is one pace shared by every workflow that
-names it: their starts meet at the pool's key and wait in one queue.
+names it: their starts meet at the pool's key and wait in one queue. A workflow that
+declares several throttles is paced by all of them at once (`throttles`).
 
 The pace is GCRA (the generic cell rate algorithm, virtual scheduling form): a key keeps
 the theoretical arrival time (TAT) of its next start; a start conforms at an instant
@@ -22,23 +23,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sluicegate.declare import Throttle, Workflow, applies, format_duration
+from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import Parked, PendingQueue, priority_mode
-from sluicegate.streams.routing import REMOVED, ControlStage
+from sluicegate.streams.routing import REMOVED, ControlStage, Router
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import key_text
+from sluicegate.topology.route import hop_key, key_text
 
 NAME = "throttle"
 _KEY = STATE_PREFIX + b"K"
 # Timers, one of each per key: the head's turn (or forgetting an idle key), the
-# timeouts.start sweep.
+# timeouts.start sweep; and the two of a workflow with several throttles.
 _TURN = b"T"
 _SWEEP = b"X"
+MANY_TURN = b"M"
+MANY_SWEEP = b"Y"
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -114,6 +117,11 @@ def forget_ms(pace: Pace, rate: Rate) -> int | None:
 # -- the stage -----------------------------------------------------------------------
 
 
+def several(wf: Workflow | None) -> bool:
+    """Whether `wf` declares several throttles (paced together: `throttles`)."""
+    return wf is not None and len(wf.throttle) > 1
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRow:
     """A key's row: its workflow, its pace, and the due times of its two timers."""
@@ -141,6 +149,13 @@ def _int(text: str) -> int | None:
 class ThrottleStage(ControlStage):
     name = NAME
 
+    def __init__(self, app: App, router: Router) -> None:
+        super().__init__(app, router)
+        # Imported here: the several-throttles half builds on this module's pure core.
+        from sluicegate.streams.stages.throttles import Throttles
+
+        self.many = Throttles(router)
+
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.key is None or record.value is None:
             reject(ctx, record, "a throttled start needs its throttle key and a value")
@@ -162,10 +177,17 @@ class ThrottleStage(ControlStage):
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
                                        key_text(record.key), headers=headers):
             return
-        if wf.throttle is None or not applies("throttle", start.origin):
+        if not wf.throttle or not applies("throttle", start.origin):
             self.router.forward(ctx, start, headers=headers)
             return
         key = record.key
+        if several(wf):
+            if key != self._several_key(wf):
+                # Keyed for one throttle by a worker that had it declared so.
+                self.router.rejudge(ctx, start, headers)
+                return
+            self.many.process(ctx, key, wf, start, headers)
+            return
         raw = ctx.store.get(_KEY + key)
         row = KeyRow.decode(raw) if raw else KeyRow(wf.name)
         if row.workflow != wf.name and self.app.get(row.workflow) is None:
@@ -174,8 +196,13 @@ class ThrottleStage(ControlStage):
         queue = PendingQueue(ctx.store, key)
         # Whoever's turn has come goes before the newcomer, so the queue stays in order.
         row = self._drain(ctx, key, row, queue)
-        row = self._arrive(ctx, key, row, queue, wf, wf.throttle, start, headers)
+        row = self._arrive(ctx, key, row, queue, wf, wf.throttle[0], start, headers)
         self._settle(ctx, key, row, queue)
+
+    def _several_key(self, wf: Workflow) -> bytes:
+        """The Kafka key every start of a workflow with several throttles comes under."""
+        hop = next(h for h in self.router.routes[wf.name].hops if h.stage == NAME)
+        return hop_key(wf, hop, None).encode()
 
     def _arrive(self, ctx: StageContext, key: bytes, row: KeyRow, queue: PendingQueue,
                 wf: Workflow, option: Throttle, start: PendingStart,
@@ -188,10 +215,10 @@ class ThrottleStage(ControlStage):
                 self.router.forward(ctx, start, headers=headers, key=key_text(key))
                 return replace(row, pace=taken)
         text = key_text(key)
-        expires = _expires_at(wf, start)
+        expires = expires_at(wf, start)
         if expires is not None and expires <= now:
             # It already waited its whole timeouts.start upstream (a debounce, say).
-            self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, text, now),
+            self.router.fail(ctx, start, Outcome.expired, expired_reason(wf, start, text, now),
                              key=text)
             return row
         if option.max_queued is not None and len(queue) >= option.max_queued:
@@ -220,11 +247,11 @@ class ThrottleStage(ControlStage):
         while (head := queue.peek()) is not None:
             start = head.start
             wf = self.app.get(start.workflow)
-            if wf is None or wf.throttle is None:
+            if wf is None or len(wf.throttle) != 1:
                 queue.remove(head)
                 self._unjudged(ctx, key, head, wf)
                 continue
-            taken = take(row.pace, Rate.of(wf.throttle), now)
+            taken = take(row.pace, Rate.of(wf.throttle[0]), now)
             if taken is None:
                 break
             queue.remove(head)
@@ -236,6 +263,8 @@ class ThrottleStage(ControlStage):
                   wf: Workflow | None) -> None:
         if wf is None:
             self.router.fail(ctx, parked.start, Outcome.failed, REMOVED, key=key_text(key))
+        elif several(wf):
+            self.router.rejudge(ctx, parked.start, parked.headers)
         else:
             self.router.forward(ctx, parked.start, headers=parked.headers)
 
@@ -244,15 +273,15 @@ class ThrottleStage(ControlStage):
         moment the key can be forgotten) and store the row, or drop the row once it says
         nothing a fresh key would not."""
         wf = self.app.get(row.workflow)
-        rate = Rate.of(wf.throttle) if wf is not None and wf.throttle is not None else None
+        rate = Rate.of(wf.throttle[0]) if wf is not None and len(wf.throttle) == 1 else None
         turn: int | None
         if len(queue) > 0:
             head = queue.peek() if rate is None else None
             member = self.app.get(head.start.workflow) if head is not None else None
-            if member is not None and member.throttle is not None:
+            if member is not None and len(member.throttle) == 1:
                 # A pool's key whose last pacer left the declarations: a member still
                 # declared paces it (every member declares the same pace).
-                rate = Rate.of(member.throttle)
+                rate = Rate.of(member.throttle[0])
                 row = replace(row, workflow=member.name)
             # No declaration judges the head any more: drain it at once.
             turn = due_ms(row.pace, rate) if rate is not None else ctx.now_ms
@@ -264,6 +293,7 @@ class ThrottleStage(ControlStage):
                 if row.turn_ms is not None:
                     ctx.timers.cancel(row.turn_ms, _TURN + key)
                 ctx.store.delete(_KEY + key)
+                queue.forget()
                 return
             # A timer already set fires soon enough and moves itself on, so admitting
             # with an empty queue writes no timer.
@@ -278,6 +308,7 @@ class ThrottleStage(ControlStage):
     def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event."""
         cancelon.keep(ctx, sweep)
+        self.many.cancel_queued(ctx, sweep)
         for raw_key, raw in list(ctx.store.items(_KEY)):
             key = raw_key[len(_KEY):]
             queue = PendingQueue(ctx.store, key)
@@ -312,16 +343,16 @@ class ThrottleStage(ControlStage):
         for parked in list(queue):
             start = parked.start
             wf = self.app.get(start.workflow)
-            if wf is None or wf.throttle is None:
+            if wf is None or len(wf.throttle) != 1:
                 queue.remove(parked)
                 self._unjudged(ctx, key, parked, wf)
                 continue
-            expires = _expires_at(wf, start)
+            expires = expires_at(wf, start)
             if expires is None:
                 continue
             if expires <= now:
                 queue.remove(parked)
-                self.router.fail(ctx, start, Outcome.expired, _expired(wf, start, text, now),
+                self.router.fail(ctx, start, Outcome.expired, expired_reason(wf, start, text, now),
                                  key=text)
             elif following is None or expires < following:
                 following = expires
@@ -333,6 +364,9 @@ class ThrottleStage(ControlStage):
         if cancelon.forget(ctx, key):
             return
         kind, kafka_key = key[:1], key[1:]
+        if kind in (MANY_TURN, MANY_SWEEP):
+            self.many.fire(ctx, kind, kafka_key)
+            return
         raw = ctx.store.get(_KEY + kafka_key)
         if raw is None:
             return
@@ -353,10 +387,11 @@ class ThrottleStage(ControlStage):
         It only schedules: the sweep decides in the cycle's timer pass, with the same
         code that writes the ledger rows and onFailure starts for any other sweep."""
         now = ctx.now_ms
+        self.many.restored(ctx)
         for raw_key, raw in list(ctx.store.items(_KEY)):
             row = KeyRow.decode(raw)
             wf = self.app.get(row.workflow)
-            if wf is not None and wf.throttle is not None:
+            if wf is not None and len(wf.throttle) == 1:
                 continue
             key = raw_key[len(_KEY):]
             row = self._move_sweep(ctx, key, row, now)
@@ -364,12 +399,12 @@ class ThrottleStage(ControlStage):
 
 
 
-def _expires_at(wf: Workflow, start: PendingStart) -> int | None:
+def expires_at(wf: Workflow, start: PendingStart) -> int | None:
     timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
     return None if timeout is None else start.arrived_at_ms + timeout
 
 
-def _expired(wf: Workflow, start: PendingStart, key: str, now_ms: int) -> str:
+def expired_reason(wf: Workflow, start: PendingStart, key: str, now_ms: int) -> str:
     declared = wf.timeouts.start if wf.timeouts is not None else None
     return (f"timeouts.start: waited {format_duration(max(0, now_ms - start.arrived_at_ms))} "
             f"for a throttle turn on key {key!r}, longer than timeouts.start {declared}")
