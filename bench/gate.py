@@ -176,8 +176,8 @@ from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import ROUTED_STAGES, Topics
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("passthrough", "idem", "rl-admit", "rl-drop", "throttle", "debounce", "batch",
-             "singleton", "conc50", "conc1", "steps", "pause", "priority", "depth")
+SCENARIOS = ("passthrough", "idem", "rl-admit", "rl-drop", "throttle", "throttles", "debounce",
+             "batch", "singleton", "conc50", "conc1", "steps", "pause", "priority", "depth")
 # The scenarios whose runs hold something until the engine reports their end.
 ENGINE_MODE = {"singleton": "runs", "conc50": "runs", "conc1": "runs", "steps": "steps",
                "priority": "runs"}
@@ -214,7 +214,7 @@ def payload(scenario: str, phase: str, i: int, scale: int, warm: int) -> dict[st
         uid = f"w{i}" if phase == "w" else f"w{i % warm}"  # a key the warm-up spent
     elif scenario == "rl-drop":
         grp = f"g{i % RL_DROP_KEYS}"
-    elif scenario in ("rl-admit", "throttle"):
+    elif scenario in ("rl-admit", "throttle", "throttles"):
         grp = f"{phase}{i % max(1, scale // 20)}"
     elif scenario == "debounce":
         grp = uid

@@ -65,6 +65,10 @@ BUILDERS: dict[str, Callable[[], list[Workflow]]] = {
     # 1,000/s per key: the starts of a key that arrive in one fetch wait their turn
     # (a millisecond apart), the rest go through; every start is admitted.
     "throttle": _one("throttle", throttle=Throttle(limit=1000, period="1s", key="grp")),
+    # The same per-key pace under a global one that never binds: what judging several
+    # throttles together costs (every start meets on the workflow's one partition).
+    "throttles": _one("throttles", throttle=[Throttle(limit=1000, period="1s", key="grp"),
+                                             Throttle(limit=100_000, period="1s")]),
     # One start per key: each parks, then fires a second after it arrived.
     "debounce": _one("debounce", debounce=Debounce(key="grp", period="1s")),
     # One batch key: a run of ten items each ten starts (one admitted, nine collapsed).

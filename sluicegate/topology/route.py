@@ -25,10 +25,12 @@ class Hop:
     key: str | None
     # Which of the workflow's concurrency limits this hop applies (0 for other controls).
     index: int = 0
+    # How it is keyed, when `key` alone does not say (several throttles judged together).
+    keyed: str | None = None
 
     def describe(self) -> str:
-        key = self.key if self.key else "(one key)"
-        return f"{self.stage}[{self.control} {self.budget} by {key}]"
+        key = self.keyed or f"by {self.key if self.key else '(one key)'}"
+        return f"{self.stage}[{self.control} {self.budget} {key}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,9 @@ def route_for(wf: Workflow, deployment_cap: int = 0) -> Route:
     elif wf.throttle:
         # Several paces, judged together where all of the workflow's starts meet
         # (docs/decisions/several-throttles.md).
-        hops.append(Hop("throttle", "throttle", wf.name, None))
+        keys = ", ".join(t.key if t.key else "(one key)" for t in wf.throttle)
+        hops.append(Hop("throttle", "throttle", wf.name, None,
+                        keyed=f"by (one key), pacing together by {keys}"))
     hops += _concurrency_hops(wf, deployment_cap)
     return Route(wf.name, tuple(hops))
 

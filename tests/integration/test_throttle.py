@@ -1,6 +1,8 @@
 """throttle on the real broker, time driven by a ManualClock: admissions follow GCRA to the
 millisecond, the excess waits and is admitted in its turn, a full queue drops, a start
-that waits too long expires into onFailure, and a removed workflow's starts fail."""
+that waits too long expires into onFailure, and a removed workflow's starts fail. Several
+throttles on one workflow hold all their paces; redeclared, their waiting starts are
+judged again."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from sluicegate.schemas.records import AdmittedStart, LedgerRecord, Outcome
 from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.apps.rates import app, without_sync_crm
+from tests.apps.rates import app, call_partner_per_user, without_sync_crm
 from tests.integration.kafka_helpers import TopicReader, WorkerThread
 from tests.unit.test_throttle import reference_gcra
 
@@ -193,3 +195,67 @@ def test_a_throttle_pool_paces_two_workflows_as_one(settings: Settings) -> None:
     queued = [r for r in ledger.records if r.outcome is Outcome.queued]
     assert sorted((r.workflow, r.due_at_ms) for r in queued) == [
         ("partnerPull", t0 + 60_000), ("partnerPush", t0 + 120_000)]
+
+
+def _submit_one_ms_apart(client: Client, ledger: TopicReader[LedgerRecord], clock: ManualClock,
+                         workflow: str, users: list[str]) -> list[str]:
+    ids: list[str] = []
+    for user in users:
+        ids.append(client.submit(workflow, {"userId": user, "imageId": "i"}).request_id)
+        client.flush()
+        decided = len(ids)
+        ledger.until(lambda rows, n=decided: len(rows) >= n, what=f"{decided} decided")
+        clock.advance(1)
+    return ids
+
+
+def test_several_throttles_admit_a_start_when_every_pace_has_room(settings: Settings) -> None:
+    """pacedTwice: one each 10 s per user and two each 10 s in all. u1's second start waits
+    for u1's pace, u2's for the global one; at 10 s u1's (the older) goes before u3's."""
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    t0 = clock.now_ms()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        ids = _submit_one_ms_apart(client, ledger, clock, "pacedTwice", ["u1", "u1", "u2", "u3"])
+        admitted.until(lambda rows: len(rows) >= 1, what="u1's first")
+        for at, n in ((5_000, 2), (10_000, 3), (15_000, 4)):
+            clock.set(t0 + at)
+            admitted.until(lambda rows, n=n: len(rows) >= n, what=f"{n} admitted")
+        ledger.until(lambda rows: sum(r.outcome is Outcome.admitted for r in rows) >= 4,
+                     what="four admitted rows")
+        admitted.settle()
+    times = {a.request_ids[0]: a.admitted_at_ms - t0 for a in admitted.records}
+    assert [times[i] for i in ids] == [0, 10_000, 5_000, 15_000]
+    queued = {r.request_id: r for r in ledger.records if r.outcome is Outcome.queued}
+    assert (queued[ids[1]].key, queued[ids[1]].due_at_ms) == ("u1", t0 + 10_000)
+    assert [r.key for r in ledger.records if r.outcome is Outcome.admitted] == [
+        "u1", "u2", "u1", "u3"]
+
+
+def test_starts_waiting_under_redeclared_throttles_are_judged_again(settings: Settings) -> None:
+    """A worker restarted with callPartner's global throttle taken out: the starts that
+    waited for it go through the throttle again, under the one left (per user), and are
+    admitted by its pace, none lost and none twice."""
+    create_topics(settings)
+    topics = Topics(settings)
+    clock = ManualClock()
+    t0 = clock.now_ms()
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        ids = _submit_one_ms_apart(client, ledger, clock, "callPartner", ["u1", "u2", "u3"])
+        admitted.until(lambda rows: len(rows) >= 1, what="the first")
+    moved = settings.with_(state_dir=settings.state_dir.parent / "state-after")
+    with WorkerThread(call_partner_per_user, moved, clock=clock):
+        # Each user's first start under the one throttle left: all at once.
+        admitted.until(lambda rows: len(rows) >= 3, what="the waiting two, judged again")
+        admitted.settle()
+    assert sorted(a.request_ids[0] for a in admitted.records) == sorted(ids)
+    later = [a for a in admitted.records if a.request_ids[0] != ids[0]]
+    assert all(a.admitted_at_ms < t0 + 5_000 for a in later)
+    assert not [r for r in ledger.records if r.outcome in (Outcome.failed, Outcome.expired)]

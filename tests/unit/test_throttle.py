@@ -44,6 +44,7 @@ from sluicegate.streams.stages.throttle import (
 )
 from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.streams.timers import Timers
+from sluicegate.topology.route import route_for
 from sluicegate.topology.topics import Topics
 from tests.apps import rates
 
@@ -585,3 +586,11 @@ def test_a_key_that_queued_leaves_no_row_behind_once_idle(harness: Harness) -> N
     harness.commit()
     assert len(harness.admitted()) == 3
     assert list(harness.store.items(b"")) == []
+
+
+def test_the_route_of_several_throttles_keys_them_by_the_workflow_and_says_so() -> None:
+    route = route_for(rates.paced_twice)
+    (hop,) = (h for h in route.hops if h.stage == "throttle")
+    assert (hop.budget, hop.key) == ("pacedTwice", None)
+    assert "throttle[throttle pacedTwice by (one key), pacing together by userId, (one key)]" \
+        in route.describe()
