@@ -288,10 +288,10 @@ class Harness:
             on_failure="throttleFailed" if workflow == "syncCrm" else None)
         budget = "pool:partner" if workflow.startswith("partner") else workflow
         key = f"{budget}\x1f{user if workflow != 'pushPartner' else ''}".encode()
-        if workflow in ("callPartner", "pacedTwice"):
+        router = self.stage.router
+        wf = router.app.workflows[workflow]
+        if len(wf.throttle) > 1:
             # Keyed as the route says: by the workflow alone under several throttles.
-            router = self.stage.router
-            wf = router.app.workflows[workflow]
             (hop,) = (h for h in router.routes[workflow].hops if h.stage == "throttle")
             key = router.key_for(wf, hop, json.loads(payload)).encode()
         self.stage.process(self.ctx, InputRecord(self.topics.stage("throttle"), 0, 0, key,

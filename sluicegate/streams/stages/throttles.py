@@ -169,10 +169,11 @@ class Throttles:
             new = replace(new, idle_at=None)
         if old.idle_at != new.idle_at:
             tail = bytes([index]) + text.encode()
+            prefix = _IDLE + _named(key)
             if old.idle_at is not None:
-                store.delete(_IDLE + _named(key) + _MS.pack(old.idle_at) + tail)
+                store.delete(prefix + _MS.pack(old.idle_at) + tail)
             if new.idle_at is not None:
-                store.put(_IDLE + _named(key) + _MS.pack(new.idle_at) + tail, b"")
+                self._put_index(ctx, prefix, prefix + _MS.pack(new.idle_at) + tail)
         store.put(self._pace_key(key, index, text), new.encode())
 
     def _count(self, ctx: StageContext, key: bytes, wf: Workflow, texts: list[str],
@@ -235,16 +236,33 @@ class Throttles:
             return
         ready = self._ready(ctx, key, wf, json.loads(lane), gates=False)
         if ready > ctx.now_ms:
-            row = _WAIT + _named(key) + _MS.pack(ready) + lane
+            prefix = _WAIT + _named(key)
+            row = prefix + _MS.pack(ready) + lane
         else:
             start = head.start
-            row = (_READY + _named(key) + rank_key(start, priority_mode(wf))
-                   + _MS.pack(start.arrived_at_ms) + lane)
-        store.put(row, b"")
+            prefix = _READY + _named(key)
+            row = prefix + rank_key(start, priority_mode(wf)) + _MS.pack(start.arrived_at_ms) + lane
+        self._put_index(ctx, prefix, row)
         store.put(marker, row)
 
-    def _first(self, ctx: StageContext, prefix: bytes) -> bytes | None:
-        for row, _ in ctx.store.items(prefix):
+    @staticmethod
+    def _put_index(ctx: StageContext, prefix: bytes, row: bytes) -> None:
+        """Put an index row, lowering the index's floor to it when it goes below: the
+        index's rows are deleted from the front, and an ordered read starts at its floor,
+        not at the rows deleted before (docs/decisions/store-buffer-index.md)."""
+        tx = ctx.store
+        tx.put(row, b"")
+        if row < tx.floor(prefix):
+            tx.set_floor(prefix, row)
+
+    @staticmethod
+    def _first(ctx: StageContext, prefix: bytes) -> bytes | None:
+        """An index's first row, read from its floor (which it raises to that row)."""
+        tx = ctx.store
+        floor = tx.floor(prefix)
+        for row, _ in tx.items(prefix, floor):
+            if row != floor:
+                tx.set_floor(prefix, row)
             return row
         return None
 
@@ -366,10 +384,12 @@ class Throttles:
     def _forget_idle(self, ctx: StageContext, key: bytes) -> None:
         prefix = _IDLE + _named(key)
         done = []
-        for row, _ in ctx.store.items(prefix):
+        for row, _ in ctx.store.items(prefix, ctx.store.floor(prefix)):
             if _MS.unpack_from(row, len(prefix))[0] > ctx.now_ms:
                 break
             done.append(row)
+        if done:
+            ctx.store.set_floor(prefix, done[-1] + b"\x00")
         for row in done:
             tail = row[len(prefix) + _MS.size:]
             ctx.store.delete(row)
