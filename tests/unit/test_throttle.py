@@ -594,3 +594,25 @@ def test_the_route_of_several_throttles_keys_them_by_the_workflow_and_says_so() 
     assert (hop.budget, hop.key) == ("pacedTwice", None)
     assert "throttle[throttle pacedTwice by (one key), pacing together by userId, (one key)]" \
         in route.describe()
+
+
+def test_several_throttles_read_their_indexes_from_their_floors(harness: Harness) -> None:
+    """Each admission moves its key's entry in the idle index (and a waiting lane's in the
+    others): the cycle's deleted entries must not be walked again at every start, so the
+    indexes are read from their floors, past the front rows deleted before."""
+    reads: list[tuple[bytes, bytes | None]] = []
+    original = harness.tx.items
+
+    def recording(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        reads.append((prefix, start))
+        return original(prefix, start)
+
+    harness.tx.items = recording  # type: ignore[method-assign]
+    for i in range(200):
+        harness.start("pacedTwice", user=f"u{i % 3}")
+        harness.advance(1)
+    index_reads = [(prefix, start) for prefix, start in reads
+                   if prefix.startswith((b"\x00StI", b"\x00StY", b"\x00StV"))]
+    assert len(index_reads) > 200
+    # After the first few, every one starts past the front of its index.
+    assert all(start is not None and start > prefix for prefix, start in index_reads[50:])
