@@ -574,3 +574,31 @@ def test_the_group_header_goes_on_through_every_stage_after_defer_queued_or_not(
         assert h.admitted == [straight, waits]
     finally:
         h.close()
+
+
+PACED = Workflow(name="paced", payload=Tour, throttle=[
+    Throttle(limit=1, period="1m", key="rowId"), Throttle(limit=1, period="1m")],
+    cancel_on=EDITS.cancel_on)
+
+
+def test_starts_waiting_under_several_throttles_are_discarded_by_a_matching_sweep(
+        tmp_path: Path) -> None:
+    h = _AfterDefer(App([PACED]), tmp_path)
+    try:
+        for n, issue in enumerate(("K1", "K1", "K2", "K1")):
+            start = _group("paced", {"rowId": f"r{n}", "issueKey": issue}, T - 5_000, hop=0,
+                           n=n)
+            h.router.forward(h.defer, start)
+            h.pump()
+        assert h.admitted == ["paced-0"]
+        h.now = T + 1_000
+        h.take(CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+                           event_at_ms=T, source="ev:0:1", workflows=["paced"]))
+        # The two waiting starts of issue K1 are discarded where they wait; K2's goes on.
+        cancelled = [(r.request_id, r.stage, r.key) for r in h.ledger
+                     if r.outcome is Outcome.cancelled]
+        assert cancelled == [("req-paced-1", "throttle", "r1"), ("req-paced-3", "throttle", "r3")]
+        h.advance(120_000)
+        assert h.admitted == ["paced-0", "paced-2"]
+    finally:
+        h.close()
