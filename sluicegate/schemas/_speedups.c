@@ -1,6 +1,6 @@
 /*
- * The codec's hot loops in C: Avro binary bodies of sluicegate's records, and the Java
- * client's murmur2 partitioner; and the records' constructor (at the end).
+ * The codec's hot loops in C: Avro binary bodies of sluicegate's records, the Java
+ * client's murmur2 partitioner, and execution ids (version-5 UUIDs placed on a partition).
  *
  * A Program is compiled (by sluicegate/schemas/codec.py) from a record's schema into a
  * tree of nodes; encode() and decode() walk it. They take exactly the cases the Python
@@ -908,185 +908,6 @@ static PyObject *speedups_placed_uuid_text(PyObject *module, PyObject *const *ar
     Py_RETURN_NONE;
 }
 
-/* -- Building records -------------------------------------------------------------------
- *
- * CPython 3.11 calls a Python class through type_call, which gathers keyword arguments
- * into a dict and runs the generated __init__ in a frame of its own: about 0.65 µs for a
- * record of eleven fields named by keyword, and an admission builds several records. A
- * record class given a constructor here (`install_constructor`, by schemas/records.py's
- * `record`) is called through this vectorcall entry instead, which fills the slots
- * directly when the call is plain: no more positional arguments than fields, each
- * keyword a field not already given, every field without a default given. Any other
- * call goes to the class's own __init__, so every error is the one Python raises and
- * the record built is always the one __init__ would build. */
-
-#define MAX_CONSTRUCTED 64
-#define MAX_FIELDS 32
-
-typedef struct {
-    PyTypeObject *type;
-    Py_ssize_t nfields;
-    PyObject *names[MAX_FIELDS];     /* interned */
-    PyObject *defaults[MAX_FIELDS];  /* NULL for a field without a default */
-    Py_ssize_t *offsets;
-} constructor;
-
-static constructor constructors[MAX_CONSTRUCTED];
-static int nconstructors;
-
-/* The class's own path: type_call, with the arguments as a tuple and a dict. */
-static PyObject *construct_slowly(PyObject *cls, PyObject *const *args, Py_ssize_t nargs,
-                                  PyObject *kwnames) {
-    PyObject *tuple = PyTuple_New(nargs);
-    if (tuple == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        Py_INCREF(args[i]);
-        PyTuple_SET_ITEM(tuple, i, args[i]);
-    }
-    PyObject *kwargs = NULL;
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
-        kwargs = PyDict_New();
-        if (kwargs == NULL) {
-            Py_DECREF(tuple);
-            return NULL;
-        }
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
-            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) < 0) {
-                Py_DECREF(tuple);
-                Py_DECREF(kwargs);
-                return NULL;
-            }
-        }
-    }
-    PyObject *out = PyType_Type.tp_call(cls, tuple, kwargs);
-    Py_DECREF(tuple);
-    Py_XDECREF(kwargs);
-    return out;
-}
-
-static PyObject *construct(PyObject *cls, PyObject *const *args, size_t nargsf,
-                           PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    constructor *c = NULL;
-    for (int i = 0; i < nconstructors; i++) {
-        if ((PyObject *)constructors[i].type == cls) {
-            c = &constructors[i];
-            break;
-        }
-    }
-    if (c == NULL || nargs > c->nfields)  /* a subclass, or too many arguments */
-        return construct_slowly(cls, args, nargs, kwnames);
-    PyObject *values[MAX_FIELDS] = {NULL};
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        values[i] = args[i];
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    Py_ssize_t next = nargs;  /* where the next keyword's field most likely is */
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-        Py_ssize_t at = -1;
-        /* Keyword names in code are interned, as the field names are: the same object.
-         * Callers mostly name fields in their declared order, so the search starts after
-         * the field named last. */
-        for (Py_ssize_t i = 0; i < c->nfields && at < 0; i++) {
-            Py_ssize_t j = next + i < c->nfields ? next + i : next + i - c->nfields;
-            if (c->names[j] == name)
-                at = j;
-        }
-        for (Py_ssize_t j = 0; j < c->nfields && at < 0; j++) {
-            int differs = PyUnicode_Compare(c->names[j], name);
-            if (differs == -1 && PyErr_Occurred())
-                return NULL;
-            if (differs == 0)
-                at = j;
-        }
-        if (at < 0 || values[at] != NULL)  /* unknown, or given twice */
-            return construct_slowly(cls, args, nargs, kwnames);
-        values[at] = args[nargs + k];
-        next = at + 1;
-    }
-    for (Py_ssize_t j = 0; j < c->nfields; j++) {
-        if (values[j] == NULL) {
-            if (c->defaults[j] == NULL)  /* missing */
-                return construct_slowly(cls, args, nargs, kwnames);
-            values[j] = c->defaults[j];
-        }
-    }
-    PyObject *out = c->type->tp_alloc(c->type, 0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t j = 0; j < c->nfields; j++) {
-        Py_INCREF(values[j]);
-        *(PyObject **)((char *)out + c->offsets[j]) = values[j];
-    }
-    return out;
-}
-
-/* Drops what an entry being filled in holds (its names and defaults). */
-static void constructor_release(constructor *c) {
-    for (Py_ssize_t j = 0; j < c->nfields; j++) {
-        Py_DECREF(c->names[j]);
-        Py_XDECREF(c->defaults[j]);
-    }
-}
-
-static PyObject *speedups_install_constructor(PyObject *module, PyObject *args) {
-    PyObject *cls, *names, *defaults;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &cls, &PyTuple_Type, &names,
-                          &PyDict_Type, &defaults))
-        return NULL;
-    PyTypeObject *type = (PyTypeObject *)cls;
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    if (nconstructors == MAX_CONSTRUCTED || n > MAX_FIELDS ||
-        !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_alloc == NULL ||
-        type->tp_vectorcall != NULL)
-        Py_RETURN_FALSE;
-    for (int i = 0; i < nconstructors; i++) {
-        if (constructors[i].type == type)
-            Py_RETURN_FALSE;
-    }
-    constructor *c = &constructors[nconstructors];
-    memset(c, 0, sizeof(*c));
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *name = PyTuple_GET_ITEM(names, j);
-        if (!PyUnicode_CheckExact(name)) {
-            PyErr_SetString(PyExc_TypeError, "install_constructor: a field name is not a str");
-            goto fail;
-        }
-        Py_INCREF(name);
-        PyUnicode_InternInPlace(&name);
-        c->names[j] = name;
-        c->nfields = j + 1;
-        c->defaults[j] = PyDict_GetItemWithError(defaults, name);
-        if (c->defaults[j] == NULL && PyErr_Occurred())
-            goto fail;
-        Py_XINCREF(c->defaults[j]);
-    }
-    int found = slot_offsets(type, c->names, n, &c->offsets);
-    if (found < 0)
-        goto fail;
-    if (found == 0) {
-        constructor_release(c);
-        Py_RETURN_FALSE;
-    }
-    Py_INCREF(cls);
-    c->type = type;
-    nconstructors++;
-    type->tp_vectorcall = construct;
-    Py_RETURN_TRUE;
-fail:
-    constructor_release(c);
-    return NULL;
-}
-
-static PyObject *speedups_has_constructor(PyObject *module, PyObject *cls) {
-    for (int i = 0; i < nconstructors; i++) {
-        if ((PyObject *)constructors[i].type == cls)
-            Py_RETURN_TRUE;
-    }
-    Py_RETURN_FALSE;
-}
-
 static PyMethodDef speedups_methods[] = {
     {"uuid5_text", speedups_uuid5_text, METH_O,
      PyDoc_STR("uuid5_text(sha1_digest) -> str: the version-5 UUID that digest makes, as text.")},
@@ -1098,12 +919,6 @@ static PyMethodDef speedups_methods[] = {
      PyDoc_STR("murmur2(data) -> int: Java's Utils.murmur2, a signed 32-bit int.")},
     {"partition_for", (PyCFunction)(void (*)(void))speedups_partition_for, METH_FASTCALL,
      PyDoc_STR("partition_for(key, partitions) -> int: the Java default partitioner's pick.")},
-    {"install_constructor", speedups_install_constructor, METH_VARARGS,
-     PyDoc_STR("install_constructor(cls, names, defaults) -> bool: build the slots "
-               "dataclass `cls` (fields `names`, `defaults` by name) without its __init__ "
-               "when called plainly; False when the class is not one this can build.")},
-    {"has_constructor", speedups_has_constructor, METH_O,
-     PyDoc_STR("has_constructor(cls) -> bool: whether install_constructor took `cls`.")},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,16 +8,11 @@ Timestamps are milliseconds since the epoch; payloads are JSON bytes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import TypeVar
 
 from typing_extensions import dataclass_transform
-
-try:
-    from sluicegate.schemas import _speedups
-except ImportError:  # pragma: no cover - the package's build compiles it
-    _speedups = None  # type: ignore[assignment]
 
 _R = TypeVar("_R")
 
@@ -31,27 +26,17 @@ def record(cls: type[_R]) -> type[_R]:
     a frozen dataclass's `__init__` sets each field through `object.__setattr__`, which
     makes building one cost over twice as much, and the admission path builds several
     per start. `unsafe_hash` keeps them hashable like the frozen ones they stand for.
-
-    Calling the class fills its slots in C (`_speedups.install_constructor`) when the
-    call is plain, and runs the generated `__init__` otherwise (its errors): the same
-    record either way, at about a third of the cost (tests/unit/test_records_construct.py).
     """
     make: Callable[[type[_R]], type[_R]] = dataclass(slots=True, unsafe_hash=True)
-    made = make(cls)
-    declared = fields(made)  # type: ignore[arg-type]
-    if _speedups is not None and all(f.init and f.default_factory is MISSING
-                                     for f in declared):
-        _speedups.install_constructor(made, tuple(f.name for f in declared), {
-            f.name: f.default for f in declared if f.default is not MISSING})
-    return made
+    return make(cls)
 
 
 _FIELD_NAMES: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
 
 
 def changed(rec: _R, **changes: object) -> _R:
-    """A copy of the record `rec` with some fields changed: `dataclasses.replace` at a third
-    of its cost (the record is built by one positional call, in C), for the copies the
+    """A copy of the record `rec` with some fields changed: `dataclasses.replace` at a
+    fraction of its cost (the record is built by one positional call), for the copies the
     gated path makes at every hop. An unknown field is refused as replace refuses it."""
     cls = type(rec)
     known = _FIELD_NAMES.get(cls)

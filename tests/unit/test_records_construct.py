@@ -1,74 +1,84 @@
-"""Calling a record class builds it in C (`_speedups.install_constructor`): the same record
-its generated `__init__` builds, for every way of calling it, and the same error when the
-call is wrong."""
+"""Records are slots dataclasses built by their own `__init__`, `__post_init__` included,
+whether code calls the class or the codec decodes one; `changed` makes the copy
+`dataclasses.replace` makes."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.schemas import RECORD_TYPES, _speedups
-from sluicegate.schemas.records import Slot, changed
+from sluicegate.schemas import RECORD_TYPES, codec, records
+from sluicegate.schemas.native import speedups
+from sluicegate.schemas.records import Slot, changed, record
 from sluicegate.streams.stage import InputRecord, Table
 
-RECORDS = sorted([*RECORD_TYPES, InputRecord, Table], key=lambda c: c.__name__)
 # Any object will do as a field's value: construction neither checks nor converts.
 VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.binary(max_size=8),
                    st.lists(st.integers(), max_size=2))
-
-
-def by_init(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """What the class's own `__init__` makes of the call."""
-    made = object.__new__(cls)
-    cls.__init__(made, *args, **kwargs)  # type: ignore[misc]
-    return made
 
 
 def fields_of(record: Any) -> list[Any]:
     return [getattr(record, f.name) for f in dataclasses.fields(record)]
 
 
-def outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return "made", fields_of(call())
-    except TypeError as exc:
-        return "refused", str(exc)
+@record
+class Checked:
+    """A record whose `__post_init__` refuses a negative count."""
+
+    name: str
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError(f"{self.name}: a count is never negative, got {self.count}")
 
 
-@pytest.mark.parametrize("cls", RECORDS, ids=lambda c: c.__name__)
-def test_every_record_class_is_built_in_c(cls: type) -> None:
-    assert _speedups.has_constructor(cls)
+CHECKED_SCHEMA = {"type": "record", "namespace": codec.NAMESPACE, "name": "Checked",
+                  "fields": [{"name": "name", "type": "string"},
+                             {"name": "count", "type": "long"}]}
+# The Avro body of Checked("n", -1): "n" (length 1, zig-zag 2), then -1 (zig-zag 1).
+NEGATIVE_BODY = b"\x02n\x01"
 
 
-@pytest.mark.parametrize("cls", RECORDS, ids=lambda c: c.__name__)
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_a_record_called_in_any_way_is_what_its_init_makes(cls: type, data: st.DataObject
-                                                            ) -> None:
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    names = [f.name for f in fields]
-    # Some fields by position, then some by keyword in any order, with now and then a
-    # keyword the class does not have, a field given twice, or one argument too many.
-    positional = data.draw(st.integers(0, len(names)))
-    args = tuple(data.draw(VALUES) for _ in range(positional))
-    rest = data.draw(st.permutations(names[positional:]))
-    named = rest[:data.draw(st.integers(0, len(rest)))]
-    kwargs = {name: data.draw(VALUES) for name in named}
-    mistake = data.draw(st.sampled_from(["none", "none", "unknown", "twice", "extra"]))
-    if mistake == "unknown":
-        kwargs["no_such_field"] = 1
-    elif mistake == "twice" and positional:
-        kwargs[names[0]] = 2
-    elif mistake == "extra":
-        args = (*args, *(None for _ in range(len(names) - positional)), None)
-    built = outcome(lambda: cls(*args, **kwargs))
-    assert built == outcome(lambda: by_init(cls, args, kwargs))
-    if built[0] == "made":
-        assert type(cls(*args, **kwargs)) is cls
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda: Checked("n", -1), id="by position"),
+    pytest.param(lambda: Checked(name="n", count=-1), id="by keyword"),
+    pytest.param(lambda: Checked(count=-1, name="n"), id="keywords in another order"),
+])
+def test_a_record_runs_its_post_init_when_built(call: Callable[[], Checked]) -> None:
+    with pytest.raises(ValueError, match="a count is never negative, got -1"):
+        call()
+    assert Checked("n").count == 0
+
+
+def _python_decoder(monkeypatch: pytest.MonkeyPatch) -> Callable[[bytes, int], Any]:
+    # The generated decoder finds a record's class by its schema's name in `records`.
+    monkeypatch.setattr(records, "Checked", Checked, raising=False)
+    rs = SimpleNamespace(schema=CHECKED_SCHEMA, full_name=f"{codec.NAMESPACE}.Checked")
+    return codec._compile(rs)[1]  # type: ignore[arg-type]
+
+
+def _native_decoder(monkeypatch: pytest.MonkeyPatch) -> Callable[[bytes, int], Any]:
+    if speedups is None:
+        pytest.skip("the C extension is not in use")
+    spec = ("record", Checked, ("name", "count"), (("string",), ("long",)))
+    return speedups.Program(spec, b"").decode
+
+
+@pytest.mark.parametrize("decoder", [_python_decoder, _native_decoder],
+                         ids=["generated python", "c"])
+def test_a_decoded_record_runs_its_post_init(decoder: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    decode = decoder(monkeypatch)
+    assert decode(b"\x02n\x04", 0) == Checked("n", 2)
+    with pytest.raises(ValueError, match="a count is never negative, got -1"):
+        decode(NEGATIVE_BODY, 0)
 
 
 def test_a_missing_field_is_refused_with_the_inits_words() -> None:
@@ -76,29 +86,19 @@ def test_a_missing_field_is_refused_with_the_inits_words() -> None:
         Table(name="runs", topic="sg.runs")  # type: ignore[call-arg]
 
 
-def test_defaults_fill_the_fields_not_given_and_are_shared_as_init_shares_them() -> None:
+def test_defaults_fill_the_fields_not_given() -> None:
     record = InputRecord("t", 0, 5, None, b"v", 1)
     assert record.headers is None and record.message is None
     assert record == InputRecord(topic="t", partition=0, offset=5, key=None, value=b"v",
                                  timestamp_ms=1, headers=None, message=None)
 
 
-def test_records_built_in_c_compare_hash_and_replace_as_dataclasses() -> None:
+def test_records_compare_hash_and_replace_as_dataclasses() -> None:
     a = InputRecord("t", 0, 5, b"k", b"v", 1)
-    b = by_init(InputRecord, ("t", 0, 5, b"k", b"v", 1), {})
+    b = InputRecord(topic="t", partition=0, offset=5, key=b"k", value=b"v", timestamp_ms=1)
     assert a == b and hash(a) == hash(b)
     moved = dataclasses.replace(a, offset=6)
     assert moved.offset == 6 and moved.value == b"v" and a.offset == 5
-
-
-def test_a_subclass_is_built_by_its_own_init() -> None:
-    @dataclasses.dataclass(slots=True)
-    class Marked(Table):
-        mark: str = "m"
-
-    marked = Marked("runs", b"R", "sg.runs")
-    assert (marked.name, marked.mark) == ("runs", "m")
-    assert not _speedups.has_constructor(Marked)
 
 
 @pytest.mark.parametrize("cls", sorted(RECORD_TYPES, key=lambda c: c.__name__),
