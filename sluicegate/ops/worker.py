@@ -16,6 +16,7 @@ from types import FrameType
 
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
+from sluicegate.schemas import native
 from sluicegate.streams.clock import clock_from_env
 from sluicegate.streams.runtime import Worker
 
@@ -57,10 +58,21 @@ def fix_mmap_threshold() -> bool:
     return mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
 
 
+def warn_without_speedups() -> None:
+    """One line when the C extension is not in use: the worker runs, at several times the
+    CPU per start, and whoever reads its log should know why
+    (docs/decisions/optional-extension.md)."""
+    if native.speedups is None:
+        log.warning("the C extension is %s: the codec and execution ids run in pure Python,"
+                    " about 4x the CPU per start (install the wheel, or install with a C"
+                    " compiler)", native.missing_because)
+
+
 def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None,
                metrics_port: int | None = None) -> Worker:
     """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group."""
     stop = stop or threading.Event()
+    warn_without_speedups()
     fix_mmap_threshold()
     app = load_app(app_spec, settings)
     worker = Worker.for_app(app, settings, clock=clock_from_env())

@@ -29,7 +29,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
-from sluicegate.schemas import records
+from sluicegate.schemas import native, records
 from sluicegate.schemas.records import Record
 
 NAMESPACE = "io.sluicegate"
@@ -577,13 +577,9 @@ _FAST = _compile_all()
 # sluicegate/schemas/_speedups.c walks a tree built from the schema, taking exactly the
 # cases the generated Python takes and writing and reading exactly its bytes (the tests
 # compare all three with one another); a few times faster again. The Python paths stay
-# as the reference and for a build without the extension.
+# as the reference and for an install without the extension (schemas/native.py).
 
-_speedups: ModuleType | None
-try:
-    import sluicegate.schemas._speedups as _speedups
-except ImportError:  # pragma: no cover - the package's build compiles it
-    _speedups = None
+_speedups: ModuleType | None = native.speedups
 
 _PRIMITIVES = ("long", "string", "bytes", "boolean", "double")
 
@@ -631,7 +627,7 @@ def _native_specs() -> dict[type, tuple[Any, ...]]:
 
 
 NATIVE = _speedups is not None
-"""Whether the C fast paths are built (the codec falls back to the generated Python)."""
+"""Whether the C fast paths are in use (else the codec takes the generated Python)."""
 _NATIVE_SPECS = _native_specs() if NATIVE else {}
 
 

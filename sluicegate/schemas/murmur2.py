@@ -3,13 +3,16 @@ partitions any other client (and librdkafka's ``murmur2_random``) would pick.
 
 A port of ``org.apache.kafka.common.utils.Utils.murmur2``: 32-bit arithmetic,
 seed 0x9747b28c, result as Java's signed int. The same in C (`_speedups`, a tenth of
-the cost) is used when built; this Python one is its reference in the tests.
+the cost) is used when in use (`native`); this Python one is its reference in the tests
+and the fallback.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+
+from sluicegate.schemas.native import speedups
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -47,9 +50,7 @@ def python_partition_for(key: bytes, partitions: int) -> int:
     return (python_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-murmur2: Callable[[bytes], int]
-partition_for: Callable[[bytes, int], int]
-try:
-    from sluicegate.schemas._speedups import murmur2, partition_for
-except ImportError:  # pragma: no cover - the package's build compiles it
-    murmur2, partition_for = python_murmur2, python_partition_for
+murmur2: Callable[[bytes], int] = python_murmur2
+partition_for: Callable[[bytes, int], int] = python_partition_for
+if speedups is not None:
+    murmur2, partition_for = speedups.murmur2, speedups.partition_for

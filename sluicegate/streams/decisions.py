@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import python_partition_for
+from sluicegate.schemas.native import speedups
 from sluicegate.schemas.records import (
     AdmittedStart,
     DeadLetter,
@@ -52,12 +53,10 @@ def _placed_uuid_text(text: str, partitions: int, partition: int) -> str | None:
     return None
 
 
-uuid5_text: Callable[[bytes], str]
-placed_uuid_text: Callable[[str, int, int], str | None]
-try:
-    from sluicegate.schemas._speedups import placed_uuid_text, uuid5_text
-except ImportError:  # pragma: no cover - the package's build compiles it
-    uuid5_text, placed_uuid_text = _uuid5_text, _placed_uuid_text
+uuid5_text: Callable[[bytes], str] = _uuid5_text
+placed_uuid_text: Callable[[str, int, int], str | None] = _placed_uuid_text
+if speedups is not None:
+    uuid5_text, placed_uuid_text = speedups.uuid5_text, speedups.placed_uuid_text
 
 
 def plain_execution_id(workflow: str, request_id: str) -> str:

@@ -1,11 +1,13 @@
 """The codec's fast paths (the C extension, and the generated Python it mirrors) write and
 read exactly fastavro's bytes, and leave every case they do not take (odd values, bad
-bytes) to fastavro, with the same outcome."""
+bytes) to fastavro, with the same outcome. The C cases skip when the extension is turned
+off (SLUICEGATE_NO_SPEEDUPS=1), as CI runs the suite once."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import uuid
 from enum import Enum
 from typing import Any
@@ -15,17 +17,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluicegate.schemas import RECORD_TYPES, Codec, DecodeError, EncodeError, _speedups
+from sluicegate.schemas import RECORD_TYPES, Codec, DecodeError, EncodeError, native
 from sluicegate.schemas import codec as codec_module
 from sluicegate.schemas.codec import NAMED_TYPES, RecordSchema
 from sluicegate.schemas.murmur2 import python_partition_for
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, StartRequest
 from sluicegate.streams.decisions import _placed_uuid_text, _uuid5_text, execution_id_for
 
-NATIVE = Codec()  # the C fast paths
+NATIVE = Codec()  # the C fast paths (the generated Python when they are off)
 PYTHON = Codec(native=False)  # the generated Python fast paths
 REFERENCE = Codec(fast=False)  # fastavro only
-FAST_CODECS = [pytest.param(NATIVE, id="native"), pytest.param(PYTHON, id="python")]
+needs_c = pytest.mark.skipif(native.speedups is None, reason="the C extension is off")
+FAST_CODECS = [pytest.param(NATIVE, id="native", marks=needs_c),
+               pytest.param(PYTHON, id="python")]
 RECORD_CLASSES = sorted(RECORD_TYPES, key=lambda c: c.__name__)
 LONGS = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 TEXT = st.text(max_size=40)  # includes non-ASCII; no lone surrogates (not encodable)
@@ -96,10 +100,11 @@ def test_every_record_type_has_a_fast_path() -> None:
         assert cls in codec_module._FAST
 
 
+@pytest.mark.skipif(native.TURN_OFF in os.environ, reason="the C extension is turned off")
 def test_the_c_fast_paths_are_built_for_every_record_type() -> None:
-    # The package's build compiles them; a build that lost them would still work (on the
-    # Python paths) but several times slower, so it fails here instead.
-    assert codec_module.NATIVE
+    # A build that lost them would still work (on the Python paths) but several times
+    # slower, so it fails here unless the suite was asked to run without them.
+    assert codec_module.NATIVE, native.missing_because
     assert set(codec_module._NATIVE_SPECS) == set(RECORD_TYPES)
 
 
@@ -197,24 +202,31 @@ def test_an_id_no_16_bit_value_places_stays_the_plain_uuid5() -> None:
     reached = {python_partition_for(f"{plain[:32]}{v:04x}".encode(), 10**9)
                for v in range(0x10000)}
     unreached = next(p for p in range(10**9) if p not in reached)
-    assert _speedups.placed_uuid_text(plain, 10**9, unreached) is None
+    if native.speedups is not None:
+        assert native.speedups.placed_uuid_text(plain, 10**9, unreached) is None
     assert _placed_uuid_text(plain, 10**9, unreached) is None
 
 
-@pytest.mark.parametrize("placed", [_speedups.placed_uuid_text, _placed_uuid_text])
+def c_and_python(name: str, python: Any) -> list[Any]:
+    c = getattr(native.speedups, name, None)
+    return [pytest.param(c, id="c", marks=needs_c), pytest.param(python, id="python")]
+
+
+@pytest.mark.parametrize("placed", c_and_python("placed_uuid_text", _placed_uuid_text))
 def test_a_partition_outside_the_topic_is_refused(placed: Any) -> None:
     plain = str(uuid.uuid5(uuid.NAMESPACE_OID, "x"))
     with pytest.raises(ValueError, match="partition 6 of 6 partitions"):
         placed(plain, 6, 6)
 
 
-@given(st.binary(min_size=20, max_size=20))
-def test_uuid_text_in_c_and_python_is_the_uuid_modules(digest: bytes) -> None:
-    expected = str(uuid.UUID(bytes=digest[:16], version=5))
-    assert _speedups.uuid5_text(digest) == expected
-    assert _uuid5_text(digest) == expected
+@pytest.mark.parametrize("uuid5_text", c_and_python("uuid5_text", _uuid5_text))
+@given(digest=st.binary(min_size=20, max_size=20))
+def test_uuid_text_in_c_and_python_is_the_uuid_modules(uuid5_text: Any, digest: bytes) -> None:
+    assert uuid5_text(digest) == str(uuid.UUID(bytes=digest[:16], version=5))
 
 
-def test_uuid_text_refuses_a_short_digest() -> None:
+@needs_c
+def test_uuid_text_in_c_refuses_a_short_digest() -> None:
+    assert native.speedups is not None
     with pytest.raises(ValueError, match="20 bytes, got 15"):
-        _speedups.uuid5_text(b"x" * 15)
+        native.speedups.uuid5_text(b"x" * 15)
