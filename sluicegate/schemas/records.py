@@ -35,8 +35,8 @@ _FIELD_NAMES: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
 
 
 def changed(rec: _R, **changes: object) -> _R:
-    """A copy of the record `rec` with some fields changed: `dataclasses.replace` at a
-    fraction of its cost (the record is built by one positional call), for the copies the
+    """A copy of the record `rec` with some fields changed: `dataclasses.replace` at about
+    half its cost (the record is built by one positional call), for the copies the
     gated path makes at every hop. An unknown field is refused as replace refuses it."""
     cls = type(rec)
     known = _FIELD_NAMES.get(cls)
