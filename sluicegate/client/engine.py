@@ -21,8 +21,8 @@ from sluicegate.config import Settings
 from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
-from sluicegate.schemas.registry import configure_codec
 from sluicegate.streams.payloads import Payloads
+from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
 
 

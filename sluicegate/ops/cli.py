@@ -54,7 +54,7 @@ def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = F
         changes["namespace"] = namespace
     settings = Settings().with_(**changes)
     if not offline:
-        from sluicegate.schemas.registry import configure_codec
+        from sluicegate.topology.framing import configure_codec
 
         configure_codec(settings)
     return settings

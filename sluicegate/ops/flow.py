@@ -33,11 +33,10 @@ from sluicegate.kafkautil import watermarks
 from sluicegate.ops.ledger import _LATEST, LedgerDb, ledger_consumer, refresh
 from sluicegate.ops.ledger_cli import _duration
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import ControlRow, RunRow
+from sluicegate.schemas.records import ENDED, ControlRow, RunRow
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.stages.concurrency import NAME as CONCURRENCY
-from sluicegate.streams.stages.runs import ENDED
-from sluicegate.topology.route import key_text
+from sluicegate.topology.keys import key_text
 from sluicegate.topology.topics import Topics
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)

@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -44,7 +44,7 @@ from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import ClientErrors, KafkaAuthError, check_access
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.registry import RegistryError, configure_codec
+from sluicegate.schemas.registry import RegistryError
 from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.recovery import RestoreError, restore_task
@@ -60,12 +60,20 @@ from sluicegate.streams.transactions import (
     sleep_unless_stopping,
 )
 from sluicegate.topology.admin import TopologyError, require_topics
+from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
 
-if TYPE_CHECKING:
-    from sluicegate.ops.metrics import WorkerMetrics
-
 log = logging.getLogger(__name__)
+
+
+class CommitMetrics(Protocol):
+    """What the worker tells a metrics exporter (`sluicegate worker --metrics-port`):
+    each commit, with how long it took, and each aborted transaction."""
+
+    def committed(self, worker: Worker, seconds: float) -> None: ...
+
+    def aborted(self) -> None: ...
+
 
 # A record (or timer) whose processing failed this many times is not processed again.
 POISON_AFTER = 2
@@ -198,7 +206,7 @@ class Worker:
         self.processed = 0
         self.commits = 0
         # Set by `sluicegate worker --metrics-port`; counted per commit, not per record.
-        self.metrics: WorkerMetrics | None = None
+        self.metrics: CommitMetrics | None = None
 
         self._clients = ClientErrors(f"worker {self.worker_id}")
         self._txn = TransactionalProducer(settings.client_config(**{

@@ -48,7 +48,8 @@ from sluicegate.streams.stages.concurrency import (
 )
 from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.streams.timers import Timers
-from sluicegate.topology.route import control_name, key_text, route_for
+from sluicegate.topology.keys import key_text
+from sluicegate.topology.route import control_name, route_for
 from sluicegate.topology.topics import Topics
 
 

@@ -40,7 +40,8 @@ from sluicegate.streams.routing import REMOVED, ControlStage, Router, with_slot
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route, key_text
+from sluicegate.topology.keys import ControlKey, key_text
+from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 
 NAME = "concurrency"
 
@@ -202,7 +203,7 @@ class ConcurrencyStage(ControlStage):
         return wf.concurrency[index].mode
 
     def queue(self, ctx: StageContext, key: str) -> FairQueue:
-        budget = key.partition("\x1f")[0]
+        budget = ControlKey.parse(key).budget
         return FairQueue(ctx.store, key.encode(), self.modes.get(budget, "strict"),
                          budget in self.fair)
 
@@ -397,7 +398,7 @@ class ConcurrencyStage(ControlStage):
         and the queue is not read. Only a sweep at restore reads it anyway: starts whose
         route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
-        widest = self.widest.get(key.partition("\x1f")[0])
+        widest = self.widest.get(ControlKey.parse(key).budget)
         while True:
             if not sweeping and widest is not None and self.held(ctx, key) >= widest:
                 return
@@ -514,7 +515,7 @@ class ConcurrencyStage(ControlStage):
         self.router.fail(ctx, start, outcome, reason, key=key_text(key))
 
     def _described(self, key: str, wf: Workflow | None) -> str:
-        budget, _, text = key.partition("\x1f")
+        budget, text = ControlKey.parse(key)
         what = ("the deployment cap" if budget == DEPLOYMENT_BUDGET
                 else f"workflow {budget}" if wf is not None and budget == wf.name
                 else budget)

@@ -43,7 +43,7 @@ from sluicegate.streams.routing import REMOVED, ControlStage, Router, declared_d
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
-from sluicegate.topology.route import key_text
+from sluicegate.topology.keys import ControlKey, key_text
 
 NAME = "defer"
 
@@ -583,7 +583,7 @@ class DeferStage(ControlStage):
         if cancelon.forget(ctx, key):
             return
         kind, group = key[_RANK:_RANK + 1], key[_RANK + 1:]
-        workflow = group.partition(b"\x1f")[0].decode(errors="replace")
+        workflow = ControlKey.parse(group).budget
         wf = self.app.get(workflow)
         if kind == _DEBOUNCE:
             self._fire_debounce(ctx, wf, group)
@@ -648,7 +648,7 @@ class DeferStage(ControlStage):
             due_ms, key = parse_timer_key(raw)
             if cancelon.forgets(key):
                 continue  # a kept sweep's, not a group's
-            workflow = key[_RANK + 1:].partition(b"\x1f")[0].decode(errors="replace")
+            workflow = ControlKey.parse(key[_RANK + 1:]).budget
             if due_ms > now and self.app.get(workflow) is None:
                 ctx.timers.cancel(due_ms, key)
                 ctx.timers.schedule(now, key)

@@ -16,9 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from sluicegate.declare import App, Workflow, applies
+from sluicegate.declare import App, Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -37,7 +36,6 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.decisions import (
     admit,
     describe_invalid,
-    execution_id_for,
     record_decision,
     reject,
 )
@@ -48,11 +46,11 @@ from sluicegate.streams.routing import (
     REMOVED,
     Router,
     declared_digest,
-    identity_store_key,
 )
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
+from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
 from sluicegate.topology.topics import Topics
 
 NAME = "identity"
@@ -103,26 +101,6 @@ def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) ->
     if row.execution_id != execution_id:
         return row
     return IdentityRow(row.execution_id, row.request_id, ended_at_ms + ttl_ms)
-
-
-def identity_key(wf: Workflow, start: StartRequest, payload: Any) -> str | None:
-    """The key that names this start's execution, or None when nothing names it.
-
-    An explicit id wins on every origin (a `direct` start's retry-safe id, or an event's
-    own id); the declared expression applies to event starts only (seed 003's matrix).
-    """
-    if start.idempotency_id is not None:
-        return start.idempotency_id
-    idem = wf.idempotency
-    if idem is not None and idem.key_expr is not None and applies("idempotency", start.origin):
-        try:
-            return idem.key_expr.text(payload)
-        except ValueError:
-            return "null"
-    return None
-
-
-store_key = identity_store_key
 
 
 # -- the stage -----------------------------------------------------------------------
@@ -220,7 +198,7 @@ class IdentityStage(Stage):
                                         self.partitions)
         slots: list[Slot] = []
         if key is not None:
-            skey = store_key(wf.name, key)
+            skey = identity_store_key(wf.name, key)
             if partition_for(skey, self.partitions) != ctx.partition:
                 # Produced under another key: re-key it so this key's state has one owner.
                 ctx.send(ctx.topics.stage(self.name), skey, record.value)

@@ -32,7 +32,8 @@ from sluicegate.streams.routing import REMOVED, ControlStage, Router
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import hop_key, key_text
+from sluicegate.topology.keys import key_text
+from sluicegate.topology.route import hop_key
 
 NAME = "throttle"
 _KEY = STATE_PREFIX + b"K"
