@@ -223,10 +223,11 @@ class Router:
 
     def queued(self, ctx: StageContext, start: PendingStart, *, deferral: str,
                key: str | None, due_at_ms: int | None = None,
-               position: int | None = None, control: str | None = None) -> None:
+               position: int | None = None, control: str | None = None,
+               reason: str | None = None) -> None:
         """A start parked by a control: not final, its final outcome comes later."""
         self.decide(ctx, start, Outcome.queued, key=key, deferral=deferral,
-                    due_at_ms=due_at_ms, position=position, control=control)
+                    due_at_ms=due_at_ms, position=position, control=control, reason=reason)
 
     def decide(self, ctx: StageContext, start: PendingStart, outcome: Outcome, *,
                key: str | None = None, reason: str | None = None,

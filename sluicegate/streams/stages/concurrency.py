@@ -303,7 +303,8 @@ class ConcurrencyStage(ControlStage):
                                reason=reason)
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
-            self._park(ctx, key, start, wf, queue, headers)
+            self._park(ctx, key, start, wf, queue, headers,
+                       waits_for=f"{occupancy.held} of {limit.limit} slots")
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
                 self._drain(ctx, key)
@@ -316,7 +317,7 @@ class ConcurrencyStage(ControlStage):
         self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
-              queue: FairQueue, headers: Headers | None) -> None:
+              queue: FairQueue, headers: Headers | None, *, waits_for: str) -> None:
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
         ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
@@ -326,8 +327,11 @@ class ConcurrencyStage(ControlStage):
         if due is not None:
             ctx.timers.schedule(due, _EXPIRE + _prefixed(key) + start.execution_id.encode())
         if start.kind is AdmittedKind.start:
-            self.router.queued(ctx, start, deferral=NAME, key=key_text(key),
-                               position=position)
+            # The ledger row says why in words: `ledger ask why` shows it.
+            self.router.queued(
+                ctx, start, deferral=NAME, key=key_text(key), position=position,
+                reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use; "
+                       f"number {position + 1} in line for the next free one")
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
         """The lane `start` waits in at its hop: the value of the limit's fairness key
