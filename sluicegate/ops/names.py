@@ -56,7 +56,7 @@ def check_workflow(name: str, known: Collection[str], *, what: str = "workflow",
                                           if len(shown) > 10 else "")
         message += f" (known: {listed})"
     else:
-        message += f" (none is known{where_text})"
+        message += f"; there is no {what} at all yet"
     raise UnknownName(message, name, near)
 
 

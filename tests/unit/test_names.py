@@ -31,7 +31,7 @@ def test_a_name_near_nothing_lists_the_known_ones() -> None:
 
 
 def test_nothing_known_says_so() -> None:
-    with pytest.raises(UnknownName, match="none is known"):
+    with pytest.raises(UnknownName, match=r"^no pool 'x'; there is no pool at all yet$"):
         check_workflow("x", set(), what="pool")
 
 
