@@ -407,7 +407,7 @@ WHY_SQL = f"""
 -- was decided on a key (newest first). A queued row without a reason of its own (written
 -- before the stage gave one) says what holds it from its deferral, due time and position.
 WITH {_LATEST}
-SELECT request_id, workflow, outcome, key, control,
+SELECT request_id, workflow, outcome, key, control, stage,
        coalesce(reason, CASE WHEN outcome = 'queued' THEN
            'held by ' || coalesce(deferral, 'a control')
            || coalesce(' until ' || strftime(due_at, '%Y-%m-%d %H:%M:%S'), '')

@@ -6,7 +6,9 @@ paused, starts collect in the pause stage (never discarded); unpause drains them
 priority order. Unpause writes a row saying `paused=false` rather than a tombstone: the
 workers drain on seeing the change, and the row keeps who lifted the pause and when. The
 one exception is a workflow the declarations no longer have: its row is deleted (the
-workers failed what it had collected when they restored without it).
+workers failed what it had collected when they restored without it); `forget` deletes
+such a row whether or not it pauses. Every workflow named here is checked first
+(`sluicegate.ops.names`): declared in `--app`, or without it, seen by the cluster.
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def test_why_gives_a_queued_row_without_a_reason_what_holds_it(db: LedgerDb) -> 
     fill(db, [rec("q1", Outcome.queued, T0, key="", deferral="concurrency", position=2),
               rec("q2", Outcome.queued, T0, key="r", deferral="debounce",
                   due_at_ms=T0 + 15 * MIN)])
-    got = {r[0]: r[5] for r in ask(db, "why", key="").rows + ask(db, "why", key="r").rows}
+    got = {r[0]: r[6] for r in ask(db, "why", key="").rows + ask(db, "why", key="r").rows}
     assert got == {"q1": "held by concurrency; number 3 in line",
                    "q2": "held by debounce until 2026-01-01 00:15:00"}
 
