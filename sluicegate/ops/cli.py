@@ -187,6 +187,7 @@ def _one_line(exc: BaseException) -> tuple[str, int] | None:
 
     from sluicegate.declare import DeclarationError
     from sluicegate.kafkautil import BootstrapError, KafkaAuthError, KafkaUnreachable
+    from sluicegate.ops.ledger import LedgerSqlError
     from sluicegate.ops.names import UnknownName
     from sluicegate.schemas.registry import RegistryError
     from sluicegate.streams.runtime import WorkerError
@@ -201,6 +202,8 @@ def _one_line(exc: BaseException) -> tuple[str, int] | None:
         return "\n  ".join([f"{len(exc.problems)} problems in the declarations:",
                             *exc.problems]), 2
     if isinstance(exc, KafkaUnreachable):
+        return str(exc), 1
+    if isinstance(exc, LedgerSqlError):  # the ledger copy, read to check a name
         return str(exc), 1
     if isinstance(exc, KafkaException) and exc.args:
         error = exc.args[0]
