@@ -28,7 +28,7 @@ def _name(path: Path) -> str:
 def test_every_decision_record_is_listed_in_the_index_once() -> None:
     links = re.findall(r"\]\(([\w.-]+\.md)\)", INDEX.read_text(encoding="utf-8"))
     records = sorted(p.name for p in DECISIONS.glob("*.md") if p != INDEX)
-    assert sorted(set(records) - set(links)) == [], "add a line for each to the index"
+    assert sorted(set(records) - set(links)) == [], "list each in docs/decisions/README.md"
     assert sorted(set(links) - set(records)) == [], "the index names records that do not exist"
     assert sorted(n for n in set(links) if links.count(n) > 1) == [], "listed twice"
 
