@@ -34,11 +34,11 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
 )
-from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import FairQueue, Parked, priority_mode
-from sluicegate.streams.routing import REMOVED, ControlStage, Router, with_slot
+from sluicegate.streams.routing import REMOVED, Router, with_slot
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
+from sluicegate.streams.stages.queueing import QueueStage
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
@@ -145,8 +145,10 @@ def _unprefix(raw: bytes) -> tuple[str, bytes]:
     return raw[4:4 + size].decode(), raw[4 + size:]
 
 
-class ConcurrencyStage(ControlStage):
+class ConcurrencyStage(QueueStage):
     name = NAME
+    carries = (PendingStart, Release, CancelSweep)
+    expects = "a pending start or a release"
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)
@@ -237,25 +239,14 @@ class ConcurrencyStage(ControlStage):
 
     # -- input -----------------------------------------------------------------------------
 
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
-        message = record.message
-        if message.__class__ is not PendingStart and message.__class__ is not Release:
-            try:
-                message = codec.decode_one_of((PendingStart, Release, CancelSweep),
-                                              record.value)
-            except codec.DecodeError as exc:
-                reject(ctx, record, f"not a pending start or a release: {exc}")
-                return
-        if isinstance(message, Release):
-            self._release(ctx, message)
-            return
-        if isinstance(message, CancelSweep):
-            self._cancel_queued(ctx, message)
-            return
+    def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
         if record.key is None:
-            self._rekey(ctx, message, record.headers)
+            self._rekey(ctx, start, record.headers)
             return
-        self._arrive(ctx, record.key.decode(), message, record.headers)
+        self._arrive(ctx, record.key.decode(), start, record.headers)
+
+    def on_release(self, ctx: StageContext, release: Release) -> None:
+        self._release(ctx, release)
 
     def _rekey(self, ctx: StageContext, start: PendingStart, headers: Headers | None) -> None:
         """A start produced without its key: send it on to the task that owns its key."""
@@ -429,11 +420,10 @@ class ConcurrencyStage(ControlStage):
             self._unpark(ctx, key, start)
             self._take(ctx, key, start, hop, parked.headers)
 
-    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+    def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event. A
         waiting resume is left alone: its run exists, and the correlator cancels runs.
         No slot frees, so nothing drains."""
-        cancelon.keep(ctx, sweep)
         for row, _ in list(ctx.store.items(_WAITING)):
             key, execution_id = _unprefix(row[len(_WAITING):])
             found = self._waiting(ctx, key, execution_id.decode())

@@ -15,15 +15,14 @@ docs/decisions/debounce-and-batch.md records the choices the spec leaves open.
 from __future__ import annotations
 
 from sluicegate.declare import App
-from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.decisions import reject
-from sluicegate.streams.routing import REMOVED, ControlStage, Router, declared_digest
+from sluicegate.streams.routing import REMOVED, Router, declared_digest
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.stages.batch import Batches, batch_rule
 from sluicegate.streams.stages.debounce import Debounces, debounce_rule
 from sluicegate.streams.stages.groups import BATCHED, DEBOUNCE, RANK
+from sluicegate.streams.stages.queueing import QueueStage
 from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.topology.keys import ControlKey, key_text
 
@@ -32,7 +31,7 @@ NAME = "defer"
 _CHECKED = STATE_PREFIX + b"V"
 
 
-class DeferStage(ControlStage):
+class DeferStage(QueueStage):
     name = NAME
 
     def __init__(self, app: App, router: Router, max_payload_bytes: int) -> None:
@@ -42,15 +41,7 @@ class DeferStage(ControlStage):
         self.debounces = Debounces(app, router)
         self.batches = Batches(app, router, max_payload_bytes)
 
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
-        try:
-            start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
-        except codec.DecodeError as exc:
-            reject(ctx, record, f"not a pending start: {exc}")
-            return
-        if isinstance(start, CancelSweep):
-            self._cancel_queued(ctx, start)
-            return
+    def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
         wf = self.app.get(start.workflow)
         if wf is None:
             self.router.fail(ctx, start, Outcome.failed, REMOVED)
@@ -73,11 +64,10 @@ class DeferStage(ControlStage):
             # The declaration changed under it: this hop no longer holds anything.
             self.router.forward(ctx, start)
 
-    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+    def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's debounced starts and batch items that match
         the event (seed 000: a queued duplicate must not start against the row just
         deleted)."""
-        cancelon.keep(ctx, sweep)
         self.debounces.cancel_queued(ctx, sweep)
         self.batches.cancel_queued(ctx, sweep)
 
