@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint unit faults clean
+.PHONY: setup demo test lint unit integration faults clean
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,14 @@ lint: setup
 	$(BIN)/ruff check sluicegate tests bench examples
 	$(BIN)/mypy
 
+# In memory, no broker: about a minute.
 unit: setup
 	$(BIN)/pytest tests/unit -q
+
+# The broker suites: the session starts a local broker (and the schema registry for the
+# tests that need one) and stops it at the end.
+integration: setup
+	$(BIN)/pytest tests/integration tests/faults -q
 
 test: lint
 	$(BIN)/pytest -q

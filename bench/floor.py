@@ -34,9 +34,9 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.streams.decisions import execution_id_for
 from sluicegate.streams.payloads import validate
 from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 
 # (topic, key, value, partition: -1 for the key's, as librdkafka takes it)

@@ -73,8 +73,8 @@ from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import ensure_broker, stop_broker
 from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.streams.decisions import execution_id_for, plain_execution_id
 from sluicegate.topology.admin import create_topics
+from sluicegate.topology.keys import execution_id_for, plain_execution_id
 from sluicegate.topology.topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,6 +3,11 @@
 It shows the engine side of the contract: take each admitted start, report `started`,
 run it, report `completed` or `failed`. Run it on its own with
 `python -m examples.engine --app examples.demo`.
+
+Each workflow's runs go to a thread pool of their own, as wide as the workflow's
+concurrency limit (one thread for a workflow without one), so that the limit, not this
+engine, is what bounds how many run at once: a single-threaded engine would run two
+reports of a `limit=2` workflow one after the other and its queue would grow.
 """
 
 from __future__ import annotations
@@ -11,51 +16,79 @@ import argparse
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sluicegate.client import Delivery, Engine
+from sluicegate.declare import App
 
 log = logging.getLogger(__name__)
 
 Function = Callable[[dict[str, Any]], None]
 
 
+def widths(app: App) -> dict[str, int]:
+    """How many runs of each workflow may run at once: its narrowest concurrency limit."""
+    return {name: min(c.limit for c in wf.concurrency)
+            for name, wf in app.workflows.items() if wf.concurrency}
+
+
 class FunctionEngine:
-    def __init__(self, engine: Engine, functions: dict[str, Function]) -> None:
+    def __init__(self, engine: Engine, functions: dict[str, Function],
+                 widths: Mapping[str, int] | None = None) -> None:
         self.engine = engine
         self.functions = functions
+        self.widths = dict(widths or {})
         self.completed = 0
         self.failed = 0
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._counted = threading.Lock()
 
     def run(self, should_stop: Callable[[], bool]) -> None:
-        while not should_stop():
-            delivery = self.engine.poll(0.2)
-            if delivery is not None:
-                self.handle(delivery)
-        self.engine.flush()
+        try:
+            while not should_stop():
+                delivery = self.engine.poll(0.2)
+                if delivery is not None:
+                    self.handle(delivery)
+        finally:
+            for pool in self._pools.values():
+                pool.shutdown(wait=True)
+            self.engine.flush()
 
     def handle(self, delivery: Delivery) -> None:
         if delivery.command is not None:
-            # Runs here are synchronous, so a cancel always finds its run already over.
+            # Runs here cannot be interrupted: a cancel finds its run over or lets it end.
             log.info("command %s for %s", delivery.command.kind.value,
                      delivery.command.execution_id)
             return
         start = delivery.admitted
         assert start is not None
+        # Reported (and its offset stored) from the polling thread, before it runs.
         self.engine.started(delivery)
-        function = self.functions.get(start.workflow)
+        pool = self._pools.get(start.workflow)
+        if pool is None:
+            width = self.widths.get(start.workflow, 1)
+            pool = self._pools[start.workflow] = ThreadPoolExecutor(
+                max_workers=width, thread_name_prefix=f"engine-{start.workflow}")
+        pool.submit(self._execute, start.execution_id, start.workflow, start.payload)
+
+    def _execute(self, execution_id: str, workflow: str, payload: bytes) -> None:
+        function = self.functions.get(workflow)
         try:
             if function is None:
-                raise LookupError(f"this engine has no function for {start.workflow}")
-            function(json.loads(start.payload))
+                raise LookupError(f"this engine has no function for {workflow}")
+            function(json.loads(payload))
         except Exception as exc:
-            self.failed += 1
-            self.engine.failed(start.execution_id, start.workflow, retries_spent=0,
+            with self._counted:
+                self.failed += 1
+            self.engine.failed(execution_id, workflow, retries_spent=0,
                                error_tag=type(exc).__name__, error_message=str(exc))
         else:
-            self.completed += 1
-            self.engine.completed(start.execution_id, start.workflow)
+            with self._counted:
+                self.completed += 1
+            self.engine.completed(execution_id, workflow)
 
 
 def main() -> None:
@@ -66,8 +99,8 @@ def main() -> None:
     parser.add_argument("--group", default="sg.example-engine")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    functions = importlib.import_module(args.app).FUNCTIONS
-    runner = FunctionEngine(Engine(group=args.group), functions)
+    module = importlib.import_module(args.app)
+    runner = FunctionEngine(Engine(group=args.group), module.FUNCTIONS, widths(module.app))
     with contextlib.suppress(KeyboardInterrupt):
         runner.run(lambda: False)
 

@@ -70,7 +70,7 @@ class Settings:
     # Exactly-once batching: a transaction commits after this many records or this long.
     # The interval is what a decision waits for to become visible; the record cap only
     # bounds a transaction's size under load (a commit waits ~10-25 ms for the broker, so
-    # a small cap spends more time committing than deciding: docs/benchmarks.md).
+    # a small cap spends more time committing than deciding: bench/NOTES.md).
     commit_interval_ms: int = field(
         default_factory=lambda: int(_env("COMMIT_INTERVAL_MS", "100"))
     )

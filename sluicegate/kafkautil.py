@@ -52,28 +52,95 @@ def _auth_message(settings: Settings, error: KafkaError) -> str:
     )
 
 
-def check_access(settings: Settings, timeout_s: float = 10.0) -> None:
-    """Fail fast with a KafkaAuthError if the broker refuses these settings' credentials.
+class KafkaUnreachable(RuntimeError):
+    """No broker at the bootstrap answered within the time given."""
 
-    Called where a sluicegate process first talks to Kafka (Client, Engine, Worker.start,
-    create_topics), so a wrong password is one clear error within a second, not a raw
-    librdkafka error after a 30 s timeout. A broker that does not answer at all is left
-    to the caller's own timeouts, as before: it may still be starting.
-    """
+
+class BootstrapError(ValueError):
+    """A bootstrap servers setting that is not a list of `host:port`."""
+
+
+# `host:port`, `[v6]:port`, each optionally after a listener's `PROTOCOL://`.
+_ADDRESS = re.compile(r"^(?:[A-Za-z_]+://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+)"
+                      r"(?::(?P<port>[^:]*))?$")
+
+
+# "127.0.0.1:1/bootstrap: Connect to ... failed: Connection refused (after 0ms in state
+# CONNECT)" -> "Connect to ... failed: Connection refused"
+_CLIENT_PREFIX = re.compile(r"^(?:\w+://)?[^/\s]+/\S*:\s*")
+_AFTER = re.compile(r"\s*\(after \d+ms in state \w+\)")
+
+
+def parse_bootstrap(text: str) -> list[tuple[str, int]]:
+    """The (host, port) of each address in a bootstrap servers setting, or BootstrapError
+    saying what is wrong. A missing port is an error, not librdkafka's silent 9092: a
+    bootstrap without one is more often a mistake than a broker on the default port."""
+    addresses: list[tuple[str, int]] = []
+    for part in (p.strip() for p in text.split(",")):
+        match = _ADDRESS.match(part)
+        if match is None:
+            raise BootstrapError(f"bootstrap {text!r}: {part!r} is not host:port")
+        port = match.group("port")
+        if port is None:
+            raise BootstrapError(f"bootstrap {text!r}: {part!r} has no port "
+                                 f"(write {match.group('host')}:9092 for the default one)")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise BootstrapError(f"bootstrap {text!r}: the port of {part!r} must be a number "
+                                 "from 1 to 65535")
+        addresses.append((match.group("host"), int(port)))
+    return addresses
+
+
+def _probe(settings: Settings, timeout_s: float) -> list[KafkaError] | None:
+    """None when the cluster answered a metadata request within `timeout_s`; otherwise
+    the errors the client reported meanwhile. A refused login or TLS handshake raises
+    KafkaAuthError at once."""
     errors: list[KafkaError] = []
     admin = AdminClient(settings.client_config(error_cb=errors.append))
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             admin.list_topics(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
-            return
+            return None
         except KafkaException:
             admin.poll(0)  # serves the error callback
         refused = next((e for e in errors if e.code() in _AUTH_CODES), None)
         if refused is not None:
             raise KafkaAuthError(_auth_message(settings, refused), refused)
         if time.monotonic() >= deadline:
-            return
+            return errors
+
+
+def check_access(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Fail fast with a KafkaAuthError if the broker refuses these settings' credentials.
+
+    Called where a sluicegate process first talks to Kafka (Client, Engine, Worker.start,
+    create_topics), so a wrong password is one clear error within a second, not a raw
+    librdkafka error after a 30 s timeout. A broker that does not answer at all is left
+    to the caller's own timeouts, as before: it may still be starting (`require_broker`
+    is for a caller that should not wait).
+    """
+    _probe(settings, timeout_s)
+
+
+def require_broker(settings: Settings, timeout_s: float) -> None:
+    """Raise KafkaUnreachable unless a broker at the bootstrap answers within `timeout_s`
+    (KafkaAuthError if it refuses these credentials): what a command checks first, so
+    that no broker is one line naming the address, not a client's retries."""
+    errors = _probe(settings, timeout_s)
+    if errors is None:
+        return
+    # The first error that says why (the refused connection, the name that does not
+    # resolve), rather than the "all brokers are down" that follows it.
+    telling = [e for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN] or errors
+    reason = ""
+    if telling:
+        text = _CLIENT_PREFIX.sub("", telling[0].str())
+        reason = f" ({_AFTER.sub('', text)})"
+    raise KafkaUnreachable(
+        f"no Kafka broker answered at {settings.bootstrap} within {timeout_s:g}s{reason}; "
+        "is it running? `sluicegate kafka status` says whether the local one is, "
+        "--timeout waits longer")
 
 
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:

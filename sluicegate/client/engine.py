@@ -5,7 +5,9 @@ keyed by execution id with the same partition count, and the range assignor give
 engine instance the same partitions of both, so the commands for a run reach the
 instance that holds it. Offsets are committed after a run has been reported `started`
 (at-least-once towards the engine: an engine that dies before that sees the start again,
-and the execution id lets it recognise a run it already began).
+and the execution id lets it recognise a run it already began), and a command's once the
+engine asks for its next delivery, that is after it acted on the command (an engine that
+dies while acting on it gets it again; `command_id` tells a repeat).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from sluicegate.config import Settings
 from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
-from sluicegate.schemas.registry import configure_codec
 from sluicegate.streams.payloads import Payloads
+from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
 
 
@@ -70,8 +72,12 @@ class Engine:
             "linger.ms": 2,
         }))
         self._errors: list[KafkaError] = []
+        # The last command delivered: its offset is stored when the next delivery is asked
+        # for (or the engine closes), once the engine has acted on it.
+        self._command_done: TopicPartition | None = None
 
     def poll(self, timeout: float = 1.0) -> Delivery | None:
+        self._acknowledge_command()
         msg = self._consumer.poll(timeout)
         if msg is None or msg.error() is not None or msg.value() is None:
             return None
@@ -81,8 +87,13 @@ class Engine:
         if msg.topic() == self.topics.admitted:
             return Delivery(admitted=codec.decode(AdmittedStart, msg.value()),
                             _position=position, _payloads=self._payloads)
-        self._consumer.store_offsets(offsets=[position])
+        self._command_done = position
         return Delivery(command=codec.decode(EngineCommand, msg.value()))
+
+    def _acknowledge_command(self) -> None:
+        if self._command_done is not None:
+            self._consumer.store_offsets(offsets=[self._command_done])
+            self._command_done = None
 
     def __iter__(self) -> Iterator[Delivery]:
         while True:
@@ -148,12 +159,17 @@ class Engine:
             errors, self._errors = self._errors, []
             raise RuntimeError(f"run events undelivered: {errors}")
 
-    def close(self) -> None:
+    def close(self, *, acted: bool = True) -> None:
+        """Flush the reports and leave the group. `acted`: the last command delivered was
+        acted on, so its offset is committed (False when closing because acting failed:
+        the next owner of its partition gets it again)."""
         self.flush()
+        if acted:
+            self._acknowledge_command()
         self._consumer.close()
 
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(acted=exc_type is None)

@@ -37,12 +37,10 @@ from sluicegate.declare import App, Origin, load_app
 from sluicegate.kafkautil import check_access, watermarks
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.records import Outcome, Reply, RunRow, StartRequest
-from sluicegate.schemas.registry import configure_codec
-from sluicegate.streams.decisions import execution_id_for
+from sluicegate.schemas.records import ENDED, Outcome, Reply, RunRow, StartRequest
 from sluicegate.streams.payloads import Payloads, validate
-from sluicegate.streams.stages.identity import identity_key, store_key
-from sluicegate.streams.stages.runs import ENDED
+from sluicegate.topology.framing import configure_codec
+from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
 from sluicegate.topology.topics import Topics
 
 
@@ -250,7 +248,8 @@ class StartBuilder:
             reply_partition=self.reply_partition,
         )
         key = identity_key(wf, start, data)
-        kafka_key = store_key(workflow, key) if key is not None else start.request_id.encode()
+        kafka_key = (identity_store_key(workflow, key) if key is not None
+                     else start.request_id.encode())
         return start, kafka_key
 
 

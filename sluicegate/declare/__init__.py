@@ -2,6 +2,7 @@
 and the load-time validation that reports every problem together (SPEC.md section 1)."""
 
 from sluicegate.declare.app import App, load_app
+from sluicegate.declare.controls import Control
 from sluicegate.declare.durations import format_duration, parse_duration
 from sluicegate.declare.errors import DeclarationError
 from sluicegate.declare.expressions import (
@@ -33,6 +34,7 @@ __all__ = [
     "Batch",
     "CancelOn",
     "Concurrency",
+    "Control",
     "Debounce",
     "DeclarationError",
     "Expression",

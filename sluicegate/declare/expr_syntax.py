@@ -230,7 +230,7 @@ class _Parser:
         node = self.expression(0)
         token = self.peek()
         if token.kind != "end":
-            self.fail(f"unexpected {self.describe(token)}; expected an operator or the end", token)
+            self.fail(f"{self.unexpected(token)}; expected an operator or the end", token)
         return node
 
     # -- helpers
@@ -251,6 +251,14 @@ class _Parser:
 
     def fail(self, message: str, token: Token) -> None:
         raise ExpressionError(message, self.source, token.pos)
+
+    @classmethod
+    def unexpected(cls, token: Token) -> str:
+        """`unexpected 'x'`, or `unexpected end of the expression` (no article after
+        "unexpected")."""
+        if token.kind == "end":
+            return "unexpected end of the expression"
+        return f"unexpected {cls.describe(token)}"
 
     @staticmethod
     def describe(token: Token) -> str:
@@ -322,7 +330,7 @@ class _Parser:
         elif token.kind == "name":
             node = self.path(token)
         else:
-            self.fail(f"unexpected {self.describe(token)}; expected a value or a field", token)
+            self.fail(f"{self.unexpected(token)}; expected a value or a field", token)
             raise AssertionError("unreachable")
         follow = self.peek()
         if follow.kind == "op" and follow.value == "(":

@@ -8,32 +8,40 @@ priority (which bound and order work in flight) hold it back.
 
 from __future__ import annotations
 
-# One enum for the concept: the start-request record's own (event, direct, cron, invoke).
-from sluicegate.schemas.records import Origin
+from enum import StrEnum
+
+from sluicegate.declare.controls import Control
 
 __all__ = ["CONTROLS", "Origin", "applies"]
 
+
+class Origin(StrEnum):
+    """How a start was asked for; decides which controls apply (SPEC 2). One enum for the
+    concept: the start-request record carries it."""
+
+    event = "event"
+    direct = "direct"
+    cron = "cron"
+    invoke = "invoke"
+
+
 _ALL = frozenset(Origin)
-_MATRIX: dict[str, frozenset[Origin]] = {
-    "concurrency": _ALL,
-    "priority": _ALL,
-    "throttle": _ALL - {Origin.invoke},
-    "singleton": _ALL - {Origin.invoke},
-    "rate_limit": frozenset({Origin.event}),
-    "debounce": frozenset({Origin.event}),
-    "batch": frozenset({Origin.event}),
-    "idempotency": frozenset({Origin.event}),
+_MATRIX: dict[Control, frozenset[Origin]] = {
+    Control.concurrency: _ALL,
+    Control.priority: _ALL,
+    Control.throttle: _ALL - {Origin.invoke},
+    Control.singleton: _ALL - {Origin.invoke},
+    Control.rate_limit: frozenset({Origin.event}),
+    Control.debounce: frozenset({Origin.event}),
+    Control.batch: frozenset({Origin.event}),
+    Control.idempotency: frozenset({Origin.event}),
 }
-CONTROLS = tuple(_MATRIX)
+# The option names, as declarations spell them.
+CONTROLS = tuple(control.option for control in _MATRIX)
 
 
-def applies(control: str, origin: Origin | str) -> bool:
-    """Whether `control` (an option name: "rate_limit", "debounce", ...) judges a start of
-    this origin. Unknown names and origins raise ValueError rather than answer no."""
-    try:
-        origins = _MATRIX[control]
-    except KeyError:
-        raise ValueError(
-            f"unknown control {control!r}; expected one of {', '.join(CONTROLS)}"
-        ) from None
-    return Origin(origin) in origins
+def applies(control: Control | str, origin: Origin | str) -> bool:
+    """Whether `control` (a Control, or any of its names: "rate_limit", "rateLimit",
+    "debounce", ...) judges a start of this origin. Unknown names and origins raise
+    ValueError rather than answer no."""
+    return Origin(origin) in _MATRIX[Control.of(control)]

@@ -16,6 +16,7 @@ from pydantic import BaseModel, PrivateAttr, field_validator
 
 from sluicegate.declare import validation
 from sluicegate.declare.base import Declared
+from sluicegate.declare.controls import Control
 from sluicegate.declare.options import (
     Batch,
     CancelOn,
@@ -31,13 +32,11 @@ from sluicegate.declare.options import (
 )
 
 # The controls in the order a start meets them (SPEC.md section 3).
-CONTROL_ORDER = (
-    "idempotency", "rate_limit", "debounce", "batch", "singleton", "throttle", "concurrency",
-    "priority",
-)
+CONTROL_ORDER = tuple(control.option for control in Control)
 # Options read on the start as it arrives (for a batch workflow: the item); the others judge
 # the run's payload.
-_START_SIDE = frozenset({"idempotency", "rate_limit", "debounce"})
+_START_SIDE = frozenset(c.option for c in (Control.idempotency, Control.rate_limit,
+                                            Control.debounce))
 
 
 class Workflow(Declared):

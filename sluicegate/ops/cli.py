@@ -6,9 +6,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from sluicegate.config import Settings
 from sluicegate.ops.inspect import app as inspect_app
@@ -17,7 +18,26 @@ from sluicegate.ops.localkafka.cli import app as kafka_app
 from sluicegate.ops.localkafka.cli import registry_app
 from sluicegate.ops.workflows import app as workflows_app
 
+
+class _OneLineErrors(TyperGroup):
+    """Every command's errors that an operator can act on become one line and an exit
+    code (`_one_line`) instead of a traceback; `--debug` keeps the traceback."""
+
+    # `Any`: typer vendors its own click, whose Context is not public.
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            said = _one_line(exc)
+            if said is None or _options["debug"]:
+                raise
+            message, code = said
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(code) from None
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="sluicegate",
     help="Kafka-native admission control for workflow runs.",
     no_args_is_help=True,
@@ -42,11 +62,33 @@ AppSpec = Annotated[str, typer.Option("--app", help="Module with the declaration
                                       "or `module:attr`).")]
 
 
+# Set by the root callback (`sluicegate [--debug] [--timeout S] ...`) before a command runs.
+DEFAULT_TIMEOUT_S = 3.0
+_options: dict[str, Any] = {"debug": False, "timeout": DEFAULT_TIMEOUT_S}
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="Show the traceback of an error, and Kafka clients' own log lines.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0.1, envvar="SLUICEGATE_TIMEOUT",
+        help="Seconds to wait for the Kafka broker to answer before giving up.")
+    ] = DEFAULT_TIMEOUT_S,
+) -> None:
+    _options.update(debug=debug, timeout=timeout)
+    if debug:
+        logging.basicConfig(level=logging.DEBUG,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False,
-              **more: object) -> Settings:
-    """The command's settings; unless `offline`, the process's codec is configured from
-    them (with a schema registry: its framing, every schema registered), so every command
-    reads and writes records as the workers do."""
+              reach: bool = False, **more: object) -> Settings:
+    """The command's settings; unless `offline`, the bootstrap's syntax is checked and the
+    process's codec is configured from them (with a schema registry: its framing, every
+    schema registered), so every command reads and writes records as the workers do. With
+    `reach`, a broker at the bootstrap must answer within --timeout (KafkaUnreachable)."""
     changes: dict[str, object] = {k: v for k, v in more.items() if v is not None}
     if bootstrap:
         changes["bootstrap"] = bootstrap
@@ -54,8 +96,12 @@ def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = F
         changes["namespace"] = namespace
     settings = Settings().with_(**changes)
     if not offline:
-        from sluicegate.schemas.registry import configure_codec
+        from sluicegate.kafkautil import parse_bootstrap, require_broker
+        from sluicegate.topology.framing import configure_codec
 
+        parse_bootstrap(settings.bootstrap)
+        if reach:
+            require_broker(settings, _options["timeout"])
         configure_codec(settings)
     return settings
 
@@ -71,7 +117,7 @@ def topics_create(
     from sluicegate.declare import load_app
     from sluicegate.topology.admin import create_topics
 
-    settings = _settings(bootstrap, namespace)
+    settings = _settings(bootstrap, namespace, reach=True)
     report = create_topics(settings, load_app(app_spec, settings) if app_spec else None)
     for spec in report.created:
         kind = " (compacted)" if spec.compacted else ""
@@ -108,21 +154,16 @@ def worker(
         help="Serve Prometheus metrics on this port (/metrics).")] = None,
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
-    from sluicegate.kafkautil import KafkaAuthError
     from sluicegate.ops.worker import run_worker
-    from sluicegate.schemas.registry import RegistryError
-    from sluicegate.streams.runtime import WorkerError
-    from sluicegate.topology.admin import TopologyError
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
-                   metrics_port=metrics_port)
-    except (TopologyError, WorkerError, KafkaAuthError, RegistryError) as exc:
-        # A configuration or authorisation problem: no retry fixes it, one line says it.
-        typer.echo(f"sluicegate worker: {exc}", err=True)
-        raise typer.Exit(2) from None
+    # What no retry fixes (a refused login, missing topics, a state directory in use) is
+    # one line and exit code 2 (`_one_line`). A broker that is not there at start is one
+    # line within --timeout; one that goes away later is waited for
+    # (docs/decisions/cli-errors.md).
+    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir, reach=True),
+               metrics_port=metrics_port)
 
 
 @app.command("demo")
@@ -136,6 +177,40 @@ def demo(
     from sluicegate.ops.demo import run_demo
 
     run_demo(port, app_module, rate)
+
+
+def _one_line(exc: BaseException) -> tuple[str, int] | None:
+    """What an error the operator can act on says, and the exit code: 2 for what the
+    command or its settings must change, 1 for what the world must (a broker that is
+    not there). None: not such an error, a bug, shown with its traceback."""
+    from confluent_kafka import KafkaException
+
+    from sluicegate.declare import DeclarationError
+    from sluicegate.kafkautil import BootstrapError, KafkaAuthError, KafkaUnreachable
+    from sluicegate.ops.ledger import LedgerSqlError
+    from sluicegate.ops.names import UnknownName
+    from sluicegate.schemas.registry import RegistryError
+    from sluicegate.streams.runtime import WorkerError
+    from sluicegate.topology.admin import TopologyError
+
+    if isinstance(exc, UnknownName | BootstrapError | KafkaAuthError | TopologyError
+                  | WorkerError | RegistryError):
+        return str(exc), 2
+    if isinstance(exc, DeclarationError):
+        if len(exc.problems) == 1:
+            return exc.problems[0], 2
+        return "\n  ".join([f"{len(exc.problems)} problems in the declarations:",
+                            *exc.problems]), 2
+    if isinstance(exc, KafkaUnreachable):
+        return str(exc), 1
+    if isinstance(exc, LedgerSqlError):  # the ledger copy, read to check a name
+        return str(exc), 1
+    if isinstance(exc, KafkaException) and exc.args:
+        error = exc.args[0]
+        return f"Kafka: {error.str() if hasattr(error, 'str') else error}", 1
+    if isinstance(exc, TimeoutError):
+        return f"timed out: {exc}", 1
+    return None
 
 
 def main() -> None:

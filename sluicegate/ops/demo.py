@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,10 +85,10 @@ def run_demo(port: int, app_module: str, per_second: float) -> None:
         [sys.executable, "-m", "sluicegate", "worker", "--app", app_module,
          "--log-level", "WARNING"], env=env)
     stop = threading.Event()
-    from examples.engine import FunctionEngine
+    from examples.engine import FunctionEngine, widths
 
     engine = FunctionEngine(Engine(group=f"{settings.namespace}demo-engine", settings=settings),
-                            module.FUNCTIONS)
+                            module.FUNCTIONS, widths(module.app))
     client = Client(app=module.app, settings=settings, replies=False)
     threads = [
         threading.Thread(target=engine.run, args=(stop.is_set,), daemon=True),
@@ -119,4 +120,23 @@ def run_demo(port: int, app_module: str, per_second: float) -> None:
                 worker.kill()
         tail.close()
         console.print(f"engine: {engine.completed} completed, {engine.failed} failed. "
-                      f"The broker keeps running; `sluicegate kafka down --port {port}` stops it.")
+                      f"The broker keeps running; `{kafka_down_command(port)}` stops it.",
+                      markup=False, highlight=False)
+
+
+def kafka_down_command(port: int, *, executable: str = sys.executable,
+                       cwd: Path | None = None, path: str | None = None) -> str:
+    """The command that stops the demo's broker, as typed where the demo ran: `make demo`
+    runs `.venv/bin/sluicegate` without putting it on PATH, so the command names the
+    script beside this Python (relative to `cwd` when it is under it) unless PATH finds
+    that same script as `sluicegate`."""
+    script = Path(executable).parent / "sluicegate"
+    found = shutil.which("sluicegate", path=path)
+    if found is not None and Path(found) == script:
+        name = "sluicegate"
+    else:
+        try:
+            name = str(script.relative_to(cwd or Path.cwd()))
+        except ValueError:
+            name = str(script)
+    return f"{name} kafka down --port {port}"

@@ -29,15 +29,15 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sluicegate.config import Settings
+from sluicegate.declare import App
 from sluicegate.kafkautil import watermarks
 from sluicegate.ops.ledger import _LATEST, LedgerDb, ledger_consumer, refresh
 from sluicegate.ops.ledger_cli import _duration
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import ControlRow, RunRow
+from sluicegate.schemas.records import ENDED, ControlRow, RunRow
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.stages.concurrency import NAME as CONCURRENCY
-from sluicegate.streams.stages.runs import ENDED
-from sluicegate.topology.route import key_text
+from sluicegate.topology.keys import key_text
 from sluicegate.topology.topics import Topics
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
@@ -48,29 +48,61 @@ FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
 FLOW_SQL = f"""
 WITH {_LATEST},
 queued AS (
-    SELECT workflow, key, count(*) AS queued,
+    SELECT workflow, coalesce(key, '') AS key, count(*) AS queued,
            epoch_ms(min(least(requested_at, decided_at - to_milliseconds(waited_ms))))
                AS oldest_ms
     FROM latest
     WHERE outcome = 'queued' AND NOT starts_with(request_id, 'run:')
-    GROUP BY workflow, key
+    GROUP BY ALL
 ), finals AS (
-    SELECT workflow, key,
+    SELECT workflow, coalesce(key, '') AS key,
            count(DISTINCT request_id) FILTER (WHERE outcome = 'collapsed') AS collapsed,
            count(DISTINCT request_id) FILTER (WHERE outcome = 'dropped') AS dropped,
            count(DISTINCT request_id) FILTER (WHERE outcome = 'expired') AS expired
     FROM ledger
     WHERE outcome IN ('collapsed', 'dropped', 'expired')
       AND NOT starts_with(request_id, 'run:')
-    GROUP BY workflow, key
+    GROUP BY ALL
 )
 SELECT coalesce(q.workflow, f.workflow) AS workflow, coalesce(q.key, f.key) AS key,
        coalesce(q.queued, 0), q.oldest_ms, coalesce(f.collapsed, 0),
        coalesce(f.dropped, 0), coalesce(f.expired, 0)
 FROM queued q
-FULL OUTER JOIN finals f ON q.workflow = f.workflow AND q.key IS NOT DISTINCT FROM f.key
+FULL OUTER JOIN finals f ON q.workflow = f.workflow AND q.key = f.key
 WHERE $workflow IS NULL OR coalesce(q.workflow, f.workflow) = $workflow
 """
+
+# Every workflow with any ledger row: one whose starts were all admitted at once (or
+# answered `existing`) has no count above, and is listed all the same.
+WORKFLOWS_SQL = """
+SELECT DISTINCT workflow FROM ledger WHERE $workflow IS NULL OR workflow = $workflow
+"""
+
+# How the text forms spell the key of an unkeyed control, and of a run holding no
+# concurrency slot: the workflow's one key (as `topology show` says; the JSON has "").
+ONE_KEY = "(one key)"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLimit:
+    """A workflow's own concurrency limit, as `in_flight=n/limit` shows it."""
+
+    limit: int
+    keyed: bool
+
+
+def concurrency_limits(app: App | None) -> dict[str, SlotLimit]:
+    """The limit of each workflow of `app` that declares one concurrency limit of its own
+    (not a pool's or a scope's, whose budget other workflows share, nor two limits, whose
+    keys the view does not tell apart)."""
+    if app is None:
+        return {}
+    limits = {}
+    for name, wf in app.workflows.items():
+        if len(wf.concurrency) == 1 and wf.concurrency[0].shared_budget is None:
+            limit = wf.concurrency[0]
+            limits[name] = SlotLimit(limit.limit, keyed=limit.key is not None)
+    return limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +125,7 @@ class KeyFlow:
     dropped: int = 0
     expired: int = 0
     in_flight: int = 0
+    limit: int | None = None  # the concurrency limit in_flight counts against, if known
 
     @property
     def waiting(self) -> str | None:
@@ -105,7 +138,7 @@ class KeyFlow:
         return {"key": self.key, "queued": self.queued, "waiting": self.waiting,
                 "waiting_ms": self.waiting_ms, "oldest_queued_at_ms": self.oldest_queued_at_ms,
                 "collapsed": self.collapsed, "dropped": self.dropped, "expired": self.expired,
-                "in_flight": self.in_flight}
+                "in_flight": self.in_flight, "limit": self.limit}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +147,8 @@ class WorkflowFlow:
     paused: bool = False
     pause: ControlRow | None = None  # the latest pause row, paused or lifted
     keys: tuple[KeyFlow, ...] = ()
+    # The limit of the whole workflow's in_flight: an unkeyed concurrency limit's.
+    limit: int | None = None
 
     def total(self) -> KeyFlow:
         """The workflow as one line: sums, and the oldest wait of any key."""
@@ -126,7 +161,7 @@ class WorkflowFlow:
             collapsed=sum(k.collapsed for k in self.keys),
             dropped=sum(k.dropped for k in self.keys),
             expired=sum(k.expired for k in self.keys),
-            in_flight=sum(k.in_flight for k in self.keys))
+            in_flight=sum(k.in_flight for k in self.keys), limit=self.limit)
 
     def to_json(self) -> dict[str, Any]:
         total = self.total().to_json()
@@ -145,6 +180,9 @@ class FlowView:
 
     def get(self, workflow: str) -> WorkflowFlow | None:
         return next((w for w in self.workflows if w.workflow == workflow), None)
+
+    def only(self, workflow: str) -> FlowView:
+        return FlowView(self.now_ms, tuple(w for w in self.workflows if w.workflow == workflow))
 
     def to_json(self) -> dict[str, Any]:
         return {"now_ms": self.now_ms, "workflows": [w.to_json() for w in self.workflows]}
@@ -166,12 +204,13 @@ class FlowView:
 
 def _line(k: KeyFlow) -> str:
     waiting = f" waiting={k.waiting}" if k.waiting is not None else ""
+    limit = f"/{k.limit}" if k.limit is not None else ""
     return (f"queued={k.queued}{waiting} collapsed={k.collapsed} dropped={k.dropped} "
-            f"expired={k.expired} in_flight={k.in_flight}")
+            f"expired={k.expired} in_flight={k.in_flight}{limit}")
 
 
 def _key_text(key: str | None) -> str:
-    return "(none)" if key is None else repr(key) if key == "" or " " in key else key
+    return ONE_KEY if not key else repr(key) if " " in key else key
 
 
 def _duration_ms(ms: int) -> str:
@@ -183,14 +222,15 @@ def _duration_ms(ms: int) -> str:
 
 def in_flight(runs: Iterable[RunRow]) -> Counter[FlowKey]:
     """Live runs per (workflow, key): one per concurrency slot a run holds, keyed as the
-    ledger shows that limit's key; a run holding no concurrency slot counts under None."""
+    ledger shows that limit's key; a run holding no concurrency slot counts under the
+    workflow's one key ("")."""
     counts: Counter[FlowKey] = Counter()
     for run in runs:
         if run.status in ENDED:
             continue
         slots = [s for s in run.slots if s.stage == CONCURRENCY]
         if not slots:
-            counts[(run.workflow, None)] += 1
+            counts[(run.workflow, "")] += 1
         for slot in slots:
             counts[(run.workflow, key_text(slot.key))] += 1
     return counts
@@ -198,9 +238,12 @@ def in_flight(runs: Iterable[RunRow]) -> Counter[FlowKey]:
 
 def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, int],
             control: Mapping[str, ControlRow], now_ms: int, *, workflow: str | None = None,
-            declared: Iterable[str] = ()) -> FlowView:
+            declared: Iterable[str] = (),
+            limits: Mapping[str, SlotLimit] | None = None) -> FlowView:
     """The view from its three sources' figures. Every workflow any source names is
-    listed (and each of `declared`, even with nothing to show), keys sorted by name."""
+    listed (and each of `declared`, even with nothing to show), keys sorted by name;
+    `limits` puts each workflow's concurrency limit beside its in_flight."""
+    limits = limits or {}
     names = {w for w, _ in ledger} | {w for w, _ in running} | set(control) | set(declared)
     if workflow is not None:
         names &= {workflow}
@@ -209,6 +252,7 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
         keys = sorted({k for w, k in ledger if w == name} | {k for w, k in running if w == name},
                       key=lambda k: (k is not None, k or ""))
         rows = []
+        slot_limit = limits.get(name)
         for key in keys:
             counts = ledger.get((name, key), LedgerCounts())
             oldest = counts.oldest_queued_ms
@@ -216,10 +260,13 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
                 key=key, queued=counts.queued, oldest_queued_at_ms=oldest,
                 waiting_ms=None if oldest is None else max(0, now_ms - oldest),
                 collapsed=counts.collapsed, dropped=counts.dropped, expired=counts.expired,
-                in_flight=running.get((name, key), 0)))
+                in_flight=running.get((name, key), 0),
+                limit=slot_limit.limit if slot_limit is not None else None))
         row = control.get(name)
-        flows.append(WorkflowFlow(name, paused=row is not None and row.paused, pause=row,
-                                  keys=tuple(rows)))
+        flows.append(WorkflowFlow(
+            name, paused=row is not None and row.paused, pause=row, keys=tuple(rows),
+            limit=slot_limit.limit if slot_limit is not None and not slot_limit.keyed
+            else None))
     return FlowView(now_ms, tuple(flows))
 
 
@@ -233,11 +280,16 @@ def ledger_counts(db: LedgerDb, workflow: str | None = None) -> dict[FlowKey, Le
             for wf, key, q, oldest, c, d, e in result.rows}
 
 
+def ledger_workflows(db: LedgerDb, workflow: str | None = None) -> list[str]:
+    return [str(w) for (w,) in db.query(WORKFLOWS_SQL, {"workflow": workflow}).rows]
+
+
 def flow_view(db: LedgerDb, runs: Iterable[RunRow], control: Mapping[str, ControlRow],
-              now_ms: int, *, workflow: str | None = None,
-              declared: Iterable[str] = ()) -> FlowView:
+              now_ms: int, *, workflow: str | None = None, declared: Iterable[str] = (),
+              limits: Mapping[str, SlotLimit] | None = None) -> FlowView:
     return compute(ledger_counts(db, workflow), in_flight(runs), control, now_ms,
-                   workflow=workflow, declared=declared)
+                   workflow=workflow, declared={*declared, *ledger_workflows(db, workflow)},
+                   limits=limits)
 
 
 def now_ms() -> int:
@@ -313,10 +365,12 @@ class FlowReader:
     """The three sources, kept open: each `view` reads only what is new since the last.
     The CLI makes one for a single view; `inspect serve` keeps one for its life."""
 
-    def __init__(self, settings: Settings, db: LedgerDb, declared: Iterable[str] = ()) -> None:
+    def __init__(self, settings: Settings, db: LedgerDb, declared: Iterable[str] = (), *,
+                 limits: Mapping[str, SlotLimit] | None = None) -> None:
         self.settings = settings
         self.db = db
         self.declared = tuple(declared)
+        self.limits = dict(limits or {})
         self.runs = RunsTable(settings)
         self.control = ControlTable(settings)
         self._ledger_consumer = ledger_consumer(settings)
@@ -331,7 +385,7 @@ class FlowReader:
             self.control.catch_up(timeout_s)
             self._caught_up = True
         return flow_view(self.db, self.runs.live.values(), self.control.rows, now_ms(),
-                         workflow=workflow, declared=self.declared)
+                         workflow=workflow, declared=self.declared, limits=self.limits)
 
     def close(self) -> None:
         self.runs.close()

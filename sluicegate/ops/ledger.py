@@ -16,6 +16,7 @@ docs/decisions/ledger-sql-engine.md.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ ON CONFLICT (topic, "partition") DO UPDATE SET next_offset = excluded.next_offse
 
 Row = tuple[Any, ...]
 
+# DuckDB's refusal of a write on a read-only connection names the statement's type.
+_WRITE_REFUSED = re.compile(r'Cannot execute statement of type "(\w+)"')
+
 
 class LedgerSqlError(RuntimeError):
     """The ledger database cannot be used as asked; the message says what to do."""
@@ -123,13 +127,24 @@ class Result:
 
 
 class LedgerDb:
-    """One DuckDB file holding the `ledger` table and the offsets it was read up to."""
+    """One DuckDB file holding the `ledger` table and the offsets it was read up to.
 
-    def __init__(self, path: Path | str) -> None:
+    `read_only`: a connection no statement can write through, for SQL an operator types
+    (`ledger query`): DuckDB refuses every write to the file, and file access (COPY TO,
+    ATTACH) is off and stays off, so the table and its offsets stay what `refresh`
+    made them (docs/decisions/read-only-ledger-sql.md). The file must exist."""
+
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
         self.path = Path(path) if str(path) != ":memory:" else None
+        self.read_only = read_only
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            if read_only:
+                self.con = duckdb.connect(str(path), read_only=True,
+                                          config={"enable_external_access": False})
+                self.con.execute("SET lock_configuration = true")
+                return
             self.con = duckdb.connect(str(path))
         except duckdb.IOException as exc:
             # DuckDB lets one process write a file at a time.
@@ -176,6 +191,14 @@ class LedgerDb:
         try:
             cursor = self.con.execute(sql, dict(params) if params else None)
         except duckdb.Error as exc:
+            refused = _WRITE_REFUSED.search(str(exc))
+            if self.read_only and refused is not None:
+                raise LedgerSqlError(
+                    f"the ledger is read-only here: a {refused.group(1)} statement cannot "
+                    "change it (`ledger ask` and `flow` answer from it)") from exc
+            if self.read_only and isinstance(exc, duckdb.PermissionException):
+                raise LedgerSqlError("the ledger's SQL cannot read or write files "
+                                     f"({exc}); use --format csv|json to export") from exc
             raise LedgerSqlError(f"{type(exc).__name__}: {exc}") from exc
         columns = [d[0] for d in cursor.description] if cursor.description else []
         return Result(columns, cursor.fetchall() if columns else [])
@@ -381,10 +404,16 @@ ORDER BY waiting DESC NULLS LAST, w.workflow, q.key
 
 WHY_SQL = f"""
 -- Why did my run not start? The latest decision on a request, or on every request that
--- was decided on a key (newest first).
+-- was decided on a key (newest first). A queued row without a reason of its own (written
+-- before the stage gave one) says what holds it from its deferral, due time and position.
 WITH {_LATEST}
-SELECT request_id, workflow, outcome, reason, stage, key, deferral, due_at,
-       retry_after_ms, execution_id, requested_at, decided_at, waited_ms
+SELECT request_id, workflow, outcome, key, control, stage,
+       coalesce(reason, CASE WHEN outcome = 'queued' THEN
+           'held by ' || coalesce(deferral, 'a control')
+           || coalesce(' until ' || strftime(due_at, '%Y-%m-%d %H:%M:%S'), '')
+           || coalesce('; number ' || (position + 1) || ' in line', '') END) AS reason,
+       deferral, due_at, position, retry_after_ms, execution_id, requested_at, decided_at,
+       waited_ms
 FROM latest
 WHERE request_id = $request_id
    OR request_id IN (SELECT request_id FROM ledger WHERE key = $key)

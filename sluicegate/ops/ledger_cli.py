@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import textwrap
 from datetime import date, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -48,12 +49,13 @@ class Format(StrEnum):
 FormatOpt = Annotated[Format, typer.Option("--format", help="How to print the result.")]
 
 
-def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False
-              ) -> Settings:
-    # The top-level CLI's own helper (imported late: cli.py mounts this module).
+def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False,
+              reach: bool = False) -> Settings:
+    # The top-level CLI's own helper (imported late: cli.py mounts this module). `reach`:
+    # the command reads the topic, so no broker is one line within --timeout.
     from sluicegate.ops.cli import _settings as cli_settings
 
-    return cli_settings(bootstrap, namespace, offline=offline)
+    return cli_settings(bootstrap, namespace, offline=offline, reach=reach)
 
 
 def _open(settings: Settings, db: Path | None, no_refresh: bool) -> LedgerDb:
@@ -125,7 +127,12 @@ def _json_value(value: Any) -> Any:
     return _text(value)
 
 
-def _print(result: Result, fmt: Format) -> None:
+def _print(result: Result, fmt: Format, *, blocks: bool = False) -> None:
+    """`blocks`: the table form as one block per row, for results too wide for a
+    terminal's columns (`ask why`)."""
+    if fmt is Format.table and blocks:
+        typer.echo(_blocks(result))
+        return
     if fmt is Format.json:
         typer.echo(json.dumps([{c: _json_value(v) for c, v in zip(result.columns, row,
                                                                   strict=True)}
@@ -142,6 +149,34 @@ def _print(result: Result, fmt: Format) -> None:
         Console().print(table)
 
 
+BLOCK_WIDTH = 80
+_LABEL = 15
+
+
+def _blocks(result: Result) -> str:
+    """One block per row, each at most BLOCK_WIDTH columns: the first three columns on
+    its first line, then one line per other column that has a value (long ones wrapped
+    under it). An empty key is the workflow's one key, as `flow` and `topology show`
+    spell it."""
+    from sluicegate.ops.flow import ONE_KEY
+
+    out: list[str] = []
+    for row in result.rows:
+        values = dict(zip(result.columns, row, strict=True))
+        head = "  ".join(_text(v) for v in row[:3])
+        out.append(head if len(head) <= BLOCK_WIDTH else head[:BLOCK_WIDTH - 3] + "...")
+        for column, value in list(values.items())[3:]:
+            text = ONE_KEY if column == "key" and value == "" else _text(value)
+            if not text:
+                continue
+            out.extend(textwrap.wrap(text, BLOCK_WIDTH, initial_indent=f"  {column:<{_LABEL - 2}}",
+                                     subsequent_indent=" " * _LABEL, break_long_words=True))
+        out.append("")
+    n = len(result.rows)
+    out.append(f"{n} request{'' if n == 1 else 's'}")
+    return "\n".join(out)
+
+
 def _fail(exc: LedgerSqlError) -> typer.Exit:
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(2)
@@ -156,12 +191,16 @@ def query(
     bootstrap: Bootstrap = None,
     namespace: Namespace = None,
 ) -> None:
-    """Refresh the ledger copy, run SQL over it, print the result."""
-    from sluicegate.ops.ledger import LedgerSqlError
+    """Refresh the ledger copy, run SQL over it (read-only: no statement changes the
+    copy), print the result."""
+    from sluicegate.ops.ledger import LedgerDb, LedgerSqlError
 
     try:
-        with _open(_settings(bootstrap, namespace), db, no_refresh) as ledger:
-            result = ledger.query(sql)
+        settings = _settings(bootstrap, namespace, reach=not no_refresh)
+        with _open(settings, db, no_refresh) as ledger:
+            path = ledger.path  # made (and refreshed) by a writing connection, then closed
+        with LedgerDb(path or ":memory:", read_only=True) as reader:
+            result = reader.query(sql)
     except LedgerSqlError as exc:
         raise _fail(exc) from exc
     _print(result, fmt)
@@ -185,11 +224,12 @@ def ask_cmd(
     try:
         if name not in QUESTIONS:
             raise LedgerSqlError(f"no question {name!r}; ask one of {', '.join(QUESTIONS)}")
-        with _open(_settings(bootstrap, namespace), db, no_refresh) as ledger:
+        with _open(_settings(bootstrap, namespace, reach=not no_refresh), db,
+                   no_refresh) as ledger:
             result = ask(ledger, name, request_id=request_id, key=key, limit=limit)
     except LedgerSqlError as exc:
         raise _fail(exc) from exc
-    _print(result, fmt)
+    _print(result, fmt, blocks=name == "why")
 
 
 @app.command("questions")
@@ -214,7 +254,7 @@ def refresh_cmd(
     """Bring the ledger copy up to the topic's current end, and say how many rows came."""
     from sluicegate.ops.ledger import LedgerDb, LedgerSqlError, default_db_path
 
-    settings = _settings(bootstrap, namespace)
+    settings = _settings(bootstrap, namespace, reach=True)
     try:
         with LedgerDb(db or default_db_path(settings)) as ledger:
             report = _refresh(ledger, settings)

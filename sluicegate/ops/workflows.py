@@ -6,7 +6,9 @@ paused, starts collect in the pause stage (never discarded); unpause drains them
 priority order. Unpause writes a row saying `paused=false` rather than a tombstone: the
 workers drain on seeing the change, and the row keeps who lifted the pause and when. The
 one exception is a workflow the declarations no longer have: its row is deleted (the
-workers failed what it had collected when they restored without it).
+workers failed what it had collected when they restored without it); `forget` deletes
+such a row whether or not it pauses. Every workflow named here is checked first
+(`sluicegate.ops.names`): declared in `--app`, or without it, seen by the cluster.
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from confluent_kafka import KafkaError, Producer
 
 from sluicegate.config import Settings
 from sluicegate.ops import bulk
+from sluicegate.ops.names import check_workflow, known_workflows, where_known
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import ControlRow, RunStatus
 from sluicegate.streams.control import ControlTable, pause_key
 from sluicegate.topology.topics import Topics
+
+if TYPE_CHECKING:
+    from sluicegate.declare import App
 
 app = typer.Typer(help="Operate on workflows: pause and unpause their starts, see their flow.",
                   no_args_is_help=True)
@@ -36,44 +42,44 @@ Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
 Namespace = Annotated[str | None, typer.Option(help="Topic name prefix (default sg.).",
                                                envvar="SLUICEGATE_NAMESPACE")]
 AppSpec = Annotated[str | None, typer.Option(
-    "--app", help="Module with the declarations; when given, NAME must be declared there "
-                  "(a misspelled pause is otherwise a row that pauses nothing).")]
+    "--app", help="Module with the declarations: the workflow must be declared there "
+                  "(without it: one the cluster has seen).")]
 By = Annotated[str | None, typer.Option(help="Who is doing this (default: the login name).")]
 
 
 def _settings(bootstrap: str | None, namespace: str | None) -> Settings:
-    # The top-level CLI's own helper (imported late: cli.py mounts this module).
+    # The top-level CLI's own helper (imported late: cli.py mounts this module). Every
+    # command here talks to Kafka: no broker is one line within --timeout.
     from sluicegate.ops.cli import _settings as cli_settings
 
-    return cli_settings(bootstrap, namespace)
+    return cli_settings(bootstrap, namespace, reach=True)
 
 
-def _undeclared(name: str, app_spec: str | None, settings: Settings) -> str | None:
-    """Why NAME is not a workflow of `app_spec` (None: it is, or no --app was given)."""
+def _declared(app_spec: str | None, settings: Settings) -> App | None:
     if app_spec is None:
         return None
     from sluicegate.declare import load_app
 
-    declared = load_app(app_spec, settings)
-    if declared.get(name) is not None:
-        return None
-    known = ", ".join(sorted(declared.workflows)) or "none"
-    return f"workflow {name!r} is not declared in {app_spec} (declared: {known})"
+    return load_app(app_spec, settings)
 
 
-def _check_declared(name: str, app_spec: str | None, settings: Settings) -> None:
-    problem = _undeclared(name, app_spec, settings)
-    if problem is not None:
-        typer.echo(problem, err=True)
-        raise typer.Exit(2)
+def _check_known(name: str, app_spec: str | None, settings: Settings) -> None:
+    """NAME is a workflow of `app_spec`, or (without one) one the cluster has seen; else
+    UnknownName with a did-you-mean (one line, exit code 2)."""
+    check_workflow(name, known_workflows(settings, _declared(app_spec, settings)),
+                   where=where_known(app_spec))
 
 
 def _pause_row(settings: Settings, name: str) -> ControlRow | None:
     """NAME's current row on the control table, if it has one."""
+    return _control_rows(settings).get(name)
+
+
+def _control_rows(settings: Settings) -> dict[str, ControlRow]:
     table = ControlTable(settings)
     try:
         table.catch_up(timeout_s=10.0)
-        return table.rows.get(name)
+        return table.rows
     finally:
         table.close()
 
@@ -116,7 +122,7 @@ def pause(
 ) -> None:
     """Pause NAME fleet-wide: its starts collect (none is discarded) until unpause."""
     settings = _settings(bootstrap, namespace)
-    _check_declared(name, app_spec, settings)
+    _check_known(name, app_spec, settings)
     write_control(settings, ControlRow(workflow=name, paused=True,
                                        at_ms=int(time.time() * 1000), reason=reason,
                                        by=_who(by)))
@@ -139,19 +145,58 @@ def unpause(
     settings = _settings(bootstrap, namespace)
     row = ControlRow(workflow=name, paused=False, at_ms=int(time.time() * 1000),
                      reason=reason, by=_who(by))
-    problem = _undeclared(name, app_spec, settings)
-    if problem is None:
-        write_control(settings, row)
-        typer.echo(f"unpaused {name}; its collected starts drain in priority order")
+    declared = _declared(app_spec, settings)
+    if declared is not None and declared.get(name) is None:
+        _unpause_removed(settings, row, app_spec or "", set(declared.workflows))
         return
+    _check_known(name, app_spec, settings)
     current = _pause_row(settings, name)
     if current is None or not current.paused:
-        typer.echo(f"{problem}, and it is not paused: nothing to unpause", err=True)
-        raise typer.Exit(2)
+        # Nothing collected, nothing to drain: say so, and write no row.
+        typer.echo(f"{name} is not paused: nothing to unpause")
+        return
+    write_control(settings, row)
+    typer.echo(f"unpaused {name}; its collected starts drain in priority order")
+
+
+def _unpause_removed(settings: Settings, row: ControlRow, app_spec: str,
+                     declared: set[str]) -> None:
+    """Unpause of a workflow `app_spec` does not declare: its pause row is deleted, when
+    it has one that pauses; otherwise the name is a typo of a declared one."""
+    name = row.workflow
+    current = _pause_row(settings, name)
+    if current is None or not current.paused:
+        check_workflow(name, declared, where=f"declared in {app_spec}, and it is not paused")
     write_control(settings, row, delete=True)
     typer.echo(f"unpaused {name} and deleted its pause row: {app_spec} does not declare it, "
                f"so the starts it collected fail (workflow removed from the declarations) "
                f"on workers running those declarations")
+
+
+@app.command("forget")
+def forget(
+    name: Annotated[str, typer.Argument(help="The workflow whose control row goes.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", help="Module with the declarations (required): NAME must not be declared "
+                      "there.")],
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+) -> None:
+    """Delete the control (pause) row of a workflow the declarations do not have: a
+    misspelled pause, or a workflow removed since (docs/decisions/forget-control-rows.md)."""
+    settings = _settings(bootstrap, namespace)
+    declared = _declared(app_spec, settings)
+    if declared is not None and declared.get(name) is not None:
+        typer.echo(f"error: {name} is declared in {app_spec}: `sluicegate workflows unpause "
+                   f"{name}` lifts its pause; forget is for workflows that no longer exist",
+                   err=True)
+        raise typer.Exit(2)
+    rows = _control_rows(settings)
+    check_workflow(name, set(rows), what="control row for", where="on the control table")
+    write_control(settings, ControlRow(workflow=name, paused=False,
+                                       at_ms=int(time.time() * 1000)), delete=True)
+    state = "paused" if rows[name].paused else "not paused"
+    typer.echo(f"forgot {name}: its control row ({state}) is deleted")
 
 
 @app.command("flow")
@@ -169,28 +214,30 @@ def flow(
 ) -> None:
     """Per workflow and key: queued, waiting=, collapsed, dropped, expired, in flight,
     paused (the same JSON as GET /inspect/workflows/flow-control)."""
-    from sluicegate.ops.flow import FlowReader
+    from sluicegate.ops.flow import FlowReader, concurrency_limits
     from sluicegate.ops.ledger import LedgerDb, LedgerSqlError, default_db_path
 
     if fmt not in ("text", "json"):
         typer.echo(f"--format must be text or json, not {fmt!r}", err=True)
         raise typer.Exit(2)
     settings = _settings(bootstrap, namespace)
-    declared: list[str] = []
-    if app_spec is not None:
-        from sluicegate.declare import load_app
-
-        declared = sorted(load_app(app_spec, settings).workflows)
+    app_declared = _declared(app_spec, settings)
+    declared = sorted(app_declared.workflows) if app_declared is not None else []
     try:
         with LedgerDb(db or default_db_path(settings)) as ledger:
-            reader = FlowReader(settings, ledger, declared)
+            reader = FlowReader(settings, ledger, declared,
+                                limits=concurrency_limits(app_declared))
             try:
-                view = reader.view(workflow)
+                view = reader.view()
             finally:
                 reader.close()
     except LedgerSqlError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if workflow is not None:
+        known = declared if app_declared is not None else [w.workflow for w in view.workflows]
+        check_workflow(workflow, known, where=where_known(app_spec))
+        view = view.only(workflow)
     typer.echo(json.dumps(view.to_json(), indent=2) if fmt == "json" else view.text())
 
 
@@ -240,14 +287,16 @@ def cancel_many(
     limit: Limit,
     commit: Commit = False,
     fmt: BulkFormat = "text",
+    app_spec: AppSpec = None,
     bootstrap: Bootstrap = None,
     namespace: Namespace = None,
 ) -> None:
     """Cancel live runs (admitted, running, suspended) of a workflow, at most --limit."""
-    settings = _settings(bootstrap, namespace)
     if not reason.strip():
         typer.echo("--reason must say why: it is recorded on every cancelled run", err=True)
         raise typer.Exit(2)
+    settings = _settings(bootstrap, namespace)
+    _check_known(workflow, app_spec, settings)
     if commit:
         result = _with_progress(fmt, lambda progress: bulk.apply_cancel(
             settings, workflow, reason, limit, progress=progress))
@@ -270,6 +319,7 @@ def replay_many(
         "--reason", help="Why (recorded on each replayed run's ledger row).")] = None,
     commit: Commit = False,
     fmt: BulkFormat = "text",
+    app_spec: AppSpec = None,
     bootstrap: Bootstrap = None,
     namespace: Namespace = None,
 ) -> None:
@@ -279,6 +329,8 @@ def replay_many(
         raise typer.Exit(2)
     chosen: bulk.Mode = "redrive" if mode == "redrive" else "retry"
     settings = _settings(bootstrap, namespace)
+    if workflow is not None:
+        _check_known(workflow, app_spec, settings)
     if commit:
         result = _with_progress(fmt, lambda progress: bulk.apply_replay(
             settings, status, chosen, limit, workflow=workflow, reason=reason,

@@ -2,7 +2,7 @@
 and the codec that frames them. See docs/wire-format.md.
 
 Encode and decode through the module, `codec.encode(...)`: the process's codec is
-chosen at process start (`sluicegate.schemas.registry.configure_codec`), so a name
+chosen at process start (`sluicegate.topology.framing.configure_codec`), so a name
 imported from it earlier would keep the codec it had then."""
 
 from sluicegate.schemas.codec import (

@@ -871,7 +871,7 @@ def default() -> Codec:
 def use(codec: Codec) -> Codec:
     """Make `codec` the process's codec; returns the one it replaces.
 
-    `sluicegate.schemas.registry.configure_codec` calls this where a process starts;
+    `sluicegate.topology.framing.configure_codec` calls this where a process starts;
     nothing else should need to."""
     global _default, encode, decode, decode_one_of
     previous = _default

@@ -14,6 +14,10 @@ from typing import TypeVar
 
 from typing_extensions import dataclass_transform
 
+# How a start was asked for: a declaration's concept (which controls apply), carried by
+# the records.
+from sluicegate.declare.origins import Origin
+
 _R = TypeVar("_R")
 
 
@@ -48,15 +52,6 @@ def changed(rec: _R, **changes: object) -> _R:
         if name not in name_set:
             raise TypeError(f"{cls.__name__} has no field {name!r}")
     return cls(*[changes[n] if n in changes else getattr(rec, n) for n in names])
-
-
-class Origin(StrEnum):
-    """How a start was asked for; decides which controls apply (SPEC 2)."""
-
-    event = "event"
-    direct = "direct"
-    cron = "cron"
-    invoke = "invoke"
 
 
 class AdmittedKind(StrEnum):
@@ -111,6 +106,12 @@ class RunStatus(StrEnum):
     completed = "completed"
     failed = "failed"
     cancelled = "cancelled"
+
+
+# A run in one of these has ended; in one of those, it is live (admitted to an engine,
+# running, or suspended between steps).
+ENDED = frozenset({RunStatus.completed, RunStatus.failed, RunStatus.cancelled})
+LIVE = frozenset({RunStatus.admitted, RunStatus.running, RunStatus.suspended})
 
 
 @record

@@ -1,4 +1,4 @@
-"""Confluent Schema Registry framing, and the one step that picks a process's framing.
+"""Confluent Schema Registry framing.
 
 With `Settings.schema_registry_url` set, every value is framed as ``00``, the schema's
 4-byte big-endian registry id, then the same Avro body as before: the framing ksqlDB's
@@ -13,9 +13,8 @@ one type also get TopicNameStrategy's `<topic>-value` (`sg.ledger-value`), the s
 ksqlDB and Connect look a topic's schema up by. A registry gives one schema one id
 whatever the subject, so the id a frame carries is the same either way.
 
-`configure_codec(settings)` is called where a process starts using sluicegate (the CLI,
-`Worker.start`, `Client`, `Engine`, `create_topics`); everything else keeps calling
-`codec.encode` / `codec.decode`.
+Which framing a process uses is picked by `sluicegate.topology.framing.configure_codec`,
+which knows the topics; everything else keeps calling `codec.encode` / `codec.decode`.
 """
 
 from __future__ import annotations
@@ -29,30 +28,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fastavro.schema import to_parsing_canonical_form
 
 from sluicegate.config import Settings
-from sluicegate.schemas import codec
 from sluicegate.schemas.codec import (
     NAMED_TYPES,
     RECORD_TYPES,
     REGISTRY_MAGIC,
     SINGLE_OBJECT_MARKER,
-    Codec,
     DecodeError,
     RecordSchema,
     SingleObjectFraming,
     parse_writer_schema,
 )
-from sluicegate.schemas.records import (
-    AdmittedStart,
-    ControlRow,
-    DeadLetter,
-    EngineCommand,
-    LedgerRecord,
-    Reply,
-    RunEvent,
-    RunRow,
-    StartRequest,
-)
-from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import Schema
@@ -76,30 +61,9 @@ class SchemaStore(Protocol):
     def get_schema(self, schema_id: int) -> Schema: ...
 
 
-# The public topics carrying one record type, by `Topics` attribute: each gets the
-# TopicNameStrategy subject `<topic>-value` too. Stage topics carry several types and
-# are internal; changelogs and stores are not topics' values at all.
-TOPIC_VALUE_TYPES: Mapping[str, type] = {
-    "starts": StartRequest,
-    "admitted": AdmittedStart,
-    "run_events": RunEvent,
-    "commands": EngineCommand,
-    "replies": Reply,
-    "ledger": LedgerRecord,
-    "runs": RunRow,
-    "control": ControlRow,
-    "deadletter": DeadLetter,
-}
-
-
 def record_subject(rs: RecordSchema) -> str:
     """RecordNameStrategy: the subject of a record type, whatever topic carries it."""
     return rs.full_name
-
-
-def topic_subjects(topics: Topics) -> dict[type, str]:
-    """TopicNameStrategy: `<topic>-value` of each public topic, for its record type."""
-    return {cls: f"{getattr(topics, attr)}-value" for attr, cls in TOPIC_VALUE_TYPES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +101,10 @@ class RegistryFraming:
 
     # -- registering ---------------------------------------------------------------
 
-    def register_topics(self, topics: Topics) -> None:
-        """Register each public topic's `<topic>-value` subject (once per namespace)."""
-        for cls, subject in topic_subjects(topics).items():
+    def register_subjects(self, subjects: Mapping[type, str]) -> None:
+        """Register each record type's schema under the subject given for it (a public
+        topic's `<topic>-value`), once each."""
+        for cls, subject in subjects.items():
             if subject not in self._subjects:
                 self._register(subject, RECORD_TYPES[cls])
 
@@ -277,40 +242,6 @@ def _refusal(source: str, subject: str, rs: RecordSchema, exc: Any) -> str:
 def registry_key(settings: Settings) -> tuple[Any, ...]:
     """What makes two settings name the same registry with the same credentials."""
     return tuple(sorted(settings.registry_config().items()))
-
-
-def configure_codec(settings: Settings) -> Codec:
-    """Make the process's codec frame records as `settings` say, and return it.
-
-    With `schema_registry_url` set: registry framing (every schema registered, and the
-    `<topic>-value` subjects of `settings.namespace`); without: single-object framing,
-    the default. Idempotent. Refused (RegistryError) once a process frames for one
-    registry and is asked for another or for none: schema ids mean something only in
-    the registry that gave them, so one process writes for one registry.
-    """
-    current = codec.default()
-    framing = current.framing
-    if not settings.schema_registry_url:
-        if isinstance(framing, RegistryFraming):
-            raise RegistryError(
-                f"this process already frames records for the schema registry at"
-                f" {framing.source}; settings without SLUICEGATE_SCHEMA_REGISTRY_URL ask for"
-                " none. Give every part of a process the same registry settings")
-        return current
-    key = registry_key(settings)
-    if isinstance(framing, RegistryFraming):
-        if framing.key != key:
-            raise RegistryError(
-                f"this process already frames records for the schema registry at"
-                f" {framing.source}; these settings name {settings.schema_registry_url} (or"
-                " other credentials). Give every part of a process the same registry settings")
-    else:
-        framing = RegistryFraming(registry_client(settings),
-                                  source=settings.schema_registry_url, key=key)
-        current = Codec(framing)
-        codec.use(current)
-    framing.register_topics(Topics(settings))
-    return current
 
 
 def registry_client(settings: Settings) -> Any:

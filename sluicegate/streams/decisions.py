@@ -6,15 +6,9 @@ the same transaction as its effect, and a caller that asked to wait always hears
 
 from __future__ import annotations
 
-import hashlib
-import uuid
-from collections.abc import Callable
-
 from pydantic import ValidationError
 
 from sluicegate.schemas import codec
-from sluicegate.schemas.murmur2 import python_partition_for
-from sluicegate.schemas.native import speedups
 from sluicegate.schemas.records import (
     AdmittedStart,
     DeadLetter,
@@ -31,57 +25,6 @@ DEAD_LETTER_RESERVE_BYTES = 16 * 1024
 MAX_REASON_CHARS = 4000
 # The stage that keeps the runs table (streams/stages/runs.py).
 RUNS_STAGE = "runs"
-_EXECUTION_NS = uuid.UUID("6f1c2d8e-5b7a-4c1e-9a53-2f0e8d4b7c61")
-_EXECUTION_SHA1 = hashlib.sha1(_EXECUTION_NS.bytes, usedforsecurity=False)
-
-
-def _uuid5_text(digest: bytes) -> str:
-    # RFC 4122: version 5 in the high nibble of byte 6, the variant in byte 8.
-    x = (digest[:6] + bytes(((digest[6] & 0x0F) | 0x50,)) + digest[7:8]
-         + bytes(((digest[8] & 0x3F) | 0x80,)) + digest[9:16]).hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
-
-
-def _placed_uuid_text(text: str, partitions: int, partition: int) -> str | None:
-    if not 0 <= partition < partitions:
-        raise ValueError(f"partition {partition} of {partitions} partitions")
-    start = int(text[32:], 16)
-    for n in range(0x10000):
-        placed = f"{text[:32]}{(start + n) & 0xFFFF:04x}"
-        if python_partition_for(placed.encode(), partitions) == partition:
-            return placed
-    return None
-
-
-uuid5_text: Callable[[bytes], str] = _uuid5_text
-placed_uuid_text: Callable[[str, int, int], str | None] = _placed_uuid_text
-if speedups is not None:
-    uuid5_text, placed_uuid_text = speedups.uuid5_text, speedups.placed_uuid_text
-
-
-def plain_execution_id(workflow: str, request_id: str) -> str:
-    """`str(uuid.uuid5(_EXECUTION_NS, f"{workflow}\\x1f{request_id}"))` without the UUID
-    object: the execution id before it is placed (and as workers before placed ids made
-    it)."""
-    h = _EXECUTION_SHA1.copy()
-    h.update(f"{workflow}\x1f{request_id}".encode())
-    return uuid5_text(h.digest())
-
-
-def execution_id_for(workflow: str, request_id: str, partition: int, partitions: int) -> str:
-    """The execution id of a fresh run, placed on the partition that decided it.
-
-    Deterministic, so a replayed decision names the same execution: the version-5 UUID
-    of `plain_execution_id`, its last 16 bits counted up (mod 2^16) to the first value
-    whose text murmur2 puts on `partition`. The run's row then lives in the task that
-    admits it when nothing moved it on (the passthrough), and is written there in the
-    same step (docs/decisions/placed-execution-ids.md). The plain UUID when no value
-    lands there, which takes tens of thousands of partitions. Made in C;
-    tests/unit/test_codec_fast.py holds it to the Python here."""
-    text = plain_execution_id(workflow, request_id)
-    return placed_uuid_text(text, partitions, partition) or text
-
-
 def request_id_for(record: InputRecord) -> str:
     """The id of a request too broken to carry one: where it was read."""
     return f"{record.topic}:{record.partition}:{record.offset}"

@@ -10,7 +10,9 @@ truncated) is wiped and rebuilt from all of them.
 One consumer restores every store in turn, from the worker's loop while the task's
 partitions are paused, so a store costs what its records cost and no fixed wait: the ends
 of all of a task's logs are asked for at once, and a replay takes records as they are
-fetched and ends when the consumer's position passes its log's end.
+fetched and ends when the consumer's position passes its log's end. A restoration goes a
+step at a time (`Restoration.step`), between which the loop processes the partitions
+already restored.
 """
 
 from __future__ import annotations
@@ -37,78 +39,100 @@ class RestoreError(RuntimeError):
     pass
 
 
-def restore_task(task: Task, consumer: Consumer, admin: AdminClient, topics: Topics,
+class Restoration:
+    """Bringing every store of one task to the end of its logs, a step at a time, so the
+    worker's loop goes on processing its other partitions between steps (a task with a
+    long changelog does not hold up the ones already restored).
+
+    The ends of all the task's logs are asked for at once when it begins. A log's end is
+    its last stable offset (read_committed): a transaction still open on it (a worker that
+    lost the partition and has not yet been fenced) can commit nothing there any more once
+    the caller has read the partition's committed offsets, which wait for it to end
+    (KIP-447). `step` raises RestoreError (or a KafkaException) when a log cannot be read
+    or stops short of its end for `timeout_s`, and `Stopping` as soon as `stopping()` says
+    so; the restore consumer is then left unassigned, and a new Restoration goes on from
+    what the stores hold."""
+
+    def __init__(self, task: Task, consumer: Consumer, admin: AdminClient,
                  stopping: Callable[[], bool] = lambda: False,
-                 timeout_s: float = 120.0) -> int:
-    """Bring every store of `task` to the end of its logs; returns records replayed.
-    Raises RestoreError (or a KafkaException) when the logs cannot be read, and
-    `Stopping` as soon as `stopping()` says so.
+                 timeout_s: float = 120.0) -> None:
+        self.task = task
+        self.consumer = consumer
+        self.stopping = stopping
+        self.timeout_s = timeout_s
+        self.replayed = 0
+        # (state, topic, the store key prefix of its rows, the table's name or None)
+        logs: list[tuple[StageState, str, bytes, str | None]] = []
+        for state in task.stateful():
+            logs.append((state, state.changelog, b"", None))
+            logs += [(state, table.topic, table.prefix, table.name) for table in state.tables]
+        ranges = log_ranges(admin, [TopicPartition(topic, task.partition)
+                                    for _, topic, _, _ in logs])
+        # What is left to replay: (store, the log from where the store is, its end, ...).
+        self._left: list[tuple[PartitionStore, TopicPartition, int, bytes, str | None]] = []
+        for state in task.stateful():
+            store = state.store
+            assert store is not None
+            mine = [(topic, prefix, table, ranges[(topic, task.partition)])
+                    for owner, topic, prefix, table in logs if owner is state]
+            for topic, _, table, (low, high) in mine:
+                at = store.changelog_offset if table is None else store.table_offset(table)
+                if not low <= at + 1 <= high:
+                    log.warning("store %s/%d at offset %d is outside %s [%d, %d): rebuilding",
+                                state.stage.name, task.partition, at, topic, low, high)
+                    store.wipe()
+                    break
+            for topic, prefix, table, (low, high) in mine:
+                at = store.changelog_offset if table is None else store.table_offset(table)
+                start = max(at + 1, low)
+                if start < high:
+                    self._left.append((store, TopicPartition(topic, task.partition, start),
+                                       high, prefix, table))
+        self._assigned = False
+        self._deadline = 0.0
 
-    A log's end is its last stable offset (read_committed): a transaction still open on
-    it (a worker that lost the partition and has not yet been fenced) can commit nothing
-    there any more once the caller has read the partition's committed offsets, which
-    wait for it to end (KIP-447)."""
-    # (state, topic, the store key prefix of its rows, the table's name or None)
-    logs: list[tuple[StageState, str, bytes, str | None]] = []
-    for state in task.stateful():
-        logs.append((state, state.changelog, b"", None))
-        logs += [(state, table.topic, table.prefix, table.name) for table in state.tables]
-    ranges = log_ranges(admin, [TopicPartition(topic, task.partition)
-                                for _, topic, _, _ in logs])
-    replayed = 0
-    for state in task.stateful():
-        store = state.store
-        assert store is not None
-        mine = [(topic, prefix, table, ranges[(topic, task.partition)])
-                for owner, topic, prefix, table in logs if owner is state]
-        for topic, _, table, (low, high) in mine:
-            at = store.changelog_offset if table is None else store.table_offset(table)
-            if not low <= at + 1 <= high:
-                log.warning("store %s/%d at offset %d is outside %s [%d, %d): rebuilding",
-                            state.stage.name, task.partition, at, topic, low, high)
-                store.wipe()
+    @property
+    def done(self) -> bool:
+        return not self._left
+
+    def step(self, budget_s: float) -> bool:
+        """Replay for about `budget_s` (at least one fetch); True once every log is."""
+        until = time.monotonic() + budget_s
+        while self._left:
+            if self.stopping():
+                self.abandon()
+                raise Stopping(f"restoring partition {self.task.partition}")
+            store, tp, high, prefix, table = self._left[0]
+            if not self._assigned:
+                # A consumer assigned a topic whose leader it has not looked up waits for
+                # its next metadata refresh before it fetches (most of a second); asked
+                # for, it answers at once.
+                self.consumer.list_topics(tp.topic, timeout=10.0)
+                self.consumer.assign([tp])
+                self._assigned = True
+                self._deadline = time.monotonic() + self.timeout_s
+            if self._fetch(store, tp, high, prefix, table):
+                self.consumer.unassign()
+                self._assigned = False
+                self._left.pop(0)
+            elif time.monotonic() > self._deadline:
+                self.abandon()
+                raise RestoreError(f"restoring {tp.topic}[{tp.partition}] did not reach "
+                                   f"offset {high}")
+            if time.monotonic() >= until:
                 break
-        for topic, prefix, table, (low, high) in mine:
-            at = store.changelog_offset if table is None else store.table_offset(table)
-            start = max(at + 1, low)
-            if start < high:
-                replayed += _replay(store, consumer, TopicPartition(topic, task.partition, start),
-                                    high, timeout_s, stopping, prefix, table)
-    return replayed
+        return not self._left
 
+    def abandon(self) -> None:
+        """Stop here: the stores keep what was replayed (each write with its offset)."""
+        if self._assigned:
+            self.consumer.unassign()
+            self._assigned = False
 
-def log_ranges(admin: AdminClient, tps: list[TopicPartition],
-               timeout_s: float = 10.0) -> dict[tuple[str, int], tuple[int, int]]:
-    """(first offset, last stable offset) of each partition, asked for all at once: two
-    requests for a task's every log, where a watermark query per log costs a round trip
-    each (a restored task has one log per stateful stage, and more for its tables)."""
-    ends: list[dict[tuple[str, int], int]] = []
-    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-        futures = admin.list_offsets({tp: spec for tp in tps},
-                                     isolation_level=IsolationLevel.READ_COMMITTED,
-                                     request_timeout=timeout_s)
-        ends.append({(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
-                     for tp, future in futures.items()})
-    return {tp: (ends[0][tp], ends[1][tp]) for tp in ends[0]}
-
-
-def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high: int,
-            timeout_s: float, stopping: Callable[[], bool], prefix: bytes = b"",
-            table: str | None = None) -> int:
-    # A consumer assigned a topic whose leader it has not looked up waits for its next
-    # metadata refresh before it fetches (most of a second); asked for, it answers at once.
-    consumer.list_topics(tp.topic, timeout=10.0)
-    consumer.assign([tp])
-    deadline = time.monotonic() + timeout_s
-    replayed = 0
-    done = False
-    while not done:
-        if stopping():
-            consumer.unassign()
-            raise Stopping(f"restoring {tp.topic}[{tp.partition}]")
-        if time.monotonic() > deadline:
-            consumer.unassign()
-            raise RestoreError(f"restoring {tp.topic}[{tp.partition}] did not reach offset {high}")
+    def _fetch(self, store: PartitionStore, tp: TopicPartition, high: int, prefix: bytes,
+               table: str | None) -> bool:
+        """One fetch of `tp` into `store`; True when the log is replayed to `high`."""
+        consumer = self.consumer
         # Wait for one record, then take what is already fetched: consume(n, timeout) alone
         # waits the whole timeout for n records, which a small changelog never has (half a
         # second or more per store, every store of every task, inside the rebalance).
@@ -116,10 +140,11 @@ def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high:
         messages = [] if first is None else [first, *consumer.consume(_BATCH - 1, timeout=0)]
         changes: dict[bytes, bytes | None] = {}
         last = -1
+        done = False
         for msg in messages:
             # One consumer restores every store in turn: an end-of-partition event or a
-            # record fetched for the changelog before this one may still arrive, and must
-            # not end (or feed) this replay.
+            # record fetched for the log before this one may still arrive, and must not
+            # end (or feed) this replay.
             if msg.topic() != tp.topic or msg.partition() != tp.partition:
                 continue
             error = msg.error()
@@ -138,11 +163,36 @@ def _replay(store: PartitionStore, consumer: Consumer, tp: TopicPartition, high:
                 store.write(changes, last)
             else:
                 store.write(changes, None, {table: last})
-            replayed += len(changes)
+            self.replayed += len(changes)
+            # A log that keeps coming is not stuck, however long it is.
+            self._deadline = time.monotonic() + self.timeout_s
         # Transaction markers occupy offsets too, so the last data record sits below
         # `high - 1`; the position moves past them, and says at once that the replay is
         # done, where the end-of-partition event would come only after an empty fetch.
-        if not done and consumer.position([tp])[0].offset >= high:
-            done = True
-    consumer.unassign()
-    return replayed
+        return done or consumer.position([tp])[0].offset >= high
+
+
+def restore_task(task: Task, consumer: Consumer, admin: AdminClient, topics: Topics,
+                 stopping: Callable[[], bool] = lambda: False,
+                 timeout_s: float = 120.0) -> int:
+    """Bring every store of `task` to the end of its logs at once; returns records
+    replayed (a `Restoration` run to its end)."""
+    restoration = Restoration(task, consumer, admin, stopping, timeout_s)
+    while not restoration.step(60.0):
+        pass
+    return restoration.replayed
+
+
+def log_ranges(admin: AdminClient, tps: list[TopicPartition],
+               timeout_s: float = 10.0) -> dict[tuple[str, int], tuple[int, int]]:
+    """(first offset, last stable offset) of each partition, asked for all at once: two
+    requests for a task's every log, where a watermark query per log costs a round trip
+    each (a restored task has one log per stateful stage, and more for its tables)."""
+    ends: list[dict[tuple[str, int], int]] = []
+    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+        futures = admin.list_offsets({tp: spec for tp in tps},
+                                     isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=timeout_s)
+        ends.append({(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
+                     for tp, future in futures.items()})
+    return {tp: (ends[0][tp], ends[1][tp]) for tp in ends[0]}

@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from sluicegate.declare import App, ExpressionError, FailureReport, Workflow, applies
+from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -34,24 +34,25 @@ from sluicegate.streams.decisions import admit, dead_letter, record_decision, re
 from sluicegate.streams.payloads import Payloads
 from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import Hop, Route, control_name, hop_key, key_text, route_for
+from sluicegate.topology.keys import ControlKey, identity_store_key, key_text
+from sluicegate.topology.route import DEPLOYMENT_CAP, Hop, Route, control_name, hop_key, route_for
 from sluicegate.topology.topics import Topics
 
 PAUSE_STAGE = "pause"
 REMOVED = "workflow removed from the declarations"
 # Stages that hand out a budget (a throttle turn, a slot): a paused start waits before them.
 _BUDGET_STAGES = {"throttle", "concurrency"}
-# A hop's control, by the name the origin matrix knows it under.
-_CONTROL = {
-    "idempotency": "idempotency", "rateLimit": "rate_limit", "debounce": "debounce",
-    "batch": "batch", "singleton": "singleton", "throttle": "throttle",
-    "concurrency": "concurrency", "deployment cap": "concurrency",
-}
+# A hop's control: the one it is named after, or concurrency for the deployment's cap.
+_CONTROL = {DEPLOYMENT_CAP: Control.concurrency}
 
 
 # Where a stage keeps the digest of the workflows it last checked its state against (a
 # state row no idempotency key, queue or group can have: those never start with \x00).
 DECLARED_ROW = STATE_PREFIX + b"\x00declared"
+
+
+def _control(hop: Hop) -> Control:
+    return _CONTROL.get(hop.control) or Control.of(hop.control)
 
 
 def declared_digest(app: App) -> bytes:
@@ -100,7 +101,7 @@ class Router:
         route, names = self.routes.get(workflow), self.controls.get(workflow)
         if route is None or names is None:
             return None
-        budget = slot.key.partition("\x1f")[0]
+        budget = ControlKey.parse(slot.key).budget
         for hop, name in zip(route.hops, names, strict=True):
             if hop.stage == slot.stage and hop.budget == budget:
                 return name
@@ -124,8 +125,7 @@ class Router:
             self.fail(ctx, start, Outcome.failed, REMOVED)
             return
         nxt = start.hop + 1
-        while nxt < len(route.hops) and not applies(_CONTROL[route.hops[nxt].control],
-                                                    start.origin):
+        while nxt < len(route.hops) and not applies(_control(route.hops[nxt]), start.origin):
             control = route.hops[nxt].control
             if control == "batch" or (control == "debounce" and wf.debounce is not None
                                       and wf.debounce.events is not None):
@@ -181,7 +181,7 @@ class Router:
             return hop_key(wf, hop, payload)
         except ExpressionError:
             # A key that cannot be evaluated is the text null (seed 003), not a lost start.
-            return f"{hop.budget}\x1fnull"
+            return str(ControlKey(hop.budget, "null"))
 
     def park_paused(self, ctx: StageContext, start: PendingStart,
                     headers: Headers | None = None) -> None:
@@ -223,10 +223,11 @@ class Router:
 
     def queued(self, ctx: StageContext, start: PendingStart, *, deferral: str,
                key: str | None, due_at_ms: int | None = None,
-               position: int | None = None, control: str | None = None) -> None:
+               position: int | None = None, control: str | None = None,
+               reason: str | None = None) -> None:
         """A start parked by a control: not final, its final outcome comes later."""
         self.decide(ctx, start, Outcome.queued, key=key, deferral=deferral,
-                    due_at_ms=due_at_ms, position=position, control=control)
+                    due_at_ms=due_at_ms, position=position, control=control, reason=reason)
 
     def decide(self, ctx: StageContext, start: PendingStart, outcome: Outcome, *,
                key: str | None = None, reason: str | None = None,
@@ -340,11 +341,6 @@ class ControlStage(Stage):
 
     def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         self.router.give_up(ctx, record, reason)
-
-
-def identity_store_key(workflow: str, key: str) -> bytes:
-    """Where the identity stage keeps an idempotency key (also its Kafka key)."""
-    return f"{workflow}\x1f{key}".encode()
 
 
 def release_slots(ctx: StageContext, execution_id: str, workflow: str, slots: list[Slot],

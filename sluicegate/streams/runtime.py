@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -44,10 +44,10 @@ from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import ClientErrors, KafkaAuthError, check_access
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.registry import RegistryError, configure_codec
+from sluicegate.schemas.registry import RegistryError
 from sluicegate.streams.clock import Clock, SystemClock
 from sluicegate.streams.control import ControlTable
-from sluicegate.streams.recovery import RestoreError, restore_task
+from sluicegate.streams.recovery import Restoration, RestoreError
 from sluicegate.streams.stage import Headers, InputRecord, Stage
 from sluicegate.streams.task import StageState, Task
 from sluicegate.streams.transactions import (
@@ -60,13 +60,24 @@ from sluicegate.streams.transactions import (
     sleep_unless_stopping,
 )
 from sluicegate.topology.admin import TopologyError, require_topics
+from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
-
-if TYPE_CHECKING:
-    from sluicegate.ops.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
+
+class CommitMetrics(Protocol):
+    """What the worker tells a metrics exporter (`sluicegate worker --metrics-port`):
+    each commit, with how long it took, and each aborted transaction."""
+
+    def committed(self, worker: Worker, seconds: float) -> None: ...
+
+    def aborted(self) -> None: ...
+
+
+# How long a restoration step may take: beside tasks that process, and with none.
+RESTORE_STEP_S = 0.1
+RESTORE_ALONE_S = 1.0
 # A record (or timer) whose processing failed this many times is not processed again.
 POISON_AFTER = 2
 # Produce errors that say the record itself cannot be written. Any other Kafka error is
@@ -177,6 +188,11 @@ class Worker:
         self._restoring: dict[int, Task] = {}
         self._restore_at = 0.0
         self._restore_backoff = 0.1
+        # The restoration under way (one task at a time), the offsets committed on its
+        # partitions when it began, and when it began.
+        self._restoration: Restoration | None = None
+        self._restore_offsets: list[TopicPartition] = []
+        self._restore_started = 0.0
         # (topic, partition) -> next offset to commit, for records processed this cycle
         self._progress: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the first offset read this cycle: where an abort goes back to
@@ -198,7 +214,7 @@ class Worker:
         self.processed = 0
         self.commits = 0
         # Set by `sluicegate worker --metrics-port`; counted per commit, not per record.
-        self.metrics: WorkerMetrics | None = None
+        self.metrics: CommitMetrics | None = None
 
         self._clients = ClientErrors(f"worker {self.worker_id}")
         self._txn = TransactionalProducer(settings.client_config(**{
@@ -359,7 +375,7 @@ class Worker:
 
     def run_once(self, timeout_s: float = 0.05) -> None:
         if self._restoring and time.monotonic() >= self._restore_at:
-            self._restore_one()
+            self._restore_step()
         # Wait for one record, then take what is already fetched: consume(n, timeout) alone
         # would hold a lone record for the whole timeout waiting for n of them.
         first = self.consumer.poll(timeout_s)
@@ -732,40 +748,52 @@ class Worker:
                              if tp.partition in self._restoring])
         self._restore_at = 0.0
 
-    def _restore_one(self) -> None:
-        """Restore the next paused task; a broker that does not answer is tried again
-        later, with the task still paused."""
-        partition = min(self._restoring)
-        task = self._restoring[partition]
-        tps = [tp for tp in self.consumer.assignment() if tp.partition == partition]
-        started = time.monotonic()
+    def _restore_step(self) -> None:
+        """Take the restoration of the next paused task a step further (begun if none
+        is under way); once its stores are at the ends of their logs, the task joins the
+        ones that process. A broker that does not answer is tried again later, with the
+        task still paused."""
+        if self._restoration is None:
+            partition = min(self._restoring)
+            tps = [tp for tp in self.consumer.assignment() if tp.partition == partition]
+            try:
+                # The committed offsets first: reading them waits for a transaction still
+                # open on these partitions (their previous owner's) to end, and its
+                # changelog writes with it, so the logs' ends read next are final.
+                committed = self.consumer.committed(tps, timeout=10.0)
+                self._restoration = Restoration(self._restoring[partition], self.restorer,
+                                                self.admin, self._stopping)
+            except (KafkaException, RestoreError) as exc:
+                self._restore_failed(partition, exc)
+                return
+            self._restore_offsets = committed
+            self._restore_started = time.monotonic()
+        restoration = self._restoration
+        task = restoration.task
+        # Alone, a restoration goes at full speed; beside tasks that process, a step at a
+        # time, so their records are not held up for a long log's whole replay.
+        budget = RESTORE_STEP_S if self.tasks else RESTORE_ALONE_S
         try:
-            # The committed offsets first: reading them waits for a transaction still open
-            # on these partitions (their previous owner's) to end, and its changelog writes
-            # with it, so the logs' ends read next are final.
-            committed = self.consumer.committed(tps, timeout=10.0)
-            replayed = restore_task(task, self.restorer, self.admin, self.topics,
-                                    self._stopping)
+            done = restoration.step(budget)
         except (KafkaException, RestoreError) as exc:
-            self._check_config(exc)
-            log.warning("restoring partition %d: %s; trying again", partition, describe(exc))
-            # The admin client keeps the leader epochs it saw before a broker restart and
-            # does not refresh them when the broker refuses them (FENCED_LEADER_EPOCH):
-            # a new one asks afresh.
-            self.admin = self._new_admin()
-            self._restore_at = time.monotonic() + self._restore_backoff
-            self._restore_backoff = min(self._restore_backoff * 2, MAX_BACKOFF_S)
+            self._restoration = None
+            self._restore_failed(task.partition, exc)
             return
+        if not done:
+            return
+        self._restoration = None
         self._restore_backoff = 0.1
+        partition = task.partition
         del self._restoring[partition]
         self.tasks[partition] = task
-        for tp in committed:
+        for tp in self._restore_offsets:
             # No offset committed yet: from the start, as auto.offset.reset says.
             offset = tp.offset if tp.offset >= 0 else -2
             self._seek(TopicPartition(tp.topic, tp.partition, offset))
-        self.consumer.resume(tps)
+        self.consumer.resume([tp for tp in self.consumer.assignment()
+                              if tp.partition == partition])
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
-                 replayed, time.monotonic() - started)
+                 restoration.replayed, time.monotonic() - self._restore_started)
         # In a transaction, so a stage can act on what it finds (fail the starts of a
         # workflow that is no longer declared, say), and catch up with the control table.
         self._begin()
@@ -775,6 +803,22 @@ class Worker:
             for row in list(self.control.rows.values()):
                 for state in task.states.values():
                     state.stage.control_changed(state.ctx, row)
+
+    def _restore_failed(self, partition: int, exc: BaseException) -> None:
+        self._check_config(exc)
+        log.warning("restoring partition %d: %s; trying again", partition, describe(exc))
+        # The admin client keeps the leader epochs it saw before a broker restart and does
+        # not refresh them when the broker refuses them (FENCED_LEADER_EPOCH): a new one
+        # asks afresh.
+        self.admin = self._new_admin()
+        self._restore_at = time.monotonic() + self._restore_backoff
+        self._restore_backoff = min(self._restore_backoff * 2, MAX_BACKOFF_S)
+
+    def _stop_restoring(self, partitions: set[int]) -> None:
+        """A restoration under way for one of `partitions` (revoked, lost) stops."""
+        if self._restoration is not None and self._restoration.task.partition in partitions:
+            self._restoration.abandon()
+            self._restoration = None
 
     # -- rebalance -------------------------------------------------------------------
 
@@ -821,12 +865,14 @@ class Worker:
         self._drop(tps)
 
     def _drop_all(self) -> None:
+        self._stop_restoring(set(self._restoring))
         for task in [*self.tasks.values(), *self._restoring.values()]:
             task.close()
         self.tasks.clear()
         self._restoring.clear()
 
     def _drop(self, tps: list[TopicPartition]) -> None:
+        self._stop_restoring(self._partitions(tps))
         for partition in self._partitions(tps):
             task = self.tasks.pop(partition, None) or self._restoring.pop(partition, None)
             if task is not None:

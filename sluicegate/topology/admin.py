@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import check_access
-from sluicegate.schemas.registry import configure_codec
+from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics, TopicSpec
 
 

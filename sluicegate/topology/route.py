@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluicegate.declare import App, Expression, Workflow
+from sluicegate.declare import App, Control, Expression, Workflow
+from sluicegate.topology.keys import ControlKey
 
 DEPLOYMENT_BUDGET = "deployment"
+# The control of the hop that applies the deployment-wide concurrency cap.
+DEPLOYMENT_CAP = "deployment cap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,18 +51,24 @@ class Route:
         return f"{self.workflow}: " + " -> ".join(parts)
 
 
+def _hop(control: Control, budget: str, key: str | None, keyed: str | None = None) -> Hop:
+    stage = control.stage
+    assert stage is not None
+    return Hop(stage, control, budget, key, keyed=keyed)
+
+
 def _identity_hop(wf: Workflow) -> Hop:
     idem = wf.idempotency
     key = idem.key if idem is not None else None
     # Without an expression the identity is the explicit id a caller may pass, or none.
-    return Hop("identity", "idempotency", wf.name, key if key else "explicit id")
+    return _hop(Control.idempotency, wf.name, key if key else "explicit id")
 
 
 def _concurrency_hops(wf: Workflow, deployment_cap: int) -> list[Hop]:
     # A workflow's own second limit gets a budget of its own, so its keys never meet the
     # first limit's (an unkeyed limit and a key whose text is empty would).
     hops = [
-        Hop("concurrency", "concurrency",
+        Hop("concurrency", Control.concurrency,
             limit.shared_budget or (wf.name if index == 0 else f"{wf.name}#{index}"),
             limit.key, index)
         for index, limit in enumerate(wf.concurrency)
@@ -68,30 +77,25 @@ def _concurrency_hops(wf: Workflow, deployment_cap: int) -> list[Hop]:
     # waits for its own key's slot: keyed limits before unkeyed ones, own before shared.
     hops.sort(key=lambda h: (h.key is None, h.budget.startswith(("pool:", "key:"))))
     if deployment_cap:
-        hops.append(Hop("concurrency", "deployment cap", DEPLOYMENT_BUDGET, None, -1))
+        hops.append(Hop("concurrency", DEPLOYMENT_CAP, DEPLOYMENT_BUDGET, None, -1))
     return hops
 
 
 def route_for(wf: Workflow, deployment_cap: int = 0) -> Route:
     hops = [_identity_hop(wf)]
-    if wf.rate_limit is not None:
-        hops.append(Hop("ratelimit", "rateLimit", wf.name, wf.rate_limit.key))
-    if wf.debounce is not None:
-        hops.append(Hop("defer", "debounce", wf.name, wf.debounce.key))
-    if wf.batch is not None:
-        hops.append(Hop("defer", "batch", wf.name, wf.batch.key))
-    if wf.singleton is not None:
-        hops.append(Hop("singleton", "singleton", wf.name, wf.singleton.key))
+    for control in (Control.rate_limit, Control.debounce, Control.batch, Control.singleton):
+        option = getattr(wf, control.option)
+        if option is not None:
+            hops.append(_hop(control, wf.name, option.key))
     if len(wf.throttle) == 1:
         (throttle,) = wf.throttle
-        hops.append(Hop("throttle", "throttle", throttle.shared_budget or wf.name,
-                        throttle.key))
+        hops.append(_hop(Control.throttle, throttle.shared_budget or wf.name, throttle.key))
     elif wf.throttle:
         # Several paces, judged together where all of the workflow's starts meet
         # (docs/decisions/several-throttles.md).
         keys = ", ".join(t.key if t.key else "(one key)" for t in wf.throttle)
-        hops.append(Hop("throttle", "throttle", wf.name, None,
-                        keyed=f"by (one key), pacing together by {keys}"))
+        hops.append(_hop(Control.throttle, wf.name, None,
+                         keyed=f"by (one key), pacing together by {keys}"))
     hops += _concurrency_hops(wf, deployment_cap)
     return Route(wf.name, tuple(hops))
 
@@ -103,34 +107,21 @@ def routes(app: App, deployment_cap: int = 0) -> list[Route]:
 def key_expression(wf: Workflow, hop: Hop) -> Expression | None:
     """The compiled key expression of a hop's control (None: one key for all)."""
     option: Any
-    if hop.control == "rateLimit":
-        option = wf.rate_limit
-    elif hop.control == "debounce":
-        option = wf.debounce
-    elif hop.control == "batch":
-        option = wf.batch
-    elif hop.control == "singleton":
-        option = wf.singleton
-    elif hop.control == "throttle":
+    if hop.control == Control.idempotency or hop.control == DEPLOYMENT_CAP:
+        return None
+    if hop.control == Control.throttle:
         option = wf.throttle[0] if len(wf.throttle) == 1 else None
-    elif hop.control == "concurrency":
+    elif hop.control == Control.concurrency:
         option = wf.concurrency[hop.index]
     else:
-        return None
+        option = getattr(wf, Control.of(hop.control).option)
     return option.key_expr if option is not None else None
 
 
 def hop_key(wf: Workflow, hop: Hop, payload: Any) -> str:
     """The Kafka key a start carries to this hop: its budget and its key's text."""
     expr = key_expression(wf, hop)
-    return f"{hop.budget}\x1f{expr.text(payload) if expr is not None else ''}"
-
-
-def key_text(key: str | bytes) -> str:
-    """A hop key (or a slot's key, or the Kafka key it travels under) as the ledger shows
-    it: the key's own text, without the budget (docs/decisions/ledger-keys.md)."""
-    text = key.decode(errors="replace") if isinstance(key, bytes) else key
-    return text.partition("\x1f")[2]
+    return str(ControlKey(hop.budget, expr.text(payload) if expr is not None else ""))
 
 
 def control_name(wf: Workflow, hop: Hop) -> str:

@@ -27,9 +27,9 @@ from sluicegate.schemas.records import (
     RunEvent,
     RunEventKind,
 )
-from sluicegate.streams.decisions import execution_id_for
 from sluicegate.streams.routing import Router
 from sluicegate.streams.stages.cancelon import KEPT, SWEEP_GRACE_MS, decode_for
+from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 from tests.apps.operations import ISSUE_DELETED
 from tests.apps.operations_queues import app

@@ -26,9 +26,9 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.streams.decisions import execution_id_for
 from sluicegate.streams.routing import Router
 from sluicegate.topology.admin import create_topics
+from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import TopicReader, WorkerProcess, WorkerThread
 

@@ -25,8 +25,10 @@ runner = CliRunner()
 
 
 def _cli(settings: Settings, *args: str) -> str:
-    result = runner.invoke(cli, ["workflows", *args, "--bootstrap", settings.bootstrap,
-                                 "--namespace", settings.namespace])
+    # Names are checked against these declarations (a fresh namespace has seen none).
+    declared = [] if "--app" in args else ["--app", "tests.apps.lifecycle"]
+    result = runner.invoke(cli, ["workflows", *args, *declared, "--bootstrap",
+                                 settings.bootstrap, "--namespace", settings.namespace])
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -105,13 +107,15 @@ def test_a_pause_reaches_a_running_worker_within_about_a_second_and_loses_nothin
         range(len(statuses) + 1))
 
 
-def test_pause_needs_a_reason_and_with_an_app_a_declared_name() -> None:
+def test_pause_needs_a_reason_and_with_an_app_a_declared_name(settings: Settings) -> None:
     missing = runner.invoke(cli, ["workflows", "pause", "rankedJob"])
     assert missing.exit_code != 0 and "--reason" in missing.output
     typo = runner.invoke(cli, ["workflows", "pause", "rankedJb", "--reason", "x",
-                               "--app", "tests.apps.lifecycle"])
+                               "--app", "tests.apps.lifecycle", "--bootstrap",
+                               settings.bootstrap, "--namespace", settings.namespace])
     assert typo.exit_code == 2
-    assert "'rankedJb' is not declared in tests.apps.lifecycle" in typo.output
+    assert ("no workflow 'rankedJb' declared in tests.apps.lifecycle; did you mean "
+            "'rankedJob'") in typo.output
 
 
 

@@ -9,7 +9,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.streams.recovery import log_ranges, restore_task
+from sluicegate.streams.recovery import Restoration, log_ranges, restore_task
 from sluicegate.streams.runtime import Worker
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.task import Task
@@ -97,3 +97,49 @@ def test_one_consumer_restores_many_small_stores_without_waiting_on_each(
     # end-of-partition event after an empty fetch, would take at least `stores * 0.5` s.
     assert first < stores * 0.25, f"restoring {stores} stores took {first:.1f}s"
     assert second < stores * 0.25, f"{stores} current stores took {second:.1f}s"
+
+
+def test_a_long_changelog_is_restored_a_step_at_a_time_and_goes_on_after_a_stop(
+        settings: Settings) -> None:
+    """A worker restores a task between the records it processes for others: each step
+    takes about its budget (at least one fetch). A restoration left half way (its
+    partition revoked, the broker gone) goes on from what the store holds."""
+    create_topics(settings)
+    topics = Topics(settings)
+    stage = STATEFUL_STAGES[0]
+    n = 6_000  # three fetches' worth at least
+    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}l"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(n):
+        producer.produce(topics.changelog(stage), b"v", f"k{i:05d}".encode(), 0)
+    producer.commit_transaction(30)
+    admin = AdminClient(settings.client_config())
+    tp = TopicPartition(topics.changelog(stage), 0)
+    deadline = time.monotonic() + 30
+    while log_ranges(admin, [tp])[(tp.topic, 0)][1] <= n:
+        assert time.monotonic() < deadline, "the transaction never completed"
+        time.sleep(0.05)
+    stages: list[Stage] = [_Kept(stage)]
+    worker = Worker(stages, settings)
+    try:
+        task = Task(0, stages, worker.topics, settings.state_dir, lambda *a: None, lambda: 0)
+        try:
+            first = Restoration(task, worker.restorer, worker.admin)
+            assert not first.step(0.0)  # one fetch: not all of it
+            partway = first.replayed
+            assert 0 < partway < n
+            first.abandon()
+            second = Restoration(task, worker.restorer, worker.admin)
+            steps = 1
+            while not second.step(0.0):
+                steps += 1
+            assert steps >= 2
+            assert partway + second.replayed == n
+            (state,) = task.stateful()
+            assert state.store is not None
+            assert len(dict(state.store.items(b"k"))) == n
+        finally:
+            task.close()
+    finally:
+        worker.close()

@@ -39,8 +39,9 @@ from sluicegate.schemas.records import (
     Slot,
     StartRequest,
 )
-from sluicegate.schemas.registry import RegistryFraming, configure_codec
+from sluicegate.schemas.registry import RegistryFraming
 from sluicegate.topology.admin import create_topics
+from sluicegate.topology.framing import configure_codec, topic_subjects
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import TopicReader, WorkerProcess
 
@@ -71,7 +72,7 @@ def test_every_public_record_reads_with_confluents_avro_deserializer(
         schema_registry_url: str) -> None:
     topics = Topics(Settings(namespace=f"r{uuid.uuid4().hex[:8]}."))
     framing = RegistryFraming(_client(schema_registry_url), source=schema_registry_url)
-    framing.register_topics(topics)
+    framing.register_subjects(topic_subjects(topics))
     ours = Codec(framing)
     records: list[tuple[str, Any]] = [
         (topics.ledger, LedgerRecord(

@@ -13,6 +13,7 @@ from sluicegate.config import Settings
 from sluicegate.declare import load_app
 from sluicegate.kafkautil import watermarks
 from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import CommandKind, EngineCommand, RunRow, RunStatus
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
@@ -121,3 +122,44 @@ def test_an_engine_receives_the_commands_for_its_runs(settings: Settings) -> Non
             delivery = engine.poll(0.5)
             got = delivery.command if delivery is not None else None
     assert got == command
+
+
+def _next_command(engine: Engine) -> EngineCommand:
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "the engine never got the command"
+        delivery = engine.poll(0.5)
+        if delivery is not None and delivery.command is not None:
+            return delivery.command
+
+
+def test_a_command_an_engine_did_not_act_on_reaches_the_next_engine(
+        settings: Settings) -> None:
+    """An engine that fails while acting on a command (it leaves the group without asking
+    for its next delivery) has not consumed it: the engine that takes its partition over
+    gets the command again. One that acted on it and asked for more does not pass it on."""
+    create_topics(settings)
+    topics = Topics(settings)
+    group = f"{settings.namespace}engine"
+    producer = Producer(settings.client_config(partitioner="murmur2_random"))
+    for n in (1, 2):
+        command = EngineCommand(command_id=f"c{n}", execution_id="ex-1", workflow="note",
+                                kind=CommandKind.cancel, issued_at_ms=n, reason="bad deploy")
+        producer.produce(topics.commands, codec.encode(command), b"ex-1")
+    producer.flush(10)
+    with pytest.raises(RuntimeError, match="acting failed"), \
+            Engine(group=group, settings=settings) as failing:
+        assert _next_command(failing).command_id == "c1"
+        raise RuntimeError("acting failed")
+    with Engine(group=group, settings=settings) as acting:
+        assert _next_command(acting).command_id == "c1"  # again
+        assert _next_command(acting).command_id == "c2"  # c1 acted on: its offset stored
+    # c2 was the last command delivered and the engine closed cleanly: acted on too, so
+    # the group's committed offset is past both.
+    partition = partition_for(b"ex-1", settings.partitions)
+    reader = Consumer(settings.client_config(**{"group.id": group}))
+    try:
+        (committed,) = reader.committed([TopicPartition(topics.commands, partition)], 10)
+    finally:
+        reader.close()
+    assert committed.offset == 2

@@ -33,6 +33,7 @@ from sluicegate.schemas.records import LedgerRecord, Outcome
 from sluicegate.streams.runtime import Worker
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
+from tests.integration.cli import sluicegate
 from tests.integration.kafka_helpers import TopicReader, WorkerThread
 
 pytestmark = pytest.mark.broker
@@ -140,6 +141,22 @@ def test_a_wrong_sasl_password_is_refused_at_once_naming_user_mechanism_and_brok
     with pytest.raises(KafkaAuthError, match=expected):
         create_topics(bad)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("command", [("workflows", "flow"), ("topics", "create"),
+                                     ("worker", "--app", "tests.apps.identity")])
+def test_a_refused_login_is_one_line_on_the_command_line(
+        secure_broker: LocalBroker, command: tuple[str, ...], tmp_path: Path) -> None:
+    assert secure_broker.sasl_bootstrap is not None
+    env = {f"SLUICEGATE_KAFKA_{k.upper().replace('.', '_')}": v
+           for k, v in _sasl("not-the-password").items()}
+    ran = sluicegate(*command, bootstrap=secure_broker.sasl_bootstrap,
+                     state_dir=tmp_path / "state", env=env, timeout=30)
+    assert ran.code == 2
+    (line,) = ran.error_lines
+    assert line.startswith(f"error: Kafka authentication failed for user '{USER}' with SASL "
+                           f"PLAIN at broker {secure_broker.sasl_bootstrap}")
+    assert ran.seconds < 5
 
 
 def test_a_start_runs_end_to_end_over_tls_with_the_generated_ca(

@@ -67,7 +67,7 @@ def test_a_worker_refuses_to_start_on_missing_topics_and_says_how_to_create_them
     assert f"{settings.namespace}stage.runs is missing" in result.output
     assert "sluicegate topics create" in result.output
     # One line says it, with no traceback under it.
-    said = [line for line in result.output.splitlines() if line.startswith("sluicegate worker:")]
+    said = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "Traceback" not in result.output, result.output
 
 

@@ -22,7 +22,9 @@ from sluicegate.schemas import codec as codec_module
 from sluicegate.schemas.codec import NAMED_TYPES, RecordSchema
 from sluicegate.schemas.murmur2 import python_partition_for
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, StartRequest
-from sluicegate.streams.decisions import _placed_uuid_text, _uuid5_text, execution_id_for
+from sluicegate.topology.keys import execution_id_for
+from sluicegate.topology.keys import python_placed_uuid_text as _placed_uuid_text
+from sluicegate.topology.keys import python_uuid5_text as _uuid5_text
 
 NATIVE = Codec()  # the C fast paths (the generated Python when they are off)
 PYTHON = Codec(native=False)  # the generated Python fast paths

@@ -48,7 +48,8 @@ from sluicegate.streams.stages.concurrency import (
 )
 from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.streams.timers import Timers
-from sluicegate.topology.route import control_name, key_text, route_for
+from sluicegate.topology.keys import key_text
+from sluicegate.topology.route import control_name, route_for
 from sluicegate.topology.topics import Topics
 
 
@@ -280,6 +281,18 @@ def test_the_excess_waits_with_its_position_and_is_admitted_as_slots_free(make: 
     assert h.admitted_ids()[-1] == ids[2]
     assert h.outcomes(ids[2]) == [Outcome.queued, Outcome.admitted]
     assert h.admitted[-1].slots == [Slot(NAME, "w\x1fa")]
+
+
+def test_a_queued_start_says_why_it_waits_its_place_behind_the_limit(make: Any) -> None:
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=2, key="tenant")))
+    for _ in range(4):
+        h.start("w", {"tenant": "a"})
+    reasons = [r.reason for r in h.ledger if r.outcome is Outcome.queued]
+    assert reasons == [
+        "concurrency: 2 of 2 slots of workflow w key 'a' in use; number 1 in line for the "
+        "next free one",
+        "concurrency: 2 of 2 slots of workflow w key 'a' in use; number 2 in line for the "
+        "next free one"]
 
 
 def test_a_release_for_a_run_that_holds_nothing_here_changes_nothing(make: Any) -> None:

@@ -13,10 +13,12 @@ from pydantic import BaseModel
 
 from sluicegate.config import Settings
 from sluicegate.declare import (
+    CONTROL_ORDER,
     App,
     Batch,
     CancelOn,
     Concurrency,
+    Control,
     Debounce,
     DeclarationError,
     FailureReport,
@@ -364,3 +366,14 @@ def test_app_settings_default_to_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("SLUICEGATE_ENCRYPTION_KEYS", "")
     with pytest.raises(DeclarationError):
         App([Workflow(name="a", payload=Tour, encrypt_payloads=True)])
+
+
+def test_one_control_has_one_enum_member_under_all_its_names() -> None:
+    assert Control.of("rateLimit") is Control.of("rate_limit") is Control.rate_limit
+    assert (Control.rate_limit.option, Control.rate_limit.stage) == ("rate_limit", "ratelimit")
+    assert Control.debounce.stage == Control.batch.stage == "defer"
+    assert Control.priority.stage is None
+    # The order a start meets them, as declarations list them.
+    assert tuple(c.option for c in Control) == CONTROL_ORDER
+    # The ledger and the route name a control by its declared name.
+    assert f"{Control.rate_limit}" == "rateLimit"

@@ -297,7 +297,7 @@ def test_constant_results_lists_the_literal_branches() -> None:
         ("'open", "unterminated string", 1),
         ("'bad \\q'", "unknown escape", 6),
         ("(rowId", "expected ')'", 7),
-        ("rowId +", "expected a value or a field", 8),
+        ("rowId +", "unexpected end of the expression; expected a value or a field", 8),
         ("1 < editedAt < 3", "chained comparisons are ambiguous", 14),
         ("items.0", "write [0] to index a list", 7),
         ("items[-1]", "an index must be a whole number", 7),

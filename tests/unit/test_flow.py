@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.ops.flow import compute, flow_view, in_flight
+from sluicegate.ops.flow import SlotLimit, compute, flow_view, in_flight
 from sluicegate.ops.ledger import LedgerDb, fill
 from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome, RunRow, RunStatus, Slot
 
@@ -95,13 +95,13 @@ def test_in_flight_counts_live_runs_per_concurrency_slot_as_the_ledger_shows_its
         # counts under each.
         run("e5", "fairJob", RunStatus.running, Slot("concurrency", "fairJob\x1facme"),
             Slot("concurrency", "pool:gpu\x1f"), Slot("singleton", "fairJob\x1fx")),
-        # No concurrency slot: one run under no key.
+        # No concurrency slot: one run under the workflow's one key.
         run("e6", "note", RunStatus.running),
         run("e7", "note", RunStatus.failed),
     ]
     assert in_flight(runs) == {
         ("perTenant", "acme"): 2, ("perTenant", "zeta"): 1,
-        ("fairJob", "acme"): 1, ("fairJob", ""): 1, ("note", None): 1,
+        ("fairJob", "acme"): 1, ("fairJob", ""): 1, ("note", ""): 1,
     }
 
 
@@ -123,7 +123,7 @@ def test_paused_comes_from_the_control_row_and_declared_workflows_are_listed() -
     assert per_tenant.to_json()["keys"] == [{
         "key": "acme", "queued": 0, "waiting": None, "waiting_ms": None,
         "oldest_queued_at_ms": None, "collapsed": 0, "dropped": 0, "expired": 0,
-        "in_flight": 3}]
+        "in_flight": 3, "limit": None}]
     assert "tour  PAUSED (deploying a fix)" in view.text()
     assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3" in view.text()
 
@@ -137,3 +137,34 @@ def test_a_key_with_queued_starts_and_running_runs_is_one_line(db: LedgerDb) -> 
     (key,) = view.workflows[0].keys
     assert (key.key, key.queued, key.in_flight, key.waiting) == ("acme", 1, 5, "12m00s")
     assert "queued=1 waiting=12m00s" in view.text()
+
+
+def test_in_flight_shows_the_declared_limit_beside_it() -> None:
+    limits = {"perTenant": SlotLimit(2, keyed=True), "report": SlotLimit(2, keyed=False)}
+    view = compute({}, {("perTenant", "acme"): 2, ("report", ""): 1}, {}, NOW, limits=limits)
+    text = view.text()
+    # A keyed limit bounds each key, not the workflow; an unkeyed one bounds both lines.
+    assert "perTenant  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=2\n" in text
+    assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=2/2" in text
+    assert "report  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=1/2" in text
+    report = view.get("report")
+    assert report is not None and report.to_json()["total"]["limit"] == 2
+
+
+def test_the_unkeyed_key_is_one_row_spelt_one_key(db: LedgerDb) -> None:
+    """An unkeyed concurrency limit's queued starts (key "") and a run holding no slot
+    are the same key: the workflow's one key, spelt as `topology show` spells it."""
+    fill(db, [rec("q1", Outcome.queued, T0, workflow="report", key="", deferral="concurrency"),
+              rec("q2", Outcome.queued, T0, workflow="report", key=None, deferral="pause")])
+    view = flow_view(db, [run("e1", "report", RunStatus.running)], {}, NOW)
+    (key,) = view.workflows[0].keys
+    assert (key.key, key.queued, key.in_flight) == ("", 2, 1)
+    assert "  key=(one key)  queued=2" in view.text()
+    assert "''" not in view.text() and "(none)" not in view.text()
+
+
+def test_a_workflow_whose_starts_were_all_admitted_is_listed(db: LedgerDb) -> None:
+    fill(db, [rec("a1", Outcome.admitted, T0, workflow="sendReceipt", key="o1"),
+              rec("a2", Outcome.existing, T0, workflow="sendReceipt", key="o1")])
+    view = flow_view(db, [], {}, NOW)
+    assert [w.workflow for w in view.workflows] == ["sendReceipt"]

@@ -9,7 +9,8 @@ from pydantic import BaseModel
 
 from sluicegate.declare import App, Idempotency, Workflow
 from sluicegate.schemas.records import Origin, StartRequest
-from sluicegate.streams.stages.identity import IdentityRow, Spent, decide, ended, identity_key
+from sluicegate.streams.stages.identity import IdentityRow, Spent, decide, ended
+from sluicegate.topology.keys import identity_key
 
 
 class Paid(BaseModel):

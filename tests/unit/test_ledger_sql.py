@@ -208,6 +208,17 @@ def test_why_by_key_shows_the_latest_row_of_each_request_on_that_key(db: LedgerD
         ("r1", "collapsed"), ("r2", "queued")]
 
 
+def test_why_gives_a_queued_row_without_a_reason_what_holds_it(db: LedgerDb) -> None:
+    """A queued row written without a reason (before the stages gave one) still answers
+    "why": its deferral, due time and place in line."""
+    fill(db, [rec("q1", Outcome.queued, T0, key="", deferral="concurrency", position=2),
+              rec("q2", Outcome.queued, T0, key="r", deferral="debounce",
+                  due_at_ms=T0 + 15 * MIN)])
+    got = {r[0]: r[6] for r in ask(db, "why", key="").rows + ask(db, "why", key="r").rows}
+    assert got == {"q1": "held by concurrency; number 3 in line",
+                   "q2": "held by debounce until 2026-01-01 00:15:00"}
+
+
 def test_two_decisions_in_one_millisecond_order_by_offset(db: LedgerDb) -> None:
     fill(db, [rec("r1", Outcome.queued, T0), rec("r1", Outcome.admitted, T0)])
     (row,) = ask(db, "why", request_id="r1").rows

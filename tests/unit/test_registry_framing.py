@@ -40,12 +40,8 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.schemas.registry import (
-    RegistryError,
-    RegistryFraming,
-    configure_codec,
-    topic_subjects,
-)
+from sluicegate.schemas.registry import RegistryError, RegistryFraming
+from sluicegate.topology.framing import configure_codec, topic_subjects
 from sluicegate.topology.topics import Topics
 from tests.unit.test_codec import RECORD_CLASSES, a_start_request, records_of
 
@@ -129,7 +125,7 @@ def test_every_type_is_registered_under_its_full_name_and_framed_with_that_id(
 def test_topic_subjects_hold_each_public_topics_record_type_under_the_same_id(
         registry: MemoryRegistry) -> None:
     framing = RegistryFraming(registry)
-    framing.register_topics(Topics(Settings(namespace="acme.")))
+    framing.register_subjects(topic_subjects(Topics(Settings(namespace="acme."))))
     assert registry.subjects["acme.ledger-value"] == registry.subjects["io.sluicegate.LedgerRecord"]
     assert registry.subjects["acme.starts-value"] == registry.subjects["io.sluicegate.StartRequest"]
     acme = {s for s in registry.subjects if s.startswith("acme.")}
@@ -299,7 +295,7 @@ def test_configuring_a_registry_installs_its_framing_once_per_process(
         made.append(settings)
         return store
 
-    monkeypatch.setattr("sluicegate.schemas.registry.registry_client", client)
+    monkeypatch.setattr("sluicegate.topology.framing.registry_client", client)
     plain = Settings(schema_registry_url="", schema_registry={})
     assert configure_codec(plain) is codec.default()  # no registry: single-object, as before
     assert codec.encode(a_start_request())[:2] == b"\xc3\x01"

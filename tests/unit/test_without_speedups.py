@@ -22,15 +22,15 @@ from sluicegate.schemas import native
 _WHAT_RUNS = """
 import importlib
 from sluicegate.schemas import codec, native
-from sluicegate.streams import decisions
+from sluicegate.topology import keys
 # (the package exports the function murmur2 under the module's name)
 murmur2 = importlib.import_module("sluicegate.schemas.murmur2")
 assert native.speedups is None, native.speedups
 assert not codec.NATIVE
 assert murmur2.murmur2 is murmur2.python_murmur2
 assert murmur2.partition_for is murmur2.python_partition_for
-assert decisions.uuid5_text is decisions._uuid5_text
-assert decisions.placed_uuid_text is decisions._placed_uuid_text
+assert keys.uuid5_text is keys.python_uuid5_text
+assert keys.placed_uuid_text is keys.python_placed_uuid_text
 print(native.missing_because)
 """
 

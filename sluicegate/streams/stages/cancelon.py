@@ -42,6 +42,7 @@ from typing import Any
 from sluicegate.declare import App, CancelOn, Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
+    LIVE,
     AdmittedKind,
     CancelSweep,
     CommandKind,
@@ -55,7 +56,6 @@ from sluicegate.streams.decisions import describe_invalid, record_decision, reje
 from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.streams.routing import PAUSE_STAGE, Router
 from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.stages.runs import LIVE
 from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 

@@ -34,13 +34,14 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
 )
-from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import FairQueue, Parked, priority_mode
-from sluicegate.streams.routing import REMOVED, ControlStage, Router, with_slot
+from sluicegate.streams.routing import REMOVED, Router, with_slot
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
+from sluicegate.streams.stages.queueing import QueueStage
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route, key_text
+from sluicegate.topology.keys import ControlKey, key_text
+from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 
 NAME = "concurrency"
 
@@ -144,8 +145,10 @@ def _unprefix(raw: bytes) -> tuple[str, bytes]:
     return raw[4:4 + size].decode(), raw[4 + size:]
 
 
-class ConcurrencyStage(ControlStage):
+class ConcurrencyStage(QueueStage):
     name = NAME
+    carries = (PendingStart, Release, CancelSweep)
+    expects = "a pending start or a release"
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)
@@ -202,7 +205,7 @@ class ConcurrencyStage(ControlStage):
         return wf.concurrency[index].mode
 
     def queue(self, ctx: StageContext, key: str) -> FairQueue:
-        budget = key.partition("\x1f")[0]
+        budget = ControlKey.parse(key).budget
         return FairQueue(ctx.store, key.encode(), self.modes.get(budget, "strict"),
                          budget in self.fair)
 
@@ -236,25 +239,14 @@ class ConcurrencyStage(ControlStage):
 
     # -- input -----------------------------------------------------------------------------
 
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
-        message = record.message
-        if message.__class__ is not PendingStart and message.__class__ is not Release:
-            try:
-                message = codec.decode_one_of((PendingStart, Release, CancelSweep),
-                                              record.value)
-            except codec.DecodeError as exc:
-                reject(ctx, record, f"not a pending start or a release: {exc}")
-                return
-        if isinstance(message, Release):
-            self._release(ctx, message)
-            return
-        if isinstance(message, CancelSweep):
-            self._cancel_queued(ctx, message)
-            return
+    def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
         if record.key is None:
-            self._rekey(ctx, message, record.headers)
+            self._rekey(ctx, start, record.headers)
             return
-        self._arrive(ctx, record.key.decode(), message, record.headers)
+        self._arrive(ctx, record.key.decode(), start, record.headers)
+
+    def on_release(self, ctx: StageContext, release: Release) -> None:
+        self._release(ctx, release)
 
     def _rekey(self, ctx: StageContext, start: PendingStart, headers: Headers | None) -> None:
         """A start produced without its key: send it on to the task that owns its key."""
@@ -302,7 +294,8 @@ class ConcurrencyStage(ControlStage):
                                reason=reason)
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
-            self._park(ctx, key, start, wf, queue, headers)
+            self._park(ctx, key, start, wf, queue, headers,
+                       waits_for=f"{occupancy.held} of {limit.limit} slots")
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
                 self._drain(ctx, key)
@@ -315,7 +308,7 @@ class ConcurrencyStage(ControlStage):
         self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
-              queue: FairQueue, headers: Headers | None) -> None:
+              queue: FairQueue, headers: Headers | None, *, waits_for: str) -> None:
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
         ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
@@ -325,8 +318,11 @@ class ConcurrencyStage(ControlStage):
         if due is not None:
             ctx.timers.schedule(due, _EXPIRE + _prefixed(key) + start.execution_id.encode())
         if start.kind is AdmittedKind.start:
-            self.router.queued(ctx, start, deferral=NAME, key=key_text(key),
-                               position=position)
+            # The ledger row says why in words: `ledger ask why` shows it.
+            self.router.queued(
+                ctx, start, deferral=NAME, key=key_text(key), position=position,
+                reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use; "
+                       f"number {position + 1} in line for the next free one")
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
         """The lane `start` waits in at its hop: the value of the limit's fairness key
@@ -397,7 +393,7 @@ class ConcurrencyStage(ControlStage):
         and the queue is not read. Only a sweep at restore reads it anyway: starts whose
         route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
-        widest = self.widest.get(key.partition("\x1f")[0])
+        widest = self.widest.get(ControlKey.parse(key).budget)
         while True:
             if not sweeping and widest is not None and self.held(ctx, key) >= widest:
                 return
@@ -424,11 +420,10 @@ class ConcurrencyStage(ControlStage):
             self._unpark(ctx, key, start)
             self._take(ctx, key, start, hop, parked.headers)
 
-    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+    def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event. A
         waiting resume is left alone: its run exists, and the correlator cancels runs.
         No slot frees, so nothing drains."""
-        cancelon.keep(ctx, sweep)
         for row, _ in list(ctx.store.items(_WAITING)):
             key, execution_id = _unprefix(row[len(_WAITING):])
             found = self._waiting(ctx, key, execution_id.decode())
@@ -514,7 +509,7 @@ class ConcurrencyStage(ControlStage):
         self.router.fail(ctx, start, outcome, reason, key=key_text(key))
 
     def _described(self, key: str, wf: Workflow | None) -> str:
-        budget, _, text = key.partition("\x1f")
+        budget, text = ControlKey.parse(key)
         what = ("the deployment cap" if budget == DEPLOYMENT_BUDGET
                 else f"workflow {budget}" if wf is not None and budget == wf.name
                 else budget)

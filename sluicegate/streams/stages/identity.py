@@ -7,8 +7,9 @@ ends: the run holds an identity slot, and its release starts the countdown). A w
 with no idempotency key and no explicit id touches no state here at all; one with no
 controls is admitted on the spot (the passthrough).
 
-Delayed starts (`at`) are parked here, after identity and before every other control, so
-that at `at` they arrive at the controls as ordinary starts judged as of that moment.
+Delayed starts (`at`) are parked here (`delayed.py`), after identity and before every
+other control, so that at `at` they arrive at the controls as ordinary starts judged as of
+that moment.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
 
-from sluicegate.declare import App, Workflow, applies
+from sluicegate.declare import App, Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -37,26 +37,23 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.decisions import (
     admit,
     describe_invalid,
-    execution_id_for,
     record_decision,
     reject,
 )
 from sluicegate.streams.payloads import SealError, validate
-from sluicegate.streams.pending import priority_mode, rank_key
 from sluicegate.streams.routing import (
     DECLARED_ROW,
-    REMOVED,
     Router,
     declared_digest,
-    identity_store_key,
 )
 from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
-from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
+from sluicegate.streams.stages.delayed import DelayedStarts, is_delayed
+from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
 from sluicegate.topology.topics import Topics
 
 NAME = "identity"
-_DELAYED = b"D"
 _EXPIRE = b"X"
 
 # -- the pure core -------------------------------------------------------------------
@@ -105,26 +102,6 @@ def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) ->
     return IdentityRow(row.execution_id, row.request_id, ended_at_ms + ttl_ms)
 
 
-def identity_key(wf: Workflow, start: StartRequest, payload: Any) -> str | None:
-    """The key that names this start's execution, or None when nothing names it.
-
-    An explicit id wins on every origin (a `direct` start's retry-safe id, or an event's
-    own id); the declared expression applies to event starts only (seed 003's matrix).
-    """
-    if start.idempotency_id is not None:
-        return start.idempotency_id
-    idem = wf.idempotency
-    if idem is not None and idem.key_expr is not None and applies("idempotency", start.origin):
-        try:
-            return idem.key_expr.text(payload)
-        except ValueError:
-            return "null"
-    return None
-
-
-store_key = identity_store_key
-
-
 # -- the stage -----------------------------------------------------------------------
 
 
@@ -138,6 +115,7 @@ class IdentityStage(Stage):
         self.router = router
         self.max_payload_bytes = max_payload_bytes
         self._declared = declared_digest(app)
+        self.delayed = DelayedStarts(app, router)
         # Whether this stage needs a workflow's payload as data: for its idempotency
         # expression, its priority, or a key of a later hop. A passthrough with none of
         # these never parses it.
@@ -220,7 +198,7 @@ class IdentityStage(Stage):
                                         self.partitions)
         slots: list[Slot] = []
         if key is not None:
-            skey = store_key(wf.name, key)
+            skey = identity_store_key(wf.name, key)
             if partition_for(skey, self.partitions) != ctx.partition:
                 # Produced under another key: re-key it so this key's state has one owner.
                 ctx.send(ctx.topics.stage(self.name), skey, record.value)
@@ -258,22 +236,9 @@ class IdentityStage(Stage):
             retry_of=start.retry_of, on_failure=wf.on_failure,
         )
         if start.at_ms is not None and start.at_ms > now:
-            self._park_delayed(ctx, pending, start.at_ms, wf)
+            self.delayed.park(ctx, pending, start.at_ms, wf)
             return
         self.router.forward(ctx, pending, payload)
-
-    # -- delayed starts ----------------------------------------------------------------
-
-    def _park_delayed(self, ctx: StageContext, pending: PendingStart, at_ms: int,
-                      wf: Workflow) -> None:
-        if cancelon.discard_on_arrival(ctx, self.app, self.router, pending,
-                                       pending.identity_key):
-            return
-        # Each delayed start is its own row; at equal due times, priority orders them.
-        timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
-        ctx.timers.schedule(at_ms, timer, codec.encode(pending))
-        self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
-                           due_at_ms=at_ms)
 
     def restored(self, ctx: StageContext) -> None:
         """A delayed start of a workflow no longer declared fails now, not at its `at`
@@ -282,23 +247,14 @@ class IdentityStage(Stage):
         partition was last checked."""
         if ctx.store.get(DECLARED_ROW) == self._declared:
             return
-        for raw, value in list(ctx.store.items(TIMER_PREFIX)):
-            due_ms, key = parse_timer_key(raw)
-            if not key.startswith(_DELAYED):
-                continue
-            pending = codec.decode(PendingStart, value)
-            if self.app.get(pending.workflow) is None:
-                ctx.timers.cancel(due_ms, key)
-                self.router.fail(ctx, pending, Outcome.failed, REMOVED)
+        self.delayed.fail_removed(ctx)
         ctx.store.put(DECLARED_ROW, self._declared)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         if cancelon.forget(ctx, key):
             return
-        if key.startswith(_DELAYED):
-            pending = codec.decode(PendingStart, value)
-            # At `at` it is an ordinary arrival: the controls judge it as of now.
-            self.router.forward(ctx, dataclasses.replace(pending, arrived_at_ms=ctx.now_ms))
+        if is_delayed(key):
+            self.delayed.fire(ctx, value)
         elif key.startswith(_EXPIRE):
             skey = key[len(_EXPIRE):]
             raw = ctx.store.get(STATE_PREFIX + skey)
@@ -308,19 +264,8 @@ class IdentityStage(Stage):
                     ctx.store.delete(STATE_PREFIX + skey)
 
     def _cancel_delayed(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards this partition's delayed starts that match the event (each
-        is a timer whose value is the parked start)."""
         cancelon.keep(ctx, sweep)
-        for raw, value in list(ctx.store.items(TIMER_PREFIX)):
-            due_ms, key = parse_timer_key(raw)
-            if not key.startswith(_DELAYED):
-                continue
-            pending = codec.decode(PendingStart, value)
-            reason = cancelon.reason_for(self.app, sweep, pending)
-            if reason is not None:
-                ctx.timers.cancel(due_ms, key)
-                cancelon.discard(ctx, self.router, pending, sweep, reason,
-                                 pending.identity_key)
+        self.delayed.cancel_queued(ctx, sweep)
 
     # -- ttl ---------------------------------------------------------------------------
 

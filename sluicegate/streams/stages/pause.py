@@ -11,28 +11,26 @@ priority-ordered queue and drain in one order, each going on from the hop it sto
 from __future__ import annotations
 
 from sluicegate.declare import App
-from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
-from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import PendingQueue, priority_mode, queue_names
 from sluicegate.streams.routing import (
     DECLARED_ROW,
     PAUSE_STAGE,
     REMOVED,
-    ControlStage,
     Router,
     declared_digest,
 )
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
+from sluicegate.streams.stages.queueing import QueueStage
 
 
 def queue_name(workflow: str) -> bytes:
     return workflow.encode()
 
 
-class PauseStage(ControlStage):
+class PauseStage(QueueStage):
     name = PAUSE_STAGE
 
     def __init__(self, app: App, partitions: int, router: Router) -> None:
@@ -40,15 +38,7 @@ class PauseStage(ControlStage):
         self.partitions = partitions
         self._declared = declared_digest(app)
 
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
-        try:
-            start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
-        except codec.DecodeError as exc:
-            reject(ctx, record, f"not a pending start: {exc}")
-            return
-        if isinstance(start, CancelSweep):
-            self._cancel_queued(ctx, start)
-            return
+    def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
         headers = record.headers
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start, start.workflow,
                                        headers=headers):
@@ -60,10 +50,9 @@ class PauseStage(ControlStage):
         # Unpaused while it was on its way here.
         self.router.forward(ctx, start, headers=headers)
 
-    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+    def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards the paused starts that match the event (a queue per
         workflow, on the partition that owns the workflow's name)."""
-        cancelon.keep(ctx, sweep)
         for workflow in sweep.workflows:
             queue = PendingQueue(ctx.store, queue_name(workflow))
             for parked in list(queue):

@@ -20,7 +20,7 @@ from sluicegate.streams.decisions import reject
 from sluicegate.streams.routing import ControlStage
 from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import key_text
+from sluicegate.topology.keys import ControlKey, key_text
 
 NAME = "ratelimit"
 _WINDOW = STATE_PREFIX + b"W"
@@ -135,7 +135,7 @@ class RateLimitStage(ControlStage):
 
 def _workflow(kafka_key: bytes) -> str:
     # A rateLimit hop's budget is its workflow's name.
-    return kafka_key.partition(b"\x1f")[0].decode(errors="replace")
+    return ControlKey.parse(kafka_key).budget
 
 
 def _reason(option: RateLimit, key: str, retry_after_ms: int) -> str:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
+    ENDED,
+    LIVE,
     AdmittedKind,
     AdmittedStart,
     CommandKind,
@@ -47,10 +49,10 @@ from sluicegate.schemas.records import (
     changed,
 )
 from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
-from sluicegate.streams.routing import Router, identity_store_key
+from sluicegate.streams.routing import Router
 from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import key_text
+from sluicegate.topology.keys import identity_store_key, key_text
 from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -66,14 +68,12 @@ _CANCELLING = STATE_PREFIX + b"K"
 _FINISH = b"F"
 _LEASE = b"L"
 
-ENDED = {RunStatus.completed, RunStatus.failed, RunStatus.cancelled}
-LIVE = {RunStatus.admitted, RunStatus.running, RunStatus.suspended}
 # Which runs each bulk verb acts on (SPEC.md section 4; seed 000): the operation selects
 # them by this, and the runs stage checks it again when it carries the operation out.
 ELIGIBLE: dict[str, frozenset[RunStatus]] = {
     # An admitted run is one the engine has been handed: leaving it out would let it start
     # after the operator stopped "all" of them.
-    "cancel": frozenset(LIVE),
+    "cancel": LIVE,
     "redrive": frozenset({RunStatus.failed}),
     "retry": frozenset({RunStatus.failed, RunStatus.cancelled}),
 }

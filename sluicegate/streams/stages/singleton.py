@@ -38,6 +38,7 @@ from sluicegate.streams.decisions import reject
 from sluicegate.streams.routing import Router, with_slot
 from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.topics import Topics
 
 NAME = "singleton"
@@ -147,7 +148,7 @@ class Readable(Protocol):
 def hold_key(workflow: str, key: str) -> str:
     """The stage's key for a workflow's singleton key text: its hop key (the singleton's
     budget is always its own workflow), which is also the slot key its runs hold."""
-    return f"{workflow}\x1f{key}"
+    return str(ControlKey(workflow, key))
 
 
 def partition_of(workflow: str, key: str, partitions: int) -> int:
@@ -213,7 +214,7 @@ class SingletonStage(Stage):
         admitted_now = start.hop + 1 >= len(route.hops) and not self.router.paused(wf.name)
         hold, decision = arrive(self._load(ctx, key), start.execution_id, wf.singleton.mode,
                                 admitted_now)
-        text = key.partition("\x1f")[2]
+        text = key_text(key)
         if isinstance(decision, Skip):
             reason = f"singleton key {text!r} is held by run {decision.holder}"
             self.router.decide(ctx, start, Outcome.skipped, key=text,
@@ -235,7 +236,7 @@ class SingletonStage(Stage):
         if hold != before:
             self._save(ctx, key, hold)
         if cancel is not None:
-            self._cancel(ctx, start.workflow, key.partition("\x1f")[2], cancel)
+            self._cancel(ctx, start.workflow, key_text(key), cancel)
 
     def _cancel(self, ctx: StageContext, workflow: str, text: str, cancel: Cancel) -> None:
         command = EngineCommand(

@@ -24,15 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
-from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import Parked, PendingQueue, priority_mode
-from sluicegate.streams.routing import REMOVED, ControlStage, Router
+from sluicegate.streams.routing import REMOVED, Router
 from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
+from sluicegate.streams.stages.queueing import QueueStage
 from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.route import hop_key, key_text
+from sluicegate.topology.keys import key_text
+from sluicegate.topology.route import hop_key
 
 NAME = "throttle"
 _KEY = STATE_PREFIX + b"K"
@@ -146,7 +147,7 @@ def _int(text: str) -> int | None:
     return int(text) if text else None
 
 
-class ThrottleStage(ControlStage):
+class ThrottleStage(QueueStage):
     name = NAME
 
     def __init__(self, app: App, router: Router) -> None:
@@ -156,17 +157,9 @@ class ThrottleStage(ControlStage):
 
         self.many = Throttles(router)
 
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
-        if record.key is None or record.value is None:
-            reject(ctx, record, "a throttled start needs its throttle key and a value")
-            return
-        try:
-            start = codec.decode_one_of((PendingStart, CancelSweep), record.value)
-        except codec.DecodeError as exc:
-            reject(ctx, record, f"not a pending start: {exc}")
-            return
-        if isinstance(start, CancelSweep):
-            self._cancel_queued(ctx, start)
+    def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
+        if record.key is None:
+            reject(ctx, record, "a throttled start needs its throttle key")
             return
         wf = self.app.get(start.workflow)
         if wf is None:
@@ -305,9 +298,8 @@ class ThrottleStage(ControlStage):
             row = replace(row, turn_ms=turn)
         ctx.store.put(_KEY + key, row.encode())
 
-    def _cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+    def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event."""
-        cancelon.keep(ctx, sweep)
         self.many.cancel_queued(ctx, sweep)
         for raw_key, raw in list(ctx.store.items(_KEY)):
             key = raw_key[len(_KEY):]

@@ -1,0 +1,77 @@
+"""Delayed starts (`at`): a start asked for later waits until then (SPEC.md section 2).
+
+The identity stage parks them, after identity and before every other control, so that at
+`at` they arrive at the controls as ordinary starts judged as of that moment. Each is a
+timer of its own whose value is the parked start; at equal due times priority orders them.
+A delayed start of a workflow removed from the declarations fails at the restore, not at
+its `at`; cancelOn discards the ones that match its event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sluicegate.declare import App, Workflow
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
+from sluicegate.streams.pending import priority_mode, rank_key
+from sluicegate.streams.routing import REMOVED, Router
+from sluicegate.streams.stage import StageContext
+from sluicegate.streams.stages import cancelon
+from sluicegate.streams.timers import TIMER_PREFIX, parse_timer_key
+
+# Timer keys of delayed starts: this, the start's rank, its request id.
+_DELAYED = b"D"
+
+
+def is_delayed(timer: bytes) -> bool:
+    return timer.startswith(_DELAYED)
+
+
+class DelayedStarts:
+    """The identity stage's delayed starts, one timer each."""
+
+    def __init__(self, app: App, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    def park(self, ctx: StageContext, pending: PendingStart, at_ms: int,
+             wf: Workflow) -> None:
+        if cancelon.discard_on_arrival(ctx, self.app, self.router, pending,
+                                       pending.identity_key):
+            return
+        timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
+        ctx.timers.schedule(at_ms, timer, codec.encode(pending))
+        self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
+                           due_at_ms=at_ms)
+
+    def fire(self, ctx: StageContext, value: bytes) -> None:
+        """Its `at` came: an ordinary arrival, which the controls judge as of now."""
+        pending = codec.decode(PendingStart, value)
+        self.router.forward(ctx, dataclasses.replace(pending, arrived_at_ms=ctx.now_ms))
+
+    def _parked(self, ctx: StageContext) -> list[tuple[int, bytes, PendingStart]]:
+        out = []
+        for raw, value in list(ctx.store.items(TIMER_PREFIX)):
+            due_ms, key = parse_timer_key(raw)
+            if is_delayed(key):
+                out.append((due_ms, key, codec.decode(PendingStart, value)))
+        return out
+
+    def fail_removed(self, ctx: StageContext) -> None:
+        """Delayed starts of a workflow no longer declared fail now. This reads every
+        timer of the partition (the idempotency keys' expiries too): the identity stage
+        calls it only when the declarations changed."""
+        for due_ms, key, pending in self._parked(ctx):
+            if self.app.get(pending.workflow) is None:
+                ctx.timers.cancel(due_ms, key)
+                self.router.fail(ctx, pending, Outcome.failed, REMOVED)
+
+    def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
+        """cancelOn discards the delayed starts that match the event."""
+        for due_ms, key, pending in self._parked(ctx):
+            reason = cancelon.reason_for(self.app, sweep, pending)
+            if reason is not None:
+                ctx.timers.cancel(due_ms, key)
+                cancelon.discard(ctx, self.router, pending, sweep, reason,
+                                 pending.identity_key)

@@ -1,0 +1,94 @@
+"""The demo drains: its reference engine runs a workflow's runs as wide as the workflow's
+concurrency limit, and the demo's parting advice is a command that works where it ran."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from examples import demo
+from examples.engine import FunctionEngine, widths
+from sluicegate.client import Delivery
+from sluicegate.ops.demo import kafka_down_command
+from sluicegate.schemas.records import AdmittedKind, AdmittedStart, Origin
+
+
+class FakeEngine:
+    """The Engine's side of the contract, in memory: deliveries in, reports out."""
+
+    def __init__(self, deliveries: list[Delivery]) -> None:
+        self.deliveries = deliveries
+        self.reports: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def poll(self, timeout: float) -> Delivery | None:
+        return self.deliveries.pop(0) if self.deliveries else None
+
+    def started(self, delivery: Delivery) -> None:
+        assert delivery.admitted is not None
+        with self.lock:
+            self.reports.append(("started", delivery.admitted.execution_id))
+
+    def completed(self, execution_id: str, workflow: str) -> None:
+        with self.lock:
+            self.reports.append(("completed", execution_id))
+
+    def failed(self, execution_id: str, workflow: str, **_: Any) -> None:
+        with self.lock:
+            self.reports.append(("failed", execution_id))
+
+    def flush(self) -> None:
+        pass
+
+
+def _delivery(i: int, workflow: str = "generateReport") -> Delivery:
+    return Delivery(admitted=AdmittedStart(
+        execution_id=f"e{i}", workflow=workflow,
+        payload=json.dumps({"accountId": "a1", "plan": "free"}).encode(),
+        declaration_version="v1", origin=Origin.event, kind=AdmittedKind.start, slots=[],
+        request_ids=[f"r{i}"], requested_at_ms=0, admitted_at_ms=0))
+
+
+def test_the_engine_runs_as_many_reports_at_once_as_the_limit_allows() -> None:
+    assert widths(demo.app) == {"generateReport": 2}
+    running = 0
+    most = 0
+    lock = threading.Lock()
+    both = threading.Barrier(2, timeout=5)
+
+    def report(_payload: dict[str, Any]) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        both.wait()  # a single-threaded engine never gets the second one here
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+
+    fake = FakeEngine([_delivery(i) for i in range(6)])
+    engine = FunctionEngine(fake, {"generateReport": report}, widths(demo.app))  # type: ignore[arg-type]
+    engine.run(lambda: not fake.deliveries)
+    assert (engine.completed, engine.failed) == (6, 0)
+    assert most == 2, "never more at once than the declared limit"
+    assert [kind for kind, _ in fake.reports].count("completed") == 6
+
+
+def test_the_parting_command_names_the_venvs_script_when_it_is_not_on_path(
+        tmp_path: Path) -> None:
+    python = tmp_path / ".venv" / "bin" / "python"
+    assert kafka_down_command(9092, executable=str(python), cwd=tmp_path, path="") == (
+        ".venv/bin/sluicegate kafka down --port 9092")
+
+
+def test_the_parting_command_is_plain_when_path_finds_the_same_script(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "sluicegate"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert kafka_down_command(19092, executable=str(bin_dir / "python"), cwd=Path("/"),
+                              path=str(bin_dir)) == "sluicegate kafka down --port 19092"
