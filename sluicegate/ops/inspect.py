@@ -234,14 +234,14 @@ def cross_site(headers: dict[str, str], scheme: str) -> str | None:
     """Why a state-changing request comes from another site (None: it does not). The
     browser sets `Sec-Fetch-Site` and `Origin`; a page on another origin cannot hide
     them, and a client that is not a browser sends neither."""
-    site = headers.get("sec-fetch-site")
-    if site is not None and site not in ("same-origin", "none"):
-        return f"refused: a {site} request cannot change anything here (Sec-Fetch-Site)"
     origin = headers.get("origin")
     if origin is not None:
         own = f"{scheme}://{headers.get('host', '')}"
         if origin.lower() != own.lower():
             return f"refused: Origin {origin} is not this server ({own})"
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"refused: a {site} request cannot change anything here (Sec-Fetch-Site)"
     return None
 
 
@@ -790,8 +790,8 @@ def serve(
     typer.echo(f"serving {server.url}/ (flow: {server.url}{FLOW_PATH}, metrics: "
                f"{server.url}/metrics)")
     if token is None:
-        typer.echo(f"token for changes (Authorization: Bearer ...): {server.token}  "
-                   f"(set {TOKEN_ENV} to choose it; the console's page has it already)")
+        typer.echo(f"token: {server.token}  (a change sends it as `Authorization: Bearer "
+                   f"<token>`; the console's page has it already; {TOKEN_ENV} chooses it)")
     else:
-        typer.echo(f"token for changes: from {TOKEN_ENV}")
+        typer.echo(f"token: the one {TOKEN_ENV} gives")
     server.serve_forever()
