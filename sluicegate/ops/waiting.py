@@ -149,5 +149,13 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
             requested_at_ms=_ms(requested_at) or 0, due_at_ms=due,
             position=None if position is None else int(position), rank=int(rank),
             waiting=int(count), limit=cap,
-            why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf))))
+            why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf))
+            + _paused_after(deferral, control_rows.get(wf))))
     return out
+
+
+def _paused_after(deferral: str | None, pause: ControlRow | None) -> str:
+    """A start held by another control of a paused workflow waits for the unpause next."""
+    if deferral == "pause" or pause is None or not pause.paused:
+        return ""
+    return "; then the pause (the workflow is paused)"

@@ -104,6 +104,15 @@ def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None
     assert why["d1"].to_json()["due_at"] == "2026-01-01T00:15:00.000Z"
 
 
+def test_a_start_held_by_a_control_of_a_paused_workflow_says_the_pause_comes_next() -> None:
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme")])
+    pause = ControlRow(workflow="perTenant", paused=True, at_ms=T0, reason="x")
+    (only,) = waiting_starts(db, {"perTenant": pause}, app=APP)
+    assert only.why == ("concurrency on key 'acme': position 1 of 1 behind a limit of 2; "
+                        "then the pause (the workflow is paused)")
+
+
 def test_without_declarations_the_limit_is_not_guessed() -> None:
     db = LedgerDb(":memory:")
     fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme")])

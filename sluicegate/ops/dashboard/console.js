@@ -243,8 +243,11 @@ async function lookup(id) {
   out.appendChild(el("h3", "Ledger history"));
   const h = el("table");
   h.id = "run-history";
-  h.appendChild(row(["decided", "outcome", "request", "key", "control", "due", "run", "reason"]
-      .map((x) => el("b", x))));
+  const head = el("tr");
+  for (const x of ["decided", "outcome", "request", "key", "control", "due", "run", "reason"]) {
+    head.appendChild(el("th", x));
+  }
+  h.appendChild(head);
   for (const r of doc.ledger) {
     const tr = row([r.decided_at, r.outcome, r.request_id, r.key === null ? "" : r.key,
                     r.control || r.deferral || "", r.due_at || "",
