@@ -301,8 +301,7 @@ class Sources:
             self.lock.release()
 
     def _probe(self) -> None:
-        from confluent_kafka import KafkaException
-
+        from sluicegate.kafkautil import KafkaUnreachable, cluster_metadata
         from sluicegate.topology.topics import Topics
 
         now = time.monotonic()
@@ -310,13 +309,9 @@ class Sources:
             raise Unavailable(self._down_reason)
         topic = Topics(self.settings).ledger
         try:
-            meta = self._admin.list_topics(timeout=PROBE_S)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else exc
-            reason = getattr(error, "str", lambda: str(error))()
-            self._down_reason = (
-                f"Kafka cannot be reached at {self.settings.bootstrap} ({reason}); "
-                "`sluicegate kafka status` says whether the local broker runs")
+            meta = cluster_metadata(self.settings, self._admin, PROBE_S)
+        except KafkaUnreachable as exc:
+            self._down_reason = str(exc)
             self._down_until = time.monotonic() + DOWN_FOR_S
             raise Unavailable(self._down_reason) from None
         if topic not in meta.topics:

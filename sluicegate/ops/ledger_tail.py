@@ -11,40 +11,37 @@ import typer
 from sluicegate.config import Settings
 
 
-def follow(settings: Settings, workflow: str | None, *, timeout_s: float = 5.0) -> None:
+def follow(settings: Settings, workflow: str | None, *, timeout_s: float = 3.0) -> None:
     """Print decisions from now on until Ctrl-C; the first line (on stderr) says the
     tail has begun, so nothing written after it is missed."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
     from rich.console import Console
 
-    from sluicegate.kafkautil import watermarks
+    from sluicegate.kafkautil import KafkaUnreachable, cluster_metadata, watermarks
     from sluicegate.ops.demo import _print
     from sluicegate.schemas import codec
     from sluicegate.schemas.records import LedgerRecord
     from sluicegate.topology.topics import Topics
 
     topic = Topics(settings).ledger
+    try:
+        meta = cluster_metadata(settings, timeout_s=timeout_s).topics.get(topic)
+    except KafkaUnreachable as exc:
+        typer.echo(f"sluicegate ledger tail: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if meta is None or meta.error is not None:
+        typer.echo(f"sluicegate ledger tail: Kafka at {settings.bootstrap} has no topic "
+                   f"{topic}: run `sluicegate topics create` (or check --namespace)", err=True)
+        raise typer.Exit(2)
     consumer = Consumer(settings.client_config(**{
         # assign() only, never a commit: the group id is a formality of the client.
         "group.id": f"{settings.namespace}ledger-tail", "enable.auto.commit": False,
         "isolation.level": "read_committed",
     }))
     try:
-        try:
-            meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-            if meta is None or meta.error is not None:
-                raise typer.BadParameter(f"Kafka at {settings.bootstrap} has no topic {topic}: "
-                                         "run `sluicegate topics create` (or check --namespace)")
-            consumer.assign([TopicPartition(topic, p, max(0, watermarks(
-                consumer, TopicPartition(topic, p), timeout_s)[1])) for p in meta.partitions])
-        except KafkaException as exc:
-            typer.echo(f"sluicegate ledger tail: Kafka cannot be reached at {settings.bootstrap}"
-                       f" ({exc.args[0].str() if exc.args else exc}); `sluicegate kafka status` "
-                       "says whether the local broker runs", err=True)
-            raise typer.Exit(2) from None
-        except typer.BadParameter as exc:
-            typer.echo(f"sluicegate ledger tail: {exc}", err=True)
-            raise typer.Exit(2) from None
+        # From the end each partition has now: what is decided from here on.
+        consumer.assign([TopicPartition(topic, p, max(0, watermarks(
+            consumer, TopicPartition(topic, p), timeout_s)[1])) for p in meta.partitions])
         which = f" of {workflow}" if workflow else ""
         typer.echo(f"following the decisions{which} on {topic} from now (Ctrl-C stops)",
                    err=True)

@@ -277,7 +277,14 @@ def show(
     if fmt not in ("text", "json"):
         typer.echo("--format is text or json", err=True)
         raise typer.Exit(2)
+    from sluicegate.kafkautil import KafkaUnreachable, cluster_metadata
+
     settings = _settings(bootstrap, namespace)
+    try:
+        cluster_metadata(settings)
+    except KafkaUnreachable as exc:
+        typer.echo(f"sluicegate runs show: {exc}", err=True)
+        raise typer.Exit(2) from None
     runs = RunsIndex(settings)
     try:
         with LedgerDb(db or default_db_path(settings)) as ledger:

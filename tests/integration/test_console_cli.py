@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -150,3 +151,21 @@ def test_ledger_tail_prints_each_new_decision_of_its_workflow_as_the_demo_does(
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+@pytest.mark.parametrize("command", [["runs", "show", "abc"], ["ledger", "tail"]])
+def test_with_kafka_unreachable_the_command_says_so_in_one_line_within_5s(
+        command: list[str], tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(bootstrap=f"127.0.0.1:{port}", namespace="down.",
+                        state_dir=tmp_path / "state")
+    began = time.monotonic()
+    done = _sluicegate(settings, *command)
+    took = time.monotonic() - began
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert f"Kafka cannot be reached at 127.0.0.1:{port}" in line
+    assert "sluicegate kafka status" in line
+    assert took < 5, took
