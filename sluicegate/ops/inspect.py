@@ -784,6 +784,9 @@ def serve(
                          allowed_hosts=tuple(allowed_host or ()))
     typer.echo(f"serving {server.url}/ (flow: {server.url}{FLOW_PATH}, metrics: "
                f"{server.url}/metrics)")
+    if host not in LOOPBACK_NAMES:
+        typer.echo(f"listening on {host}, not only on this machine: whoever reaches it can "
+                   "read the console, and change things with the token", err=True)
     if token is None:
         typer.echo(f"token: {server.token}  (a change sends it as `Authorization: Bearer "
                    f"<token>`; the console's page has it already; {TOKEN_ENV} chooses it)")

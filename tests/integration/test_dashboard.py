@@ -229,6 +229,7 @@ def test_the_console_shows_why_starts_wait_pauses_with_its_token_and_refuses_a_f
                                             r.status is RunStatus.cancelled for r in rows),
                            what="the first run cancelled")
                 _check_run_lookup(page, cancelled)
+                _check_bulk_skips_with_why(page, cancelled)
                 _check_dead_letters_and_tail(page)
             finally:
                 page.close()
@@ -342,6 +343,20 @@ def _check_run_lookup(page: Page, execution_id: str) -> None:
     outcomes = page.texts("#run-history tr.history td.outcome")
     assert outcomes[0] == "admitted" and "cancelled" in outcomes
     page.screenshot("run")
+
+
+def _check_bulk_skips_with_why(page: Page, cancelled: str) -> None:
+    # The form still holds the cancel of perTenant: the run cancelled since is skipped.
+    _go(page, "#bulk")
+    page.until("!document.getElementById('tab-bulk').hidden", "the bulk tab")
+    page.js("document.getElementById('bulk-preview').click()")
+    page.until("document.querySelectorAll('#bulk-skipped tbody tr').length >= 1",
+               "the skipped run")
+    (skipped,) = page.js("[...document.querySelectorAll('#bulk-skipped tbody tr')]"
+                         ".map(tr => [...tr.children].map(td => td.textContent))")
+    assert skipped == [cancelled, "perTenant", "cancelled", "the run is cancelled: only live "
+                       "runs (admitted, running, suspended) can be cancelled"]
+    assert page.text("#bulk-matched").endswith(" 1 skipped.")
 
 
 def _check_dead_letters_and_tail(page: Page) -> None:

@@ -166,6 +166,10 @@ function renderOverview(doc) {
                    ["", wf.paused ? "text state paused" : "text state",
                     ...OUTCOMES.map((o) => "count-" + o), "queued", "waiting", "inflight"]);
     tr.dataset.workflow = wf.workflow;
+    if (wf.pause) {
+      tr.querySelector("td.state").title = (wf.paused ? "paused" : "unpaused") + " at " +
+          new Date(wf.pause.at_ms).toLocaleString() + (wf.pause.by ? " by " + wf.pause.by : "");
+    }
     body.appendChild(tr);
   }
 }
