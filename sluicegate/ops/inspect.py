@@ -345,23 +345,23 @@ class Sources:
 
 # -- the documents ---------------------------------------------------------------------
 
-OVERVIEW_SQL = """
-SELECT workflow, outcome, count(DISTINCT request_id) AS n
-FROM ledger
-WHERE outcome IN ('admitted', 'existing', 'collapsed', 'dropped', 'rejected', 'expired',
-                  'failed', 'cancelled')
+# The requests with each counted outcome; failed and cancelled also count rows about runs
+# (`run:<execution id>:...`: timeouts.finish, a bulk cancel).
+_COUNTED = f"""
+  outcome IN ({", ".join(f"'{o}'" for o in OUTCOMES)})
   AND (outcome IN ('failed', 'cancelled') OR NOT starts_with(request_id, 'run:'))
+"""
+
+OVERVIEW_SQL = f"""
+SELECT workflow, outcome, count(DISTINCT request_id) AS n
+FROM ledger WHERE {_COUNTED}
 GROUP BY ALL ORDER BY ALL
 """
 
-SERIES_SQL = """
+SERIES_SQL = f"""
 SELECT workflow, epoch_ms(date_trunc('minute', decided_at)) AS minute, outcome,
        count(DISTINCT request_id) AS n
-FROM ledger
-WHERE decided_at >= $since
-  AND outcome IN ('admitted', 'existing', 'collapsed', 'dropped', 'rejected', 'expired',
-                  'failed', 'cancelled')
-  AND (outcome IN ('failed', 'cancelled') OR NOT starts_with(request_id, 'run:'))
+FROM ledger WHERE decided_at >= $since AND {_COUNTED}
 GROUP BY ALL ORDER BY ALL
 """
 
@@ -382,7 +382,7 @@ def concurrency_limits(app: App | None, workflow: str) -> list[int]:
 def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
     """Per workflow: decisions by outcome, per minute over the last hour, queued and in
     flight beside the limit(s), and the pause."""
-    from datetime import timedelta
+    from datetime import UTC, timedelta
 
     from sluicegate.ops.ledger import utc_now
 
@@ -416,7 +416,8 @@ def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
             "per_minute": [{"minute_ms": m, **c} for m, c in sorted(
                 series.get(name, {}).items())],
         })
-    return {"now_ms": view.now_ms, "since_ms": int(since.timestamp() * 1000),
+    return {"now_ms": view.now_ms,
+            "since_ms": int(since.replace(tzinfo=UTC).timestamp() * 1000),
             "workflows": out}
 
 

@@ -250,3 +250,48 @@ def test_an_unknown_workflow_is_named_with_a_hint() -> None:
     assert unknown_workflow("perTenant", {"perTenant"}, "is declared") is None
     assert unknown_workflow("perTenent", {"perTenant", "stock"}, "is declared") == (
         "no workflow 'perTenent' is declared; did you mean 'perTenant'?")
+
+
+# -- the overview -----------------------------------------------------------------------
+
+
+def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from sluicegate.ops.flow import compute
+    from sluicegate.ops.inspect import overview
+
+    now = int(time.time() * 1000)
+    minute = now - now % 60_000
+    db = LedgerDb(":memory:")
+    fill(db, [
+        queued("a1", minute, "perTenant", "concurrency", "acme"),
+        rec("a1", Outcome.admitted, minute + 1, execution_id="e1"),
+        rec("a2", Outcome.admitted, minute + 2, execution_id="e2"),
+        rec("a3", Outcome.existing, minute + 3, execution_id="e1"),
+        rec("a4", Outcome.dropped, minute - 60_000),
+        # About a run, not a request: counted only as what happened to the run.
+        rec("run:e1:lease", Outcome.admitted, minute + 4),
+        rec("run:e2:bulk-cancel:op", Outcome.cancelled, minute + 5, execution_id="e2"),
+        rec("old", Outcome.admitted, minute - 2 * 3600_000),  # before the chart's hour
+    ])
+    pause = ControlRow(workflow="perTenant", paused=True, at_ms=now, reason="r", by="ana")
+    view = compute({}, {("perTenant", "acme"): 2}, {"perTenant": pause}, now,
+                   declared=["perTenant", "stock"])
+    sources = SimpleNamespace(reader=SimpleNamespace(db=db), app=APP,
+                              declared=frozenset({"perTenant", "stock"}))
+    doc = overview(sources, view)  # type: ignore[arg-type]
+
+    per_tenant, stock = doc["workflows"]
+    assert per_tenant["counts"] == {"admitted": 3, "existing": 1, "collapsed": 0,
+                                    "dropped": 1, "rejected": 0, "expired": 0, "failed": 0,
+                                    "cancelled": 1}
+    assert (per_tenant["in_flight"], per_tenant["limits"]) == (2, [2])
+    assert per_tenant["paused"] and per_tenant["pause"]["reason"] == "r"
+    assert per_tenant["per_minute"] == [
+        {"minute_ms": minute - 60_000, "dropped": 1},
+        {"minute_ms": minute, "admitted": 2, "existing": 1, "cancelled": 1}]
+    # The chart's hour begins 59 minutes before the minute the overview was made in.
+    assert doc["since_ms"] in (minute - 59 * 60_000, minute - 58 * 60_000)
+    assert stock["counts"]["admitted"] == 0 and stock["per_minute"] == []
