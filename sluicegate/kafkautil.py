@@ -7,7 +7,7 @@ import re
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
 
@@ -214,23 +214,3 @@ class ClientErrors:
                               time.monotonic() - self._down_since)
             self._down_since = None
 
-
-class KafkaUnreachable(RuntimeError):
-    """No broker at the bootstrap answered in time; the message names it and what to do."""
-
-
-def cluster_metadata(settings: Settings, admin: AdminClient | None = None,
-                     timeout_s: float = 3.0) -> ClusterMetadata:
-    """The cluster's metadata, or KafkaUnreachable within `timeout_s` when no broker at
-    the bootstrap answers (an operator's tool says so at once rather than waiting on each
-    of its clients' timeouts). `admin`: a client kept open by the caller, to ask again
-    cheaply."""
-    client = admin if admin is not None else AdminClient(settings.client_config())
-    try:
-        return client.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        reason = error.str() if isinstance(error, KafkaError) else str(exc)
-        raise KafkaUnreachable(
-            f"Kafka cannot be reached at {settings.bootstrap} ({reason}); `sluicegate kafka "
-            "status` says whether the local broker runs") from None

@@ -29,7 +29,6 @@ not shared between threads); the endpoints run their blocking part in a worker t
 from __future__ import annotations
 
 import asyncio
-import difflib
 import hmac
 import html
 import json
@@ -56,7 +55,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from sluicegate.declare import App
-    from sluicegate.ops.flow import FlowReader, FlowView
+    from sluicegate.ops.flow import FlowReader, FlowView, WorkflowFlow
     from sluicegate.ops.runs import RunsIndex
 
 # Starlette, uvicorn, DuckDB and prometheus_client are imported when the server starts,
@@ -202,15 +201,6 @@ def check_bulk(request: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-def unknown_workflow(name: str, known: set[str], where: str) -> str | None:
-    """Why `name` is not a workflow of `known` (None when it is), with a did-you-mean."""
-    if name in known:
-        return None
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"no workflow {name!r} {where}{hint}"
-
-
 # -- request checks --------------------------------------------------------------------
 
 
@@ -270,7 +260,8 @@ class Sources:
     cannot be reached."""
 
     def __init__(self, settings: Settings, reader: FlowReader, runs: RunsIndex,
-                 app: App | None = None, declared: tuple[str, ...] = ()) -> None:
+                 app: App | None = None, declared: tuple[str, ...] = (),
+                 app_spec: str | None = None) -> None:
         from confluent_kafka.admin import AdminClient
 
         self.settings = settings
@@ -278,6 +269,10 @@ class Sources:
         self.runs = runs
         self.app = app
         self.declared = frozenset(declared or (app.workflows if app is not None else ()))
+        # How a refusal names what a workflow was checked against.
+        self.where = (f"declared in {app_spec}" if app_spec else "declared" if self.declared
+                      else "seen by this cluster (start the server with --app to check "
+                           "against the declarations)")
         self.lock = threading.Lock()
         self._admin = AdminClient(settings.client_config())
         self._down_until = 0.0
@@ -301,7 +296,11 @@ class Sources:
             self.lock.release()
 
     def _probe(self) -> None:
-        from sluicegate.kafkautil import KafkaUnreachable, cluster_metadata
+        """Kafka answers, and has the ledger topic. A client kept open, so that asking
+        costs a round trip, not a new connection (`kafkautil.require_broker` makes one
+        per call, for a command that asks once)."""
+        from confluent_kafka import KafkaException
+
         from sluicegate.topology.topics import Topics
 
         now = time.monotonic()
@@ -309,9 +308,13 @@ class Sources:
             raise Unavailable(self._down_reason)
         topic = Topics(self.settings).ledger
         try:
-            meta = cluster_metadata(self.settings, self._admin, PROBE_S)
-        except KafkaUnreachable as exc:
-            self._down_reason = str(exc)
+            meta = self._admin.list_topics(timeout=PROBE_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if hasattr(error, "str") else str(error)
+            self._down_reason = (
+                f"no Kafka broker answered at {self.settings.bootstrap} within {PROBE_S:g}s "
+                f"({reason}); `sluicegate kafka status` says whether the local one runs")
             self._down_until = time.monotonic() + DOWN_FOR_S
             raise Unavailable(self._down_reason) from None
         if topic not in meta.topics:
@@ -323,20 +326,17 @@ class Sources:
         with self.reading():
             return self.reader.view(workflow)
 
-    def seen(self) -> set[str]:
-        """The workflows the cluster has seen: in the ledger, the runs table, a pause."""
-        rows = self.reader.db.query("SELECT DISTINCT workflow FROM ledger").rows
-        return ({str(w) for (w,) in rows} | {r.workflow for r in self.reader.runs.live.values()}
-                | set(self.reader.control.rows))
-
     def check_workflow(self, name: str) -> None:
-        """404 for a workflow that is not declared (with --app) or never seen."""
-        if self.declared:
-            problem = unknown_workflow(name, set(self.declared), "is declared")
-        else:
-            problem = unknown_workflow(name, self.seen(), "has been seen by this cluster")
-        if problem is not None:
-            raise Refused(404, problem)
+        """404 for a workflow that is not declared (with --app) or, without declarations,
+        never seen by the cluster (docs/decisions/names-checked.md)."""
+        from sluicegate.ops.names import UnknownName, check_workflow, seen_workflows
+
+        known = self.declared or seen_workflows(
+            self.reader.db, self.reader.runs.live.values(), self.reader.control.rows)
+        try:
+            check_workflow(name, known, where=self.where)
+        except UnknownName as exc:
+            raise Refused(404, str(exc)) from None
 
     def close(self) -> None:
         self.reader.close()
@@ -374,9 +374,13 @@ LIMIT $limit
 """
 
 
-def concurrency_limits(app: App | None, workflow: str) -> list[int]:
-    wf = app.get(workflow) if app is not None else None
-    return [c.limit for c in wf.concurrency] if wf is not None else []
+def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
+    """The key with the most runs in flight against a keyed limit, if any."""
+    keyed = [k for k in (flow.keys if flow is not None else ()) if k.limit is not None]
+    if not keyed:
+        return None
+    key = max(keyed, key=lambda k: (k.in_flight / (k.limit or 1), k.in_flight))
+    return {"key": key.key, "in_flight": key.in_flight, "limit": key.limit}
 
 
 def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
@@ -408,7 +412,9 @@ def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
             "queued": total.queued if total else 0,
             "waiting": total.waiting if total else None,
             "in_flight": total.in_flight if total else 0,
-            "limits": concurrency_limits(sources.app, name),
+            # An unkeyed limit's (the whole workflow's), and the fullest key of a keyed one.
+            "limit": total.limit if total else None,
+            "fullest_key": _fullest(flow),
             "paused": bool(flow and flow.paused),
             "pause": None if pause is None else {
                 "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,
@@ -730,18 +736,18 @@ class InspectServer:
 def open_server(settings: Settings, *, db: Path | str = ":memory:",
                 declared: list[str] | None = None, app: App | None = None,
                 bulk: BulkOps | None = None, host: str = "127.0.0.1", port: int = 8787,
-                token: str | None = None, allowed_hosts: tuple[str, ...] = ()
-                ) -> InspectServer:
+                token: str | None = None, allowed_hosts: tuple[str, ...] = (),
+                app_spec: str | None = None) -> InspectServer:
     """A server on `settings`' topics; `db` is the ledger copy (in memory by default, so
     the server never holds the file `sluicegate ledger` uses). `app` (or just `declared`
     names) are the declarations: names are checked against them, limits shown."""
-    from sluicegate.ops.flow import FlowReader
+    from sluicegate.ops.flow import FlowReader, concurrency_limits
     from sluicegate.ops.ledger import LedgerDb
     from sluicegate.ops.runs import RunsIndex
 
     names = tuple(declared or (sorted(app.workflows) if app is not None else ()))
-    reader = FlowReader(settings, LedgerDb(db), names)
-    sources = Sources(settings, reader, RunsIndex(settings), app, names)
+    reader = FlowReader(settings, LedgerDb(db), names, limits=concurrency_limits(app))
+    sources = Sources(settings, reader, RunsIndex(settings), app, names, app_spec)
     try:
         return InspectServer(sources, bulk, host=host, port=port, token=token,
                              allowed=allowed_hosts)
@@ -782,7 +788,7 @@ def serve(
     token = os.environ.get(TOKEN_ENV) or None
     server = open_server(settings, db=db or ":memory:", app=declared_app,
                          bulk=ModuleBulkOps(settings), host=host, port=port, token=token,
-                         allowed_hosts=tuple(allowed_host or ()))
+                         allowed_hosts=tuple(allowed_host or ()), app_spec=app_spec)
     typer.echo(f"serving {server.url}/ (flow: {server.url}{FLOW_PATH}, metrics: "
                f"{server.url}/metrics)")
     if host not in LOOPBACK_NAMES:

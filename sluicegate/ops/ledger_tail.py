@@ -17,28 +17,24 @@ def follow(settings: Settings, workflow: str | None, *, timeout_s: float = 3.0) 
     from confluent_kafka import Consumer, TopicPartition
     from rich.console import Console
 
-    from sluicegate.kafkautil import KafkaUnreachable, cluster_metadata, watermarks
+    from sluicegate.kafkautil import watermarks
     from sluicegate.ops.demo import _print
     from sluicegate.schemas import codec
     from sluicegate.schemas.records import LedgerRecord
+    from sluicegate.topology.admin import TopologyError
     from sluicegate.topology.topics import Topics
 
     topic = Topics(settings).ledger
-    try:
-        meta = cluster_metadata(settings, timeout_s=timeout_s).topics.get(topic)
-    except KafkaUnreachable as exc:
-        typer.echo(f"sluicegate ledger tail: {exc}", err=True)
-        raise typer.Exit(2) from None
-    if meta is None or meta.error is not None:
-        typer.echo(f"sluicegate ledger tail: Kafka at {settings.bootstrap} has no topic "
-                   f"{topic}: run `sluicegate topics create` (or check --namespace)", err=True)
-        raise typer.Exit(2)
     consumer = Consumer(settings.client_config(**{
         # assign() only, never a commit: the group id is a formality of the client.
         "group.id": f"{settings.namespace}ledger-tail", "enable.auto.commit": False,
         "isolation.level": "read_committed",
     }))
     try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise TopologyError(f"Kafka at {settings.bootstrap} has no topic {topic}: run "
+                                "`sluicegate topics create` (or check --namespace)")
         # From the end each partition has now: what is decided from here on.
         consumer.assign([TopicPartition(topic, p, max(0, watermarks(
             consumer, TopicPartition(topic, p), timeout_s)[1])) for p in meta.partitions])
@@ -65,6 +61,9 @@ def follow(settings: Settings, workflow: str | None, *, timeout_s: float = 3.0) 
 
 def tail(
     workflow: Annotated[str | None, typer.Option(help="Only this workflow's decisions.")] = None,
+    app_spec: Annotated[str | None, typer.Option(
+        "--app", help="Module with the declarations; --workflow must be declared there "
+                      "(without it, one the cluster has seen).")] = None,
     bootstrap: Annotated[str | None, typer.Option(
         help="Kafka bootstrap servers.", envvar="SLUICEGATE_BOOTSTRAP")] = None,
     namespace: Annotated[str | None, typer.Option(
@@ -73,4 +72,13 @@ def tail(
     """Print each decision as it is written to the ledger, until Ctrl-C."""
     from sluicegate.ops.cli import _settings
 
-    follow(_settings(bootstrap, namespace), workflow)
+    # No broker, an unknown workflow: one line from the CLI's error handling.
+    settings = _settings(bootstrap, namespace, reach=True)
+    if workflow is not None:
+        from sluicegate.declare import load_app
+        from sluicegate.ops.names import check_workflow, known_workflows, where_known
+
+        declared = load_app(app_spec, settings) if app_spec else None
+        check_workflow(workflow, known_workflows(settings, declared),
+                       where=where_known(app_spec))
+    follow(settings, workflow)

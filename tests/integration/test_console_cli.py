@@ -99,7 +99,7 @@ def test_runs_show_finds_a_run_by_execution_id_or_request_id_as_http_does(
 
     missing = _sluicegate(settings, "runs", "show", "nosuch", "--db", db)
     assert missing.returncode == 1
-    assert missing.stderr.strip().startswith("no run or request has the id 'nosuch'")
+    assert missing.stderr.strip().startswith("error: no run or request has the id 'nosuch'")
     assert len(missing.stderr.strip().splitlines()) == 1
 
     with open_server(settings, port=0) as server, urllib.request.urlopen(
@@ -111,7 +111,8 @@ def test_ledger_tail_prints_each_new_decision_of_its_workflow_as_the_demo_does(
         settings: Settings) -> None:
     create_topics(settings)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate", "ledger", "tail", "--workflow", "perTenant"],
+        [sys.executable, "-m", "sluicegate", "ledger", "tail", "--workflow", "perTenant",
+         "--app", "tests.apps.concurrency"],
         cwd=ROOT, env={**_env(settings), "COLUMNS": "200"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     out: queue.Queue[str] = queue.Queue()
@@ -164,8 +165,16 @@ def test_with_kafka_unreachable_the_command_says_so_in_one_line_within_5s(
     began = time.monotonic()
     done = _sluicegate(settings, *command)
     took = time.monotonic() - began
-    assert done.returncode == 2
+    assert done.returncode == 1
     (line,) = done.stderr.strip().splitlines()
-    assert f"Kafka cannot be reached at 127.0.0.1:{port}" in line
-    assert "sluicegate kafka status" in line
+    assert line.startswith(f"error: no Kafka broker answered at 127.0.0.1:{port}")
     assert took < 5, took
+
+
+def test_ledger_tail_refuses_a_workflow_that_is_not_declared(settings: Settings) -> None:
+    create_topics(settings)
+    done = _sluicegate(settings, "ledger", "tail", "--workflow", "perTenent", "--app",
+                       "tests.apps.concurrency")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("error: no workflow 'perTenent' declared in "
+                                   "tests.apps.concurrency; did you mean 'perTenant'?")

@@ -240,7 +240,7 @@ def test_the_console_shows_why_starts_wait_pauses_with_its_token_and_refuses_a_f
 def _check_overview_and_pause(page: Page, flow: Any) -> None:
     row = "#overview-table tr[data-workflow=perTenant]"
     page.until(f"(document.querySelector('{row} td.inflight') || {{}}).textContent "
-               "=== '5 / 5'", "perTenant's five in flight beside the limit")
+               "=== '5 (acme: 5/5)'", "perTenant's five in flight beside the limit")
     assert page.text(f"{row} td.count-admitted") == "5"
     assert page.text(f"{row} td.queued") == "2"
     assert page.text("#overview-table tr[data-workflow=tourNarration] td.count-collapsed") == "1"
@@ -383,7 +383,7 @@ def test_with_kafka_unreachable_the_console_says_so(tmp_path: Path, chromium: in
             page.until("(document.getElementById('status') || {}).className === 'error'",
                        "the broker-down state", timeout=15)
             status = page.text("#status")
-            assert status.startswith("Kafka cannot be read (503): Kafka cannot be reached at "
+            assert status.startswith("Kafka cannot be read (503): no Kafka broker answered at "
                                      f"{settings.bootstrap}")
             page.screenshot("broker-down")
         finally:

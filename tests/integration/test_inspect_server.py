@@ -122,7 +122,7 @@ def test_a_workflow_that_is_not_declared_is_a_404_with_a_hint(
     status, doc = _http(server.url + "/inspect/workflows/tourNaration/pause", method="POST",
                         body={"reason": "x"}, headers=headers)
     assert status == 404
-    assert doc["error"] == "no workflow 'tourNaration' is declared; did you mean 'tourNarration'?"
+    assert doc["error"] == "no workflow 'tourNaration' declared; did you mean 'tourNarration'?"
     assert _pause_row(settings, "tourNaration") is None
     status, doc = _http(server.url + "/inspect/waiting?workflow=nosuch")
     assert status == 404 and "nosuch" in doc["error"]
@@ -151,7 +151,7 @@ def test_with_kafka_unreachable_every_read_answers_503_with_the_reason_quickly(
             status, doc = _http(server.url + path)
             took = time.monotonic() - began
             assert status == 503, (path, doc)
-            assert doc["error"].startswith(f"Kafka cannot be reached at 127.0.0.1:{port}")
+            assert doc["error"].startswith(f"no Kafka broker answered at 127.0.0.1:{port}")
             assert took < 5, (path, took)
         status, doc = _http(server.url + "/inspect/workflows/w/pause", method="POST",
                             body={"reason": "x"}, headers={

@@ -14,7 +14,6 @@ from sluicegate.ops.inspect import (
     check_write,
     cross_site,
     host_name,
-    unknown_workflow,
 )
 from sluicegate.ops.ledger import LedgerDb, fill
 from sluicegate.ops.runs import NotFound, RunsIndex, lookup, text
@@ -246,12 +245,6 @@ def test_the_server_answers_to_its_own_names_only() -> None:
     assert "ops.internal" in allowed_hosts("127.0.0.1", ("ops.internal",))
 
 
-def test_an_unknown_workflow_is_named_with_a_hint() -> None:
-    assert unknown_workflow("perTenant", {"perTenant"}, "is declared") is None
-    assert unknown_workflow("perTenent", {"perTenant", "stock"}, "is declared") == (
-        "no workflow 'perTenent' is declared; did you mean 'perTenant'?")
-
-
 # -- the overview -----------------------------------------------------------------------
 
 
@@ -259,7 +252,7 @@ def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
     import time
     from types import SimpleNamespace
 
-    from sluicegate.ops.flow import compute
+    from sluicegate.ops.flow import compute, concurrency_limits
     from sluicegate.ops.inspect import overview
 
     now = int(time.time() * 1000)
@@ -277,8 +270,9 @@ def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
         rec("old", Outcome.admitted, minute - 2 * 3600_000),  # before the chart's hour
     ])
     pause = ControlRow(workflow="perTenant", paused=True, at_ms=now, reason="r", by="ana")
-    view = compute({}, {("perTenant", "acme"): 2}, {"perTenant": pause}, now,
-                   declared=["perTenant", "stock"])
+    view = compute({}, {("perTenant", "acme"): 2, ("perTenant", "bolt"): 1},
+                   {"perTenant": pause}, now, declared=["perTenant", "stock"],
+                   limits=concurrency_limits(APP))
     sources = SimpleNamespace(reader=SimpleNamespace(db=db), app=APP,
                               declared=frozenset({"perTenant", "stock"}))
     doc = overview(sources, view)  # type: ignore[arg-type]
@@ -287,7 +281,8 @@ def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
     assert per_tenant["counts"] == {"admitted": 3, "existing": 1, "collapsed": 0,
                                     "dropped": 1, "rejected": 0, "expired": 0, "failed": 0,
                                     "cancelled": 1}
-    assert (per_tenant["in_flight"], per_tenant["limits"]) == (2, [2])
+    assert (per_tenant["in_flight"], per_tenant["limit"]) == (3, None)
+    assert per_tenant["fullest_key"] == {"key": "acme", "in_flight": 2, "limit": 2}
     assert per_tenant["paused"] and per_tenant["pause"]["reason"] == "r"
     assert per_tenant["per_minute"] == [
         {"minute_ms": minute - 60_000, "dropped": 1},

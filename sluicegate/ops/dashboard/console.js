@@ -159,7 +159,10 @@ function renderOverview(doc) {
     const button = el("button", wf.paused ? "Unpause" : "Pause", wf.paused ? "unpause" : "pause");
     button.type = "button";
     button.onclick = () => setPaused(wf.workflow, !wf.paused);
-    const limit = wf.limits.length ? " / " + wf.limits.join(", ") : "";
+    const full = wf.fullest_key;
+    const limit = wf.limit !== null ? " / " + wf.limit
+        : full ? " (" + (full.key === null ? "(one key)" : full.key) + ": " + full.in_flight +
+                 "/" + full.limit + ")" : "";
     const tr = row([wf.workflow, state, ...OUTCOMES.map((o) => wf.counts[o]), wf.queued,
                     wf.waiting || "", wf.in_flight + limit, chart(wf.per_minute, doc.since_ms),
                     button],
