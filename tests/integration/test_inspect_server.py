@@ -179,17 +179,18 @@ def test_the_server_and_the_worker_metrics_listen_on_loopback_by_default(
         assert _refused_on(outward, port)
 
 
-def test_the_worker_command_passes_metrics_host_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_command_passes_metrics_host_on(monkeypatch: pytest.MonkeyPatch,
+                                                    bootstrap: str) -> None:
     from sluicegate.ops import worker
     from sluicegate.ops.cli import app as cli
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(worker, "run_worker", lambda spec, settings, **kw: seen.update(kw))
-    assert CliRunner().invoke(cli, ["worker", "--app", "x", "--metrics-port", "9"]
-                              ).exit_code == 0
+    args = ["worker", "--app", "x", "--metrics-port", "9", "--bootstrap", bootstrap]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
     assert seen == {"metrics_port": 9, "metrics_host": "127.0.0.1"}
-    CliRunner().invoke(cli, ["worker", "--app", "x", "--metrics-port", "9",
-                             "--metrics-host", "0.0.0.0"])
+    assert CliRunner().invoke(cli, [*args, "--metrics-host", "0.0.0.0"]).exit_code == 0
     assert seen["metrics_host"] == "0.0.0.0"
 
 
