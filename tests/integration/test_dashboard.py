@@ -245,6 +245,8 @@ def _check_overview_and_pause(page: Page, flow: Any) -> None:
     assert page.text(f"{row} td.queued") == "2"
     assert page.text("#overview-table tr[data-workflow=tourNarration] td.count-collapsed") == "1"
     assert page.text(f"{row} td.state") == "running"
+    assert page.text("#overview-table tr[data-workflow=nosuchFlow] td.state") == "not declared"
+    assert page.text("#overview-table tr[data-workflow=nosuchFlow] td.count-rejected") == "1"
     assert page.js(f"document.querySelectorAll('{row} svg.chart rect').length") > 0
     page.screenshot("overview")
 

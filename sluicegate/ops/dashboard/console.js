@@ -153,9 +153,10 @@ function renderOverview(doc) {
   body.replaceChildren();
   $("overview-empty").hidden = doc.workflows.length !== 0;
   for (const wf of doc.workflows) {
+    // A workflow the ledger names but the declarations do not (a rejected typo).
     const state = wf.paused
       ? "PAUSED" + (wf.pause && wf.pause.reason ? ": " + wf.pause.reason : "")
-      : "running";
+      : wf.declared === false ? "not declared" : "running";
     const button = el("button", wf.paused ? "Unpause" : "Pause", wf.paused ? "unpause" : "pause");
     button.type = "button";
     button.onclick = () => setPaused(wf.workflow, !wf.paused);
@@ -166,7 +167,8 @@ function renderOverview(doc) {
     const tr = row([wf.workflow, state, ...OUTCOMES.map((o) => wf.counts[o]), wf.queued,
                     wf.waiting || "", wf.in_flight + limit, chart(wf.per_minute, doc.since_ms),
                     button],
-                   ["", wf.paused ? "text state paused" : "text state",
+                   ["", wf.paused ? "text state paused"
+                        : wf.declared === false ? "text state undeclared" : "text state",
                     ...OUTCOMES.map((o) => "count-" + o), "queued", "waiting", "inflight"]);
     tr.dataset.workflow = wf.workflow;
     if (wf.pause) {
