@@ -579,6 +579,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         from sluicegate.schemas.records import ControlRow
 
         name, action = request.path_params["workflow"], request.path_params["action"]
+        if action not in ("pause", "unpause"):
+            raise Refused(404, f"no such action: {action} (pause or unpause)")
         reason = str(body.get("reason") or "").strip() or None
         if action == "pause" and reason is None:
             raise RequestError("a pause needs a reason (it is recorded on the row)")
@@ -596,6 +598,9 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             if request_doc.get("workflow"):
                 sources.reader.view(None)
                 sources.check_workflow(str(request_doc["workflow"]))
+            if request.path_params["op"] not in ("preview", "apply"):
+                raise Refused(404, f"no such action: {request.path_params['op']} (preview or "
+                                   "apply)")
             op = bulk.preview if request.path_params["op"] == "preview" else bulk.apply
             return op(request_doc)
 

@@ -107,6 +107,9 @@ def test_a_forged_cross_origin_post_changes_nothing_and_the_token_does(
     assert _http(url, method="POST", body={"reason": "x"}, headers={
         "Origin": server.url, "Content-Type": "text/plain",
         "Authorization": f"Bearer {TOKEN}"})[0] == 415
+    # Neither an action that does not exist.
+    assert _http(url.replace("/pause", "/explode"), method="POST", body={"reason": "x"},
+                 headers={**same, "Authorization": f"Bearer {TOKEN}"})[0] == 404
     assert _pause_row(settings, "tourNarration") is None
 
     status, doc = _http(url, method="POST", body={"reason": "deploying a fix"},
