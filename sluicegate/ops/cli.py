@@ -163,10 +163,10 @@ def worker(
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # What no retry fixes (a refused login, missing topics, a state directory in use) is
-    # one line and exit code 2 (`_one_line`). A broker that is not there at start is one
-    # line within --timeout; one that goes away later is waited for
-    # (docs/decisions/cli-errors.md).
-    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir, reach=True),
+    # one line and exit code 2 (`_one_line`). A broker that is not there is waited for,
+    # at start as later, with one line saying so (a supervisor may start the worker
+    # before the broker: docs/decisions/cli-errors.md).
+    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
                metrics_port=metrics_port, metrics_host=metrics_host)
 
 
