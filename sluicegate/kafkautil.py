@@ -213,3 +213,4 @@ class ClientErrors:
             self._log.warning("%s: Kafka reached again after %.1fs", self._who,
                               time.monotonic() - self._down_since)
             self._down_since = None
+

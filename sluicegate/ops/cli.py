@@ -16,6 +16,7 @@ from sluicegate.ops.inspect import app as inspect_app
 from sluicegate.ops.ledger_cli import app as ledger_app
 from sluicegate.ops.localkafka.cli import app as kafka_app
 from sluicegate.ops.localkafka.cli import registry_app
+from sluicegate.ops.runs import app as runs_app
 from sluicegate.ops.workflows import app as workflows_app
 
 
@@ -53,6 +54,7 @@ app.add_typer(topology_app, name="topology")
 app.add_typer(workflows_app, name="workflows")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(inspect_app, name="inspect")
+app.add_typer(runs_app, name="runs")
 
 Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
                                                envvar="SLUICEGATE_BOOTSTRAP")]
@@ -152,6 +154,8 @@ def worker(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
     metrics_port: Annotated[int | None, typer.Option(
         help="Serve Prometheus metrics on this port (/metrics).")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        help="The address the metrics listen on (0.0.0.0: every interface).")] = "127.0.0.1",
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
     from sluicegate.ops.worker import run_worker
@@ -159,11 +163,11 @@ def worker(
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # What no retry fixes (a refused login, missing topics, a state directory in use) is
-    # one line and exit code 2 (`_one_line`). A broker that is not there at start is one
-    # line within --timeout; one that goes away later is waited for
-    # (docs/decisions/cli-errors.md).
-    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir, reach=True),
-               metrics_port=metrics_port)
+    # one line and exit code 2 (`_one_line`). A broker that is not there is waited for,
+    # at start as later, with one line saying so (a supervisor may start the worker
+    # before the broker: docs/decisions/cli-errors.md).
+    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
+               metrics_port=metrics_port, metrics_host=metrics_host)
 
 
 @app.command("demo")

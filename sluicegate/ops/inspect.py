@@ -1,64 +1,112 @@
-"""`sluicegate inspect serve`: the flow view over HTTP, a small dashboard, and /metrics.
+"""`sluicegate inspect serve`: the operator's console, its JSON, and /metrics.
 
-Endpoints (docs/operations.md):
+A Starlette application under uvicorn (docs/decisions/inspect-server.md). Endpoints
+(docs/operations.md):
 
-- `GET /`: the dashboard (sluicegate/ops/dashboard/index.html).
-- `GET /inspect/workflows/flow-control[?workflow=W]`: the flow view as JSON, the same
-  document `sluicegate workflows flow --format json` prints.
-- `POST /inspect/workflows/<name>/pause` `{"reason": ..., "by": ...}` and `.../unpause`:
-  the control row, written as `sluicegate workflows pause|unpause` writes it.
-- `POST /inspect/bulk/preview` and `/inspect/bulk/apply`: cancel-many / replay-many,
-  through a `BulkOps` (the seam to `sluicegate.ops.bulk`); a preview answers
-  `{"matched": N, "truncated": bool, "runs": [...]}`.
+- `GET /`: the console (sluicegate/ops/dashboard/), the write token injected.
+- `GET /inspect/workflows/flow-control[?workflow=W]`: the flow view, as
+  `sluicegate workflows flow --format json` prints it.
+- `GET /inspect/overview`: per workflow, decisions by outcome (totals and per minute
+  over the last hour), queued and in flight beside the limit, the pause.
+- `GET /inspect/waiting[?workflow=W&key=K]`: each waiting start and why
+  (sluicegate.ops.waiting).
+- `GET /inspect/runs/<ID>`: a run or request, whole (sluicegate.ops.runs).
+- `GET /inspect/deadletters[?limit=N]`: recent dead letters with their reasons.
+- `GET /inspect/decisions[?workflow=W&limit=N]`: the newest ledger rows (the live tail).
+- `POST /inspect/workflows/<W>/pause|unpause`, `POST /inspect/bulk/preview|apply`.
 - `GET /metrics`: Prometheus (sluicegate.ops.metrics.FlowCollector).
 
-The standard library's threading HTTP server is enough for an operator's page; one lock
-serialises reads of the sources (a DuckDB connection and Kafka consumers are not shared
-between threads).
+Safety: it listens on 127.0.0.1 unless told otherwise; it answers only requests whose
+`Host` is one of its own names (a DNS-rebinding page cannot read it); a POST needs
+`Authorization: Bearer <token>`, `Content-Type: application/json`, and no cross-site
+`Origin` / `Sec-Fetch-Site`. When Kafka cannot be read, every endpoint that needs it
+answers 503 with the reason, within about `PROBE_S`.
+
+One lock serialises reads of the sources (a DuckDB connection and Kafka consumers are
+not shared between threads); the endpoints run their blocking part in a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import html
 import json
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import typer
 
 from sluicegate.config import Settings
 
 if TYPE_CHECKING:
-    from sluicegate.ops.flow import FlowReader
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
 
-# sluicegate.ops.flow (DuckDB) and prometheus_client are imported when the server starts,
+    from sluicegate.declare import App
+    from sluicegate.ops.flow import FlowReader, FlowView, WorkflowFlow
+    from sluicegate.ops.runs import RunsIndex
+
+# Starlette, uvicorn, DuckDB and prometheus_client are imported when the server starts,
 # so that every other `sluicegate` command starts as fast as before.
 
 log = logging.getLogger(__name__)
 
-app = typer.Typer(help="The flow view over HTTP, a dashboard, and Prometheus metrics.",
+app = typer.Typer(help="The operator's console over HTTP, its JSON, and Prometheus metrics.",
                   no_args_is_help=True)
 
 FLOW_PATH = "/inspect/workflows/flow-control"
 BULK_VERBS = ("cancel", "replay")
 REPLAY_MODES = ("redrive", "retry")
+TOKEN_ENV = "SLUICEGATE_INSPECT_TOKEN"
+# How long a request waits to learn that Kafka does not answer, and how long that answer
+# is then given at once to the requests that follow.
+PROBE_S = 1.5
+DOWN_FOR_S = 2.0
+# How long a request waits for the one before it to finish reading the sources.
+BUSY_S = 30.0
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+OUTCOMES = ("admitted", "existing", "collapsed", "dropped", "rejected", "expired", "failed",
+            "cancelled")
 
 
 class RequestError(ValueError):
-    """A request that cannot be carried out as asked; the message says why."""
+    """A request that cannot be carried out as asked (400); the message says why."""
+
+
+class Refused(Exception):
+    """A request this server does not act on (401/403/404/415/503): `status`, `message`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Unavailable(Refused):
+    """Kafka cannot be read: 503 with the reason."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message)
 
 
 class BulkOps(Protocol):
-    """cancel-many / replay-many as the dashboard calls them. `request` has `verb`
+    """cancel-many / replay-many as the console calls them. `request` has `verb`
     (cancel|replay), `workflow`, `status`, `mode` (replay), `reason` (cancel) and `limit`
-    (checked by `check_bulk` first). preview returns {"matched", "truncated", "runs"};
-    apply returns {"truncated", "results": [{"execution_id", "outcome", "reason"}]}."""
+    (checked by `check_bulk` first). preview returns {"matched", "truncated", "runs":
+    [execution ids], "listed": [{execution_id, workflow, status, detail}], "skipped":
+    [{execution_id, workflow, status, detail}]}; apply returns {"truncated", "results":
+    [{"execution_id", "outcome", "reason"}]}."""
 
     def preview(self, request: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -75,7 +123,7 @@ class NoBulkOps:
 
 
 class ModuleBulkOps:
-    """The bulk operations of `sluicegate.ops.bulk`, in the shapes the dashboard reads.
+    """The bulk operations of `sluicegate.ops.bulk`, in the shapes the console reads.
     An apply acts only on the runs its preview listed (`only`), never on more."""
 
     def __init__(self, settings: Settings) -> None:
@@ -90,9 +138,15 @@ class ModuleBulkOps:
         else:
             result = bulk.preview_replay(self.settings, _status(request), request["mode"],
                                          request["limit"], workflow=request.get("workflow"))
+
+        def listed(runs: list[bulk.RunResult]) -> list[dict[str, Any]]:
+            return [{"execution_id": r.execution_id, "workflow": r.workflow,
+                     "status": r.status, "detail": r.detail} for r in runs]
+
         return {"matched": len(result.succeeded), "truncated": result.truncated,
                 "runs": [r.execution_id for r in result.succeeded],
-                "skipped": len(result.skipped)}
+                "listed": listed(result.succeeded), "skipped": listed(result.skipped),
+                "ineligible": result.ineligible}
 
     def apply(self, request: dict[str, Any]) -> dict[str, Any]:
         from sluicegate.ops import bulk
@@ -147,61 +201,535 @@ def check_bulk(request: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-class InspectServer:
-    """The HTTP server and the sources it reads, on a thread of its own."""
+# -- request checks --------------------------------------------------------------------
 
-    def __init__(self, settings: Settings, reader: FlowReader, bulk: BulkOps | None = None,
-                 host: str = "127.0.0.1", port: int = 8787) -> None:
-        from prometheus_client import CollectorRegistry
 
-        from sluicegate.ops.metrics import FlowCollector
+def host_name(host_header: str) -> str:
+    """The name part of a Host header: `[::1]:8787` -> `::1`, `a.b:80` -> `a.b`."""
+    if host_header.startswith("["):
+        return host_header[1:].split("]", 1)[0].lower()
+    return host_header.rsplit(":", 1)[0].lower() if ":" in host_header else host_header.lower()
+
+
+def allowed_hosts(bind: str, extra: tuple[str, ...] = ()) -> frozenset[str]:
+    """The Host names this server answers to: loopback, the address it is bound to, the
+    machine's names when bound to every interface, and those given."""
+    names = {*LOOPBACK_NAMES, bind.lower(), *(h.lower() for h in extra)}
+    if bind in ("0.0.0.0", "::", ""):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return frozenset(names)
+
+
+def cross_site(headers: dict[str, str], scheme: str) -> str | None:
+    """Why a state-changing request comes from another site (None: it does not). The
+    browser sets `Sec-Fetch-Site` and `Origin`; a page on another origin cannot hide
+    them, and a client that is not a browser sends neither."""
+    origin = headers.get("origin")
+    if origin is not None:
+        own = f"{scheme}://{headers.get('host', '')}"
+        if origin.lower() != own.lower():
+            return f"refused: Origin {origin} is not this server ({own})"
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"refused: a {site} request cannot change anything here (Sec-Fetch-Site)"
+    return None
+
+
+def check_write(headers: dict[str, str], scheme: str, token: str) -> None:
+    """A POST's checks, in order: same origin (403), the token (401), JSON (415)."""
+    problem = cross_site(headers, scheme)
+    if problem is not None:
+        raise Refused(403, problem)
+    given = headers.get("authorization", "")
+    scheme_word, _, value = given.partition(" ")
+    if scheme_word.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), token.encode()):
+        raise Refused(401, "a change needs the header `Authorization: Bearer <token>`: the "
+                           "token `inspect serve` printed, or SLUICEGATE_INSPECT_TOKEN")
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise Refused(415, "a change is a JSON body (Content-Type: application/json)")
+
+
+# -- the sources -----------------------------------------------------------------------
+
+
+class Sources:
+    """What the console reads, behind one lock: the flow view's reader (ledger copy, runs,
+    control rows), the runs index for lookups, and a probe that says quickly when Kafka
+    cannot be reached."""
+
+    def __init__(self, settings: Settings, reader: FlowReader, runs: RunsIndex,
+                 app: App | None = None, declared: tuple[str, ...] = (),
+                 app_spec: str | None = None) -> None:
+        from confluent_kafka.admin import AdminClient
 
         self.settings = settings
         self.reader = reader
-        self.bulk: BulkOps = bulk or NoBulkOps()
+        self.runs = runs
+        self.app = app
+        self.declared = frozenset(declared or (app.workflows if app is not None else ()))
+        # How a refusal names what a workflow was checked against.
+        self.where = (f"declared in {app_spec}" if app_spec else "declared" if self.declared
+                      else "seen by this cluster (start the server with --app to check "
+                           "against the declarations)")
         self.lock = threading.Lock()
-        self.registry = CollectorRegistry()
-        self.registry.register(FlowCollector(lambda: self.flow(None), self.decisions))
-        self.page = files("sluicegate.ops.dashboard").joinpath("index.html").read_bytes()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self._admin = AdminClient(settings.client_config())
+        self._down_until = 0.0
+        self._down_reason = ""
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """The lock, once Kafka answered (Unavailable otherwise)."""
+        from confluent_kafka import KafkaException
+
+        from sluicegate.ops.ledger import LedgerSqlError
+
+        if not self.lock.acquire(timeout=BUSY_S):
+            raise Unavailable(f"the server is still busy with an earlier read after {BUSY_S:g}s")
+        try:
+            self._probe()
+            yield
+        except (KafkaException, TimeoutError, LedgerSqlError) as exc:
+            raise Unavailable(f"Kafka could not be read: {exc}") from None
+        finally:
+            self.lock.release()
+
+    def _probe(self) -> None:
+        """Kafka answers, and has the ledger topic. A client kept open, so that asking
+        costs a round trip, not a new connection (`kafkautil.require_broker` makes one
+        per call, for a command that asks once)."""
+        from confluent_kafka import KafkaException
+
+        from sluicegate.topology.topics import Topics
+
+        now = time.monotonic()
+        if now < self._down_until:
+            raise Unavailable(self._down_reason)
+        topic = Topics(self.settings).ledger
+        try:
+            meta = self._admin.list_topics(timeout=PROBE_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if hasattr(error, "str") else str(error)
+            self._down_reason = (
+                f"no Kafka broker answered at {self.settings.bootstrap} within {PROBE_S:g}s "
+                f"({reason}); `sluicegate kafka status` says whether the local one runs")
+            self._down_until = time.monotonic() + DOWN_FOR_S
+            raise Unavailable(self._down_reason) from None
+        if topic not in meta.topics:
+            raise Unavailable(f"Kafka at {self.settings.bootstrap} has no topic {topic}: "
+                              "run `sluicegate topics create` (or check --namespace)")
+
+    def flow(self, workflow: str | None = None) -> FlowView:
+        """A fresh flow view (it brings the ledger copy, runs and pauses up to date)."""
+        with self.reading():
+            return self.reader.view(workflow)
+
+    def check_workflow(self, name: str) -> None:
+        """404 for a workflow that is not declared (with --app) or, without declarations,
+        never seen by the cluster (docs/decisions/names-checked.md)."""
+        from sluicegate.ops.names import UnknownName, check_workflow, seen_workflows
+
+        known = self.declared or seen_workflows(
+            self.reader.db, self.reader.runs.live.values(), self.reader.control.rows)
+        try:
+            check_workflow(name, known, where=self.where)
+        except UnknownName as exc:
+            raise Refused(404, str(exc)) from None
+
+    def close(self) -> None:
+        self.reader.close()
+        self.runs.close()
+
+
+# -- the documents ---------------------------------------------------------------------
+
+# The requests with each counted outcome; failed and cancelled also count rows about runs
+# (`run:<execution id>:...`: timeouts.finish, a bulk cancel).
+_COUNTED = f"""
+  outcome IN ({", ".join(f"'{o}'" for o in OUTCOMES)})
+  AND (outcome IN ('failed', 'cancelled') OR NOT starts_with(request_id, 'run:'))
+"""
+
+OVERVIEW_SQL = f"""
+SELECT workflow, outcome, count(DISTINCT request_id) AS n
+FROM ledger WHERE {_COUNTED}
+GROUP BY ALL ORDER BY ALL
+"""
+
+SERIES_SQL = f"""
+SELECT workflow, epoch_ms(date_trunc('minute', decided_at)) AS minute, outcome,
+       count(DISTINCT request_id) AS n
+FROM ledger WHERE decided_at >= $since AND {_COUNTED}
+GROUP BY ALL ORDER BY ALL
+"""
+
+DECISIONS_SQL = """
+SELECT decided_at, workflow, outcome, key, execution_id, reason, request_id, deferral
+FROM ledger
+WHERE $workflow IS NULL OR workflow = $workflow
+ORDER BY decided_at DESC, _partition DESC, _offset DESC
+LIMIT $limit
+"""
+
+
+def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
+    """The key with the most runs in flight against a keyed limit, if any."""
+    keyed = [k for k in (flow.keys if flow is not None else ()) if k.limit is not None]
+    if not keyed:
+        return None
+    key = max(keyed, key=lambda k: (k.in_flight / (k.limit or 1), k.in_flight))
+    return {"key": key.key, "in_flight": key.in_flight, "limit": key.limit}
+
+
+def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
+    """Per workflow: decisions by outcome, per minute over the last hour, queued and in
+    flight beside the limit(s), and the pause."""
+    from datetime import UTC, timedelta
+
+    from sluicegate.ops.ledger import utc_now
+
+    db = sources.reader.db
+    totals: dict[str, dict[str, int]] = {}
+    for wf, outcome, n in db.query(OVERVIEW_SQL).rows:
+        totals.setdefault(str(wf), {})[str(outcome)] = int(n)
+    since = utc_now().replace(second=0, microsecond=0) - timedelta(minutes=59)
+    series: dict[str, dict[int, dict[str, int]]] = {}
+    for wf, minute, outcome, n in db.query(SERIES_SQL, {"since": since}).rows:
+        series.setdefault(str(wf), {}).setdefault(int(minute), {})[str(outcome)] = int(n)
+    flows = {w.workflow: w for w in view.workflows}
+    names = sorted(set(flows) | set(totals) | set(sources.declared))
+    out = []
+    for name in names:
+        flow = flows.get(name)
+        total = flow.total() if flow is not None else None
+        pause = flow.pause if flow is not None else None
+        out.append({
+            "workflow": name,
+            "declared": name in sources.declared if sources.declared else None,
+            "counts": {o: totals.get(name, {}).get(o, 0) for o in OUTCOMES},
+            "queued": total.queued if total else 0,
+            "waiting": total.waiting if total else None,
+            "in_flight": total.in_flight if total else 0,
+            # An unkeyed limit's (the whole workflow's), and the fullest key of a keyed one.
+            "limit": total.limit if total else None,
+            "fullest_key": _fullest(flow),
+            "paused": bool(flow and flow.paused),
+            "pause": None if pause is None else {
+                "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,
+                "by": pause.by},
+            "per_minute": [{"minute_ms": m, **c} for m, c in sorted(
+                series.get(name, {}).items())],
+        })
+    return {"now_ms": view.now_ms,
+            "since_ms": int(since.replace(tzinfo=UTC).timestamp() * 1000),
+            "workflows": out}
+
+
+def decisions(sources: Sources, workflow: str | None, limit: int) -> list[dict[str, Any]]:
+    from sluicegate.ops.runs import _iso
+
+    rows = sources.reader.db.query(DECISIONS_SQL, {"workflow": workflow, "limit": limit})
+    return [{"decided_at": _iso(decided), "workflow": wf, "outcome": outcome, "key": key,
+             "execution_id": execution_id, "reason": reason, "request_id": request_id,
+             "deferral": deferral}
+            for decided, wf, outcome, key, execution_id, reason, request_id, deferral
+            in rows.rows]
+
+
+# -- the application -------------------------------------------------------------------
+
+
+def _int(value: str | None, default: int, lo: int, hi: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise RequestError(f"{value!r} is not a number") from None
+    return max(lo, min(hi, n))
+
+
+def _page(name: str) -> bytes:
+    return files("sluicegate.ops.dashboard").joinpath(name).read_bytes()
+
+
+def build_app(sources: Sources, bulk: BulkOps, token: str,
+              hosts: frozenset[str]) -> Starlette:
+    """The Starlette application: routes, the Host check, errors as JSON."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from sluicegate.ops import runs as runs_mod
+    from sluicegate.ops.metrics import FlowCollector
+    from sluicegate.ops.waiting import waiting_starts
+
+    registry = CollectorRegistry()
+
+    def decided() -> list[tuple[str, str, int]]:
+        rows = sources.reader.db.query(
+            "SELECT workflow, outcome, count(*) FROM ledger GROUP BY ALL ORDER BY ALL").rows
+        return [(str(w), str(o), int(n)) for w, o, n in rows]
+
+    # Collected by `metrics` below, under the lock, as every other request reads.
+    registry.register(FlowCollector(lambda: sources.reader.view(None), decided))
+
+    headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+               "Referrer-Policy": "no-referrer"}
+    page_headers = {**headers, "X-Frame-Options": "DENY", "Content-Security-Policy":
+                    "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                    "form-action 'none'; base-uri 'none'"}
+    shell = _page("index.html").decode().replace(
+        "{{TOKEN}}", html.escape(token, quote=True))
+
+    def as_json(doc: Any, status: int = 200) -> JSONResponse:
+        return JSONResponse(doc, status_code=status, headers=headers)
+
+    Handler = Callable[[Request], Awaitable[Response]]
+
+    def read(fn: Callable[[Request], Any]) -> Handler:
+        """A GET whose document `fn` makes under the lock, in a worker thread."""
+        async def endpoint(request: Request) -> Response:
+            def work() -> Any:
+                with sources.reading():
+                    return fn(request)
+            return as_json(await run_in_threadpool(work))
+        return endpoint
+
+    def write(fn: Callable[[Request, dict[str, Any]], Any]) -> Handler:
+        """A POST: checked (origin, token, JSON), then `fn` in a worker thread."""
+        async def endpoint(request: Request) -> Response:
+            check_write({k.lower(): v for k, v in request.headers.items()},
+                        request.url.scheme, token)
+            try:
+                body = json.loads(await request.body() or b"{}")
+            except ValueError as exc:
+                raise RequestError(f"the body is not JSON: {exc}") from None
+            if not isinstance(body, dict):
+                raise RequestError("the body must be a JSON object")
+            return as_json(await run_in_threadpool(fn, request, body))
+        return endpoint
+
+    async def index(request: Request) -> Response:
+        return Response(shell, media_type="text/html; charset=utf-8", headers=page_headers)
+
+    def static(name: str, media_type: str) -> Handler:
+        data = _page(name)
+
+        async def endpoint(request: Request) -> Response:
+            return Response(data, media_type=media_type, headers=headers)
+        return endpoint
+
+    def workflow_param(request: Request) -> str | None:
+        name = request.query_params.get("workflow") or None
+        if name is not None:
+            sources.check_workflow(name)
+        return name
+
+    def flow_doc(request: Request) -> Any:
+        view = sources.reader.view(None)
+        name = workflow_param(request)
+        if name is not None:
+            view = sources.reader.view(name)
+        return view.to_json()
+
+    def overview_doc(request: Request) -> Any:
+        return overview(sources, sources.reader.view(None))
+
+    def waiting_doc(request: Request) -> Any:
+        view = sources.reader.view(None)
+        name = workflow_param(request)
+        key = request.query_params.get("key")
+        starts = waiting_starts(
+            sources.reader.db, {w.workflow: w.pause for w in view.workflows if w.pause},
+            app=sources.app, deployment_cap=sources.settings.deployment_cap,
+            workflow=name, key=key, limit=_int(request.query_params.get("limit"), 500, 1,
+                                                5000))
+        return {"now_ms": view.now_ms, "waiting": [w.to_json() for w in starts]}
+
+    def run_doc(request: Request) -> Any:
+        sources.reader.view(None)
+        sources.runs.refresh()
+        try:
+            return runs_mod.lookup(sources.reader.db, sources.runs,
+                                   request.path_params["ident"])
+        except runs_mod.NotFound as exc:
+            raise Refused(404, str(exc)) from None
+
+    def deadletters_doc(request: Request) -> Any:
+        from sluicegate.ops.deadletters import recent
+
+        limit = _int(request.query_params.get("limit"), 50, 1, 1000)
+        return {"deadletters": recent(sources.settings, limit)}
+
+    def decisions_doc(request: Request) -> Any:
+        sources.reader.view(None)
+        name = workflow_param(request)
+        limit = _int(request.query_params.get("limit"), 50, 1, 1000)
+        return {"decisions": decisions(sources, name, limit)}
+
+    def set_paused(request: Request, body: dict[str, Any]) -> Any:
+        from sluicegate.ops.workflows import write_control
+        from sluicegate.schemas.records import ControlRow
+
+        name, action = request.path_params["workflow"], request.path_params["action"]
+        if action not in ("pause", "unpause"):
+            raise Refused(404, f"no such action: {action} (pause or unpause)")
+        reason = str(body.get("reason") or "").strip() or None
+        if action == "pause" and reason is None:
+            raise RequestError("a pause needs a reason (it is recorded on the row)")
+        with sources.reading():
+            sources.reader.view(None)
+            sources.check_workflow(name)
+            write_control(sources.settings, ControlRow(
+                workflow=name, paused=action == "pause", at_ms=time.time_ns() // 1_000_000,
+                reason=reason, by=str(body.get("by") or "dashboard")))
+        return {"workflow": name, "paused": action == "pause"}
+
+    def bulk_op(request: Request, body: dict[str, Any]) -> Any:
+        request_doc = check_bulk(body)
+        with sources.reading():
+            if request_doc.get("workflow"):
+                sources.reader.view(None)
+                sources.check_workflow(str(request_doc["workflow"]))
+            if request.path_params["op"] not in ("preview", "apply"):
+                raise Refused(404, f"no such action: {request.path_params['op']} (preview or "
+                                   "apply)")
+            op = bulk.preview if request.path_params["op"] == "preview" else bulk.apply
+            return op(request_doc)
+
+    async def metrics(request: Request) -> Response:
+        def work() -> bytes:
+            with sources.reading():
+                return bytes(generate_latest(registry))
+        return Response(await run_in_threadpool(work), media_type=CONTENT_TYPE_LATEST)
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        status = exc.status if isinstance(exc, Refused) else 400
+        if status == 401:
+            return JSONResponse({"error": str(exc)}, status_code=status,
+                                headers={**headers, "WWW-Authenticate": "Bearer"})
+        return as_json({"error": str(exc)}, status)
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return as_json({"error": f"{type(exc).__name__}: {exc}"}, 500)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return as_json({"error": f"no such page: {request.url.path}"}, 404)
+
+    async def wrong_method(request: Request, exc: Exception) -> Response:
+        return as_json({"error": f"{request.method} is not served at {request.url.path}"},
+                       405)
+
+    routes = [
+        Route("/", index), Route("/index.html", index),
+        Route("/console.js", static("console.js", "text/javascript; charset=utf-8")),
+        Route("/console.css", static("console.css", "text/css; charset=utf-8")),
+        Route(FLOW_PATH, read(flow_doc)),
+        Route("/inspect/overview", read(overview_doc)),
+        Route("/inspect/waiting", read(waiting_doc)),
+        Route("/inspect/runs/{ident:path}", read(run_doc)),
+        Route("/inspect/deadletters", read(deadletters_doc)),
+        Route("/inspect/decisions", read(decisions_doc)),
+        Route("/inspect/workflows/{workflow}/{action:str}", write(set_paused),
+              methods=["POST"]),
+        Route("/inspect/bulk/{op:str}", write(bulk_op), methods=["POST"]),
+        Route("/metrics", metrics),
+    ]
+
+    class HostCheck:
+        """Answer only requests addressed to this server by one of its names: a page whose
+        domain was pointed at 127.0.0.1 (DNS rebinding) must not read the token."""
+
+        def __init__(self, inner: ASGIApp) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                raw = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+                if host_name(raw) not in hosts:
+                    response = PlainTextResponse(
+                        f"this server does not answer to the host {raw!r} (--allowed-host "
+                        "adds a name)", status_code=421)
+                    await response(scope, receive, send)
+                    return
+            await self.inner(scope, receive, send)
+
+    application = Starlette(routes=routes, exception_handlers={
+        Refused: refused, RequestError: refused, ValueError: refused, Exception: failed,
+        404: not_found, 405: wrong_method})
+    application.add_middleware(HostCheck)
+    return application
+
+
+# -- the server ------------------------------------------------------------------------
+
+
+class InspectServer:
+    """uvicorn serving `build_app` on a socket of its own; `start` runs it on a thread
+    (tests, embedding), `serve_forever` on this one (the command)."""
+
+    def __init__(self, sources: Sources, bulk: BulkOps | None = None, *,
+                 host: str = "127.0.0.1", port: int = 8787, token: str | None = None,
+                 allowed: tuple[str, ...] = ()) -> None:
+        import uvicorn
+
+        self.sources = sources
+        self.token = token or secrets.token_urlsafe(24)
+        self.host = host
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+        self.socket = socket.socket(family, kind, proto)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(address)
+        self.socket.listen(64)
+        self.port = int(self.socket.getsockname()[1])
+        self.app = build_app(sources, bulk or NoBulkOps(), self.token,
+                             allowed_hosts(host, allowed))
+        self.server: uvicorn.Server = uvicorn.Server(uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="off"))
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
-    def flow(self, workflow: str | None) -> Any:
-        with self.lock:
-            return self.reader.view(workflow)
+    def flow(self, workflow: str | None = None) -> FlowView:
+        return self.sources.flow(workflow)
 
-    def decisions(self) -> list[tuple[str, str, int]]:
-        with self.lock:
-            rows = self.reader.db.query(
-                "SELECT workflow, outcome, count(*) FROM ledger GROUP BY ALL ORDER BY ALL").rows
-        return [(str(w), str(o), int(n)) for w, o, n in rows]
-
-    def set_paused(self, workflow: str, paused: bool, reason: str | None,
-                   by: str | None) -> None:
-        from sluicegate.ops.workflows import write_control
-        from sluicegate.schemas.records import ControlRow
-
-        write_control(self.settings, ControlRow(
-            workflow=workflow, paused=paused, at_ms=time.time_ns() // 1_000_000,
-            reason=reason, by=by or "dashboard"))
+    def serve_forever(self) -> None:
+        """Until Ctrl-C / SIGTERM (uvicorn's own signal handling)."""
+        try:
+            self.server.run(sockets=[self.socket])
+        finally:
+            self.sources.close()
 
     def start(self) -> InspectServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
-                                        name="inspect-http")
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[self.socket])),
+            daemon=True, name="inspect-http")
         self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the inspect server did not start")
+            time.sleep(0.01)
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.reader.close()
+        self.socket.close()
+        self.sources.close()
 
     def __enter__(self) -> InspectServer:
         return self.start()
@@ -210,97 +738,41 @@ class InspectServer:
         self.close()
 
 
-def _handler(server: InspectServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
-
-        def do_GET(self) -> None:
-            url = urlsplit(self.path)
-            if url.path in ("/", "/index.html"):
-                self._send(HTTPStatus.OK, server.page, "text/html; charset=utf-8")
-            elif url.path == FLOW_PATH:
-                workflow = parse_qs(url.query).get("workflow", [None])[0]
-                self._json(HTTPStatus.OK, server.flow(workflow).to_json())
-            elif url.path == "/metrics":
-                from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-                self._send(HTTPStatus.OK, generate_latest(server.registry),
-                           CONTENT_TYPE_LATEST)
-            else:
-                self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {url.path}"})
-
-        def do_POST(self) -> None:
-            parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
-            try:
-                body = self._body()
-                if (len(parts) == 4 and parts[:2] == ["inspect", "workflows"]
-                        and parts[3] in ("pause", "unpause")):
-                    reason = str(body.get("reason") or "").strip() or None
-                    if parts[3] == "pause" and reason is None:
-                        raise RequestError("a pause needs a reason (it is recorded on the row)")
-                    server.set_paused(parts[2], parts[3] == "pause", reason, body.get("by"))
-                    self._json(HTTPStatus.OK, {"workflow": parts[2],
-                                               "paused": parts[3] == "pause"})
-                elif parts[:2] == ["inspect", "bulk"] and parts[2:] in (["preview"], ["apply"]):
-                    request = check_bulk(body)
-                    op = server.bulk.preview if parts[2] == "preview" else server.bulk.apply
-                    self._json(HTTPStatus.OK, op(request))
-                else:
-                    self._json(HTTPStatus.NOT_FOUND, {"error": f"no such action: {self.path}"})
-            except ValueError as exc:  # RequestError, or a bulk function refusing
-                self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            except Exception as exc:
-                log.exception("POST %s failed", self.path)
-                self._json(HTTPStatus.INTERNAL_SERVER_ERROR,
-                           {"error": f"{type(exc).__name__}: {exc}"})
-
-        def _body(self) -> dict[str, Any]:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError as exc:
-                raise RequestError(f"the body is not JSON: {exc}") from exc
-            if not isinstance(body, dict):
-                raise RequestError("the body must be a JSON object")
-            return body
-
-        def _json(self, status: HTTPStatus, doc: Any) -> None:
-            self._send(status, json.dumps(doc).encode(), "application/json")
-
-        def _send(self, status: HTTPStatus, data: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(data)
-
-    return Handler
-
-
-def open_server(settings: Settings, *, db: Path | str = ":memory:", declared: list[str] | None
-                = None, bulk: BulkOps | None = None, host: str = "127.0.0.1",
-                port: int = 8787) -> InspectServer:
+def open_server(settings: Settings, *, db: Path | str = ":memory:",
+                declared: list[str] | None = None, app: App | None = None,
+                bulk: BulkOps | None = None, host: str = "127.0.0.1", port: int = 8787,
+                token: str | None = None, allowed_hosts: tuple[str, ...] = (),
+                app_spec: str | None = None) -> InspectServer:
     """A server on `settings`' topics; `db` is the ledger copy (in memory by default, so
-    the server never holds the file `sluicegate ledger` uses)."""
-    from sluicegate.ops.flow import FlowReader
+    the server never holds the file `sluicegate ledger` uses). `app` (or just `declared`
+    names) are the declarations: names are checked against them, limits shown."""
+    from sluicegate.ops.flow import FlowReader, concurrency_limits
     from sluicegate.ops.ledger import LedgerDb
+    from sluicegate.ops.runs import RunsIndex
 
-    reader = FlowReader(settings, LedgerDb(db), declared or [])
+    names = tuple(declared or (sorted(app.workflows) if app is not None else ()))
+    reader = FlowReader(settings, LedgerDb(db), names, limits=concurrency_limits(app))
+    sources = Sources(settings, reader, RunsIndex(settings), app, names, app_spec)
     try:
-        return InspectServer(settings, reader, bulk, host, port)
+        return InspectServer(sources, bulk, host=host, port=port, token=token,
+                             allowed=allowed_hosts)
     except BaseException:
-        reader.close()
+        sources.close()
         raise
 
 
 @app.command("serve")
 def serve(
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8787,
-    host: Annotated[str, typer.Option(help="The address to listen on.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(
+        help="The address to listen on (0.0.0.0: every interface; then anyone who can "
+             "reach it can read it, and change it with the token).")] = "127.0.0.1",
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", help="Another name this server is reached by (its Host header); "
+                               "repeatable.")] = None,
     app_spec: Annotated[str | None, typer.Option(
-        "--app", help="Module with the declarations: list every declared workflow.")] = None,
+        "--app", help="Module with the declarations: list every declared workflow, check "
+                      "names against them, show limits.")] = None,
     db: Annotated[Path | None, typer.Option(
         "--db", help="Keep the ledger copy in this DuckDB file (default: in memory).")] = None,
     bootstrap: Annotated[str | None, typer.Option(
@@ -308,23 +780,28 @@ def serve(
     namespace: Annotated[str | None, typer.Option(
         help="Topic name prefix (default sg.).", envvar="SLUICEGATE_NAMESPACE")] = None,
 ) -> None:
-    """Serve the dashboard, the flow view as JSON, and /metrics until Ctrl-C."""
+    """Serve the console, its JSON and /metrics until Ctrl-C. Changes (pause, bulk) need
+    the token: SLUICEGATE_INSPECT_TOKEN, else one made now and printed once."""
     from sluicegate.ops.cli import _settings
 
     settings = _settings(bootstrap, namespace)
-    declared: list[str] = []
+    declared_app = None
     if app_spec is not None:
         from sluicegate.declare import load_app
 
-        declared = sorted(load_app(app_spec, settings).workflows)
-    server = open_server(settings, db=db or ":memory:", declared=declared,
-                         bulk=ModuleBulkOps(settings), host=host, port=port)
+        declared_app = load_app(app_spec, settings)
+    token = os.environ.get(TOKEN_ENV) or None
+    server = open_server(settings, db=db or ":memory:", app=declared_app,
+                         bulk=ModuleBulkOps(settings), host=host, port=port, token=token,
+                         allowed_hosts=tuple(allowed_host or ()), app_spec=app_spec)
     typer.echo(f"serving {server.url}/ (flow: {server.url}{FLOW_PATH}, metrics: "
                f"{server.url}/metrics)")
-    try:
-        server.httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.httpd.server_close()
-        server.reader.close()
+    if host not in LOOPBACK_NAMES:
+        typer.echo(f"listening on {host}, not only on this machine: whoever reaches it can "
+                   "read the console, and change things with the token", err=True)
+    if token is None:
+        typer.echo(f"token: {server.token}  (a change sends it as `Authorization: Bearer "
+                   f"<token>`; the console's page has it already; {TOKEN_ENV} chooses it)")
+    else:
+        typer.echo(f"token: the one {TOKEN_ENV} gives")
+    server.serve_forever()

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sluicegate.config import Settings
+from sluicegate.ops.ledger_tail import tail
 
 if TYPE_CHECKING:
     from sluicegate.ops.ledger import LedgerDb, LedgerSqlError, RefreshReport, Result
@@ -262,6 +263,9 @@ def refresh_cmd(
     except LedgerSqlError as exc:
         raise _fail(exc) from exc
     typer.echo(f"{report.rows} new rows from {report.topic}; {total} in {ledger.path}")
+
+
+app.command("tail")(tail)  # sluicegate/ops/ledger_tail.py
 
 
 @app.command("ksql")

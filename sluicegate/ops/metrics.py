@@ -71,7 +71,8 @@ class WorkerMetrics:
                 self.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
 
 
-def serve_worker_metrics(port: int, addr: str = "0.0.0.0") -> WorkerMetrics:
+def serve_worker_metrics(port: int, addr: str = "127.0.0.1") -> WorkerMetrics:
+    """The worker's /metrics on `addr` (loopback unless the operator says otherwise)."""
     metrics = WorkerMetrics()
     start_http_server(port, addr=addr, registry=metrics.registry)
     return metrics

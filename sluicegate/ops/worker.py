@@ -69,7 +69,7 @@ def warn_without_speedups() -> None:
 
 
 def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None,
-               metrics_port: int | None = None) -> Worker:
+               metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Worker:
     """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group."""
     stop = stop or threading.Event()
     warn_without_speedups()
@@ -80,8 +80,8 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     if metrics_port is not None:
         from sluicegate.ops.metrics import serve_worker_metrics
 
-        worker.metrics = serve_worker_metrics(metrics_port)
-        log.info("metrics on :%d/metrics", metrics_port)
+        worker.metrics = serve_worker_metrics(metrics_port, metrics_host)
+        log.info("metrics on %s:%d/metrics", metrics_host, metrics_port)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping after the current cycle", signum)

@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.kafkautil import ClientErrors, KafkaAuthError, check_access
+from sluicegate.kafkautil import ClientErrors, KafkaAuthError, KafkaUnreachable, require_broker
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.registry import RegistryError
 from sluicegate.streams.clock import Clock, SystemClock
@@ -281,8 +281,9 @@ class Worker:
         """Get ready to process: a broker that is not there yet is waited for; a refused
         login raises KafkaAuthError, missing topics TopologyError, another configuration
         problem WorkerError."""
-        # Short timeouts: a broker that is not there is said at once, and tried again.
-        self._until_kafka_answers("check access", lambda: check_access(self.settings, 2.0))
+        # Short timeouts: a broker that is not there is said at once (one line, within
+        # seconds), and tried again until it answers.
+        self._until_kafka_answers("answer", lambda: require_broker(self.settings, 2.0))
         self._until_kafka_answers("check the topics",
                                   lambda: require_topics(self.settings, 5.0))
         configure_codec(self.settings)
@@ -310,7 +311,7 @@ class Worker:
                 return
             except (KafkaAuthError, TopologyError):
                 raise  # no retry fixes these; each says what to do in one line
-            except (KafkaException, TimeoutError) as exc:
+            except (KafkaException, KafkaUnreachable, TimeoutError) as exc:
                 self._check_config(exc)
                 if not said:
                     log.warning("waiting for Kafka at %s to %s: %s", self.settings.bootstrap,

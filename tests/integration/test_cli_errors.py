@@ -5,13 +5,17 @@ its absence."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sluicegate.ops.ledger import LedgerDb, ask, fill
 from sluicegate.schemas.records import LedgerRecord, Outcome
-from tests.integration.cli import sluicegate
+from tests.integration.cli import ROOT, sluicegate
 
 # The commands issue 17 names, each as an operator would type it.
 COMMANDS = {
@@ -21,8 +25,8 @@ COMMANDS = {
                     "stuck", "--limit", "5"),
     "ledger query": ("ledger", "query", "SELECT count(*) FROM ledger"),
     "topics create": ("topics", "create"),
-    "worker": ("worker", "--app", "examples.demo"),
 }
+WORKER = ("worker", "--app", "examples.demo")
 DEADLINE_S = 5.0
 
 
@@ -38,7 +42,7 @@ def test_no_broker_at_the_bootstrap_is_one_line_within_five_seconds(
     assert "Connection refused" in line and "sluicegate kafka status" in line
 
 
-@pytest.mark.parametrize("command", ["flow", "worker"])
+@pytest.mark.parametrize("command", ["flow"])
 def test_a_host_that_does_not_resolve_is_one_line_within_five_seconds(
         command: str, tmp_path: Path) -> None:
     ran = sluicegate(*COMMANDS[command], bootstrap="nosuchhost.invalid:9092",
@@ -54,11 +58,11 @@ def test_a_host_that_does_not_resolve_is_one_line_within_five_seconds(
     ("localhost", "'localhost' has no port"),
     ("127.0.0.1:9092,", "'' is not host:port"),
 ])
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", [*COMMANDS, "worker"])
 def test_a_bootstrap_that_is_not_host_port_is_a_usage_error_before_any_client(
         command: str, bootstrap: str, says: str, tmp_path: Path) -> None:
-    ran = sluicegate(*COMMANDS[command], bootstrap=bootstrap, state_dir=tmp_path / "s",
-                     timeout=30)
+    ran = sluicegate(*COMMANDS.get(command, WORKER), bootstrap=bootstrap,
+                     state_dir=tmp_path / "s", timeout=30)
     assert ran.code == 2
     (line,) = ran.error_lines
     assert line == line.strip() and says in line
@@ -166,3 +170,28 @@ def test_ask_why_is_one_block_per_request_within_80_columns(tmp_path: Path) -> N
     assert "  key          (one key)" in lines
     text = " ".join(line.strip() for line in lines)
     assert reason in text
+
+
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1:1", "nosuchhost.invalid:9092"])
+def test_a_worker_with_no_broker_says_so_in_one_line_within_five_seconds_and_waits(
+        bootstrap: str, tmp_path: Path) -> None:
+    """A supervisor may start a worker before its broker: the worker waits for it, as it
+    does for a broker that goes away later (tests/faults), and says so once, at once."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLUICEGATE_")}
+    environ.update(SLUICEGATE_BOOTSTRAP=bootstrap, SLUICEGATE_STATE_DIR=str(tmp_path / "s"))
+    began = time.monotonic()
+    worker = subprocess.Popen([sys.executable, "-m", "sluicegate", *WORKER], cwd=ROOT,
+                              env=environ, stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stderr is not None
+        lines: list[str] = []
+        while not any("waiting for Kafka" in line for line in lines):
+            assert time.monotonic() - began < DEADLINE_S, lines
+            lines.append(worker.stderr.readline())
+        assert worker.poll() is None  # still waiting, not gone
+        (waiting,) = [line for line in lines if "WARNING" in line or "ERROR" in line]
+        assert f"waiting for Kafka at {bootstrap}" in waiting
+        assert "Traceback" not in "".join(lines)
+    finally:
+        worker.terminate()
+        worker.wait(30)

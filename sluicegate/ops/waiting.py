@@ -1,0 +1,161 @@
+"""Why is this start waiting? Each start whose latest ledger row is `queued`, with the
+control holding it, in words (seed 000, "Seeing what happened"; issue 17's console):
+
+- debounce on key K until T (every start with the key moves T on, up to the timeout);
+- batch n/size on key K until T;
+- throttle on key K: its slot is at T;
+- concurrency on key K: position N of M behind a limit of L;
+- paused since T (reason);
+- delayed until T (`at`).
+
+The facts are the ledger row's (`deferral`, `due_at`, `position`, `key`, `control`), the
+ones `ledger ask why` shows; N and M are counted among the starts still waiting on the
+same workflow, key and control, oldest first (exact for the FIFO default; under a
+priority or fairness the queue may serve them in another order), L comes from the
+declarations when the caller has them, and a pause's time and reason from its row.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sluicegate.declare import App
+from sluicegate.ops.ledger import _LATEST, LedgerDb
+from sluicegate.schemas.records import ControlRow
+
+WAITING_SQL = f"""
+WITH {_LATEST}
+SELECT request_id, workflow, key, control, deferral, requested_at, decided_at, due_at,
+       position, waited_ms,
+       row_number() OVER (PARTITION BY workflow, key, control
+                          ORDER BY decided_at, _partition, _offset) AS rank,
+       count(*) OVER (PARTITION BY workflow, key, control) AS waiting
+FROM latest
+WHERE outcome = 'queued' AND NOT starts_with(request_id, 'run:')
+  AND ($workflow IS NULL OR workflow = $workflow)
+  AND ($key IS NULL OR key IS NOT DISTINCT FROM $key)
+ORDER BY workflow, key NULLS FIRST, control, rank
+LIMIT $limit
+"""
+
+_INDEX = re.compile(r"^concurrency\[(\d+)\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    request_id: str
+    workflow: str
+    key: str | None
+    control: str | None
+    deferral: str | None
+    requested_at_ms: int
+    due_at_ms: int | None
+    position: int | None  # as the ledger row says (the queue's, when it was parked)
+    rank: int  # N: among the starts still waiting on this workflow, key and control
+    waiting: int  # M
+    limit: int | None  # L, a concurrency limit or the batch size, when known
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "workflow": self.workflow, "key": self.key,
+                "control": self.control, "deferral": self.deferral,
+                "requested_at": _iso(self.requested_at_ms), "due_at": _iso(self.due_at_ms),
+                "position": self.position, "rank": self.rank, "waiting": self.waiting,
+                "limit": self.limit, "why": self.why}
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _clock(ms: int | None) -> str:
+    if ms is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S UTC")
+
+
+def _ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return int(value.replace(tzinfo=UTC).timestamp() * 1000)
+    return int(value)
+
+
+def limit_of(app: App | None, workflow: str, control: str | None, deferral: str | None,
+             deployment_cap: int = 0) -> int | None:
+    """The declared figure a start waits behind: a concurrency limit (the one `control`
+    names), the deployment-wide cap, or a batch's size; None when unknown."""
+    if deferral == "concurrency" and control == "deployment cap":
+        return deployment_cap or None
+    wf = app.get(workflow) if app is not None else None
+    if wf is None:
+        return None
+    if deferral == "batch" and wf.batch is not None:
+        return wf.batch.max_size
+    if deferral == "concurrency" and wf.concurrency:
+        match = _INDEX.match(control or "")
+        index = int(match.group(1)) if match else 0
+        if index < len(wf.concurrency):
+            return wf.concurrency[index].limit
+    return None
+
+
+def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
+        waiting: int, limit: int | None, pause: ControlRow | None) -> str:
+    """The sentence for one waiting start."""
+    on_key = f" on key {key!r}" if key else ""
+    if deferral == "debounce":
+        return (f"debounce{on_key} until {_clock(due_at_ms)} (each new start with this key "
+                "moves it on, up to the timeout)")
+    if deferral == "batch":
+        size = f"/{limit}" if limit is not None else ""
+        return f"batch {waiting}{size}{on_key} until {_clock(due_at_ms)}"
+    if deferral == "throttle":
+        return f"throttle{on_key}: its slot is at {_clock(due_at_ms)}"
+    if deferral == "concurrency":
+        behind = f" behind a limit of {limit}" if limit is not None else ""
+        return f"concurrency{on_key}: position {rank} of {waiting}{behind}"
+    if deferral == "pause":
+        if pause is None or not pause.paused:
+            return "paused; the pause was lifted, its starts are draining"
+        reason = f" ({pause.reason})" if pause.reason else ""
+        return f"paused since {_clock(pause.at_ms)}{reason}"
+    if deferral == "delayed":
+        return f"delayed until {_clock(due_at_ms)} (its `at`)"
+    return f"queued by {deferral or 'an unknown control'}{on_key}"
+
+
+def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
+                   app: App | None = None, deployment_cap: int = 0,
+                   workflow: str | None = None, key: str | None = None,
+                   limit: int = 500) -> list[Waiting]:
+    """The starts waiting now (at most `limit`), by workflow, key and control, oldest
+    first."""
+    result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit})
+    out = []
+    for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
+         _waited, rank, count) in result.rows:
+        cap = limit_of(app, wf, control, deferral, deployment_cap)
+        due = _ms(due_at)
+        out.append(Waiting(
+            request_id=request_id, workflow=wf, key=k, control=control, deferral=deferral,
+            requested_at_ms=_ms(requested_at) or 0, due_at_ms=due,
+            position=None if position is None else int(position), rank=int(rank),
+            waiting=int(count), limit=cap,
+            why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf))
+            + _paused_after(deferral, control_rows.get(wf))))
+    return out
+
+
+def _paused_after(deferral: str | None, pause: ControlRow | None) -> str:
+    """A start held by another control of a paused workflow waits for the unpause next."""
+    if deferral == "pause" or pause is None or not pause.paused:
+        return ""
+    return "; then the pause (the workflow is paused)"

@@ -1,0 +1,292 @@
+"""The console's pieces without a broker: why each start waits, a run looked up by any of
+its ids, and the checks the inspect server makes before it changes anything."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from sluicegate.config import Settings
+from sluicegate.declare import App, Batch, Concurrency, Workflow
+from sluicegate.ops.inspect import (
+    Refused,
+    allowed_hosts,
+    check_write,
+    cross_site,
+    host_name,
+)
+from sluicegate.ops.ledger import LedgerDb, fill
+from sluicegate.ops.runs import NotFound, RunsIndex, lookup, text
+from sluicegate.ops.waiting import waiting_starts
+from sluicegate.schemas.records import (
+    ControlRow,
+    LedgerRecord,
+    Outcome,
+    RunRow,
+    RunStatus,
+    Slot,
+)
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+S = 1000
+
+
+class Job(BaseModel):
+    tenant: str
+
+
+class Item(BaseModel):
+    sku: str
+
+
+class Items(BaseModel):
+    items: list[Item]
+
+
+APP = App([
+    Workflow(name="perTenant", payload=Job, concurrency=Concurrency(limit=2, key="tenant")),
+    Workflow(name="twoLimits", payload=Job, concurrency=[
+        Concurrency(limit=7, key="tenant"), Concurrency(limit=3, pool="gpu")]),
+    Workflow(name="stock", payload=Items,
+             batch=Batch(item=Item, max_size=10, key="sku", timeout="30s")),
+])
+
+
+def rec(request_id: str, outcome: Outcome, at_ms: int, workflow: str = "perTenant",
+        **more: object) -> LedgerRecord:
+    return LedgerRecord(request_id=request_id, workflow=workflow, outcome=outcome,
+                        requested_at_ms=at_ms, decided_at_ms=at_ms, **more)  # type: ignore[arg-type]
+
+
+def queued(request_id: str, at_ms: int, workflow: str, deferral: str, key: str | None,
+           control: str | None = None, **more: object) -> LedgerRecord:
+    return rec(request_id, Outcome.queued, at_ms, workflow, deferral=deferral, key=key,
+               control=control or deferral, **more)
+
+
+# -- why is it waiting ------------------------------------------------------------------
+
+
+def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None:
+    db = LedgerDb(":memory:")
+    fill(db, [
+        # Three of tenant acme behind a limit of 2; the first has since been admitted.
+        queued("a1", T0, "perTenant", "concurrency", "acme", position=1),
+        queued("a2", T0 + S, "perTenant", "concurrency", "acme", position=2),
+        queued("a3", T0 + 2 * S, "perTenant", "concurrency", "acme", position=3),
+        rec("a1", Outcome.admitted, T0 + 3 * S, execution_id="e1"),
+        # The second limit of a workflow with two, behind a pool.
+        queued("g1", T0, "twoLimits", "concurrency", "", control="concurrency[1] pool:gpu"),
+        queued("d1", T0, "tourNarration", "debounce", "tour:r1", due_at_ms=T0 + 900 * S),
+        queued("t1", T0, "partner", "throttle", "", due_at_ms=T0 + 5 * S),
+        queued("b1", T0, "stock", "batch", "p1", due_at_ms=T0 + 30 * S),
+        queued("b2", T0 + S, "stock", "batch", "p1", due_at_ms=T0 + 30 * S),
+        queued("p1", T0, "report", "pause", "report"),
+        queued("l1", T0, "later", "delayed", None, control="idempotency",
+               due_at_ms=T0 + 3600 * S),
+        # Rows about runs are not starts.
+        queued("run:e9:lease", T0, "perTenant", "concurrency", "acme"),
+    ])
+    pause = ControlRow(workflow="report", paused=True, at_ms=T0 - 60 * S,
+                       reason="deploying a fix", by="ana")
+    why = {w.request_id: w for w in waiting_starts(db, {"report": pause}, app=APP)}
+
+    assert set(why) == {"a2", "a3", "g1", "d1", "t1", "b1", "b2", "p1", "l1"}
+    assert why["a2"].why == "concurrency on key 'acme': position 1 of 2 behind a limit of 2"
+    assert (why["a3"].rank, why["a3"].waiting, why["a3"].position) == (2, 2, 3)
+    assert why["g1"].why == "concurrency: position 1 of 1 behind a limit of 3"
+    assert why["d1"].why.startswith("debounce on key 'tour:r1' until 00:15:00 UTC")
+    assert why["t1"].why == "throttle: its slot is at 00:00:05 UTC"
+    assert why["b2"].why == "batch 2/10 on key 'p1' until 00:00:30 UTC"
+    assert why["p1"].why == "paused since 23:59:00 UTC (deploying a fix)"
+    assert why["l1"].why == "delayed until 01:00:00 UTC (its `at`)"
+    assert why["d1"].to_json()["due_at"] == "2026-01-01T00:15:00.000Z"
+
+
+def test_a_start_held_by_a_control_of_a_paused_workflow_says_the_pause_comes_next() -> None:
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme")])
+    pause = ControlRow(workflow="perTenant", paused=True, at_ms=T0, reason="x")
+    (only,) = waiting_starts(db, {"perTenant": pause}, app=APP)
+    assert only.why == ("concurrency on key 'acme': position 1 of 1 behind a limit of 2; "
+                        "then the pause (the workflow is paused)")
+
+
+def test_without_declarations_the_limit_is_not_guessed() -> None:
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme")])
+    (only,) = waiting_starts(db, {})
+    assert only.why == "concurrency on key 'acme': position 1 of 1"
+    assert only.limit is None
+
+
+def test_the_deployment_cap_is_the_limit_of_its_rows() -> None:
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "perTenant", "concurrency", "", control="deployment cap")])
+    (only,) = waiting_starts(db, {}, deployment_cap=40)
+    assert only.why == "concurrency: position 1 of 1 behind a limit of 40"
+
+
+def test_waiting_is_filtered_by_workflow_and_key() -> None:
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme"),
+              queued("b1", T0, "perTenant", "concurrency", "bolt"),
+              queued("d1", T0, "tourNarration", "debounce", "acme")])
+    assert [w.request_id for w in waiting_starts(db, {}, workflow="perTenant", key="acme")
+            ] == ["a1"]
+
+
+# -- one run, whole ---------------------------------------------------------------------
+
+RUN = RunRow(execution_id="0f3c9a6e-0000-5000-8000-000000000001", workflow="tourNarration",
+             status=RunStatus.completed, payload=b'{"rowId": "r1"}', declaration_version="v1",
+             admitted_at_ms=T0 + 60 * S, updated_at_ms=T0 + 90 * S,
+             slots=[Slot(stage="concurrency", key="tourNarration\x1facme")], keys={},
+             ended_at_ms=T0 + 90 * S)
+
+
+def _history() -> tuple[LedgerDb, RunsIndex]:
+    eid = RUN.execution_id
+    db = LedgerDb(":memory:")
+    fill(db, [
+        queued("r1", T0, "tourNarration", "debounce", "tour:r1"),
+        rec("r1", Outcome.collapsed, T0 + 10 * S, "tourNarration", execution_id=eid,
+            key="tour:r1", reason="superseded by a later start"),
+        queued("r2", T0 + 10 * S, "tourNarration", "debounce", "tour:r1"),
+        rec("r2", Outcome.admitted, T0 + 60 * S, "tourNarration", execution_id=eid,
+            folded=1, key="tour:r1"),
+        rec("r3", Outcome.existing, T0 + 70 * S, "tourNarration", execution_id=eid,
+            key="tour:r1:7", control="idempotency"),
+        rec("other", Outcome.admitted, T0, "tourNarration", execution_id="e-other"),
+    ])
+    runs = RunsIndex(Settings())
+    runs._apply(eid.encode(), _encoded(RUN, RunStatus.admitted))
+    runs._apply(eid.encode(), _encoded(RUN, RunStatus.completed))
+    return db, runs
+
+
+def _encoded(row: RunRow, status: RunStatus) -> bytes:
+    import dataclasses
+
+    from sluicegate.schemas import codec
+
+    return codec.encode(dataclasses.replace(row, status=status))
+
+
+@pytest.mark.parametrize(("ident", "matched"), [
+    (RUN.execution_id, "execution id"),
+    (RUN.execution_id[:8], "execution id prefix"),
+    ("r1", "request id"),
+    ("tour:r1:7", "idempotency key"),
+])
+def test_a_run_is_found_by_any_of_its_ids_with_its_whole_history(ident: str,
+                                                                  matched: str) -> None:
+    db, runs = _history()
+    doc = lookup(db, runs, ident)
+    assert doc["matched"] == matched
+    assert doc["execution_ids"] == [RUN.execution_id]
+    assert [(r["request_id"], r["outcome"]) for r in doc["ledger"]] == [
+        ("r1", "queued"), ("r1", "collapsed"), ("r2", "queued"), ("r2", "admitted"),
+        ("r3", "existing")]
+    (run,) = doc["runs"]
+    assert run["status"] == "completed"
+    assert [c["status"] for c in run["changes"]] == ["admitted", "completed"]
+    assert run["slots"] == [{"stage": "concurrency", "key": "acme"}]
+    assert run["payload"] == '{"rowId": "r1"}'
+    shown = text(doc)
+    assert f"run {RUN.execution_id}  tourNarration  completed" in shown
+    assert "collapsed" in shown and "superseded by a later start" in shown
+
+
+def test_an_unknown_id_or_an_ambiguous_prefix_is_not_found() -> None:
+    db, runs = _history()
+    with pytest.raises(NotFound, match="no run or request has the id 'nosuch'"):
+        lookup(db, runs, "nosuch")
+    fill(db, [rec("x", Outcome.admitted, T0, execution_id=RUN.execution_id[:10] + "ffff")])
+    with pytest.raises(NotFound, match="begins 2 execution ids"):
+        lookup(db, runs, RUN.execution_id[:8])
+
+
+# -- the checks before a change -------------------------------------------------------
+
+
+def test_a_cross_site_request_is_refused_whatever_it_carries() -> None:
+    assert cross_site({"origin": "http://evil.example", "host": "127.0.0.1:8787"},
+                      "http") is not None
+    assert cross_site({"sec-fetch-site": "cross-site"}, "http") is not None
+    assert cross_site({"sec-fetch-site": "same-site"}, "http") is not None
+    assert cross_site({"origin": "http://127.0.0.1:8787", "host": "127.0.0.1:8787",
+                       "sec-fetch-site": "same-origin"}, "http") is None
+    assert cross_site({}, "http") is None  # curl: no browser, no ambient credentials
+
+
+def test_a_change_needs_the_same_origin_then_the_token_then_json() -> None:
+    good = {"host": "127.0.0.1:1", "authorization": "Bearer s3cret",
+            "content-type": "application/json"}
+    check_write(good, "http", "s3cret")
+    cases = [({**good, "origin": "http://evil.example"}, 403),
+             ({k: v for k, v in good.items() if k != "authorization"}, 401),
+             ({**good, "authorization": "Bearer wrong"}, 401),
+             ({**good, "authorization": "Basic s3cret"}, 401),
+             ({**good, "content-type": "text/plain"}, 415)]
+    for headers, status in cases:
+        with pytest.raises(Refused) as refused:
+            check_write(headers, "http", "s3cret")
+        assert refused.value.status == status, headers
+
+
+def test_the_server_answers_to_its_own_names_only() -> None:
+    assert host_name("127.0.0.1:8787") == "127.0.0.1"
+    assert host_name("[::1]:8787") == "::1"
+    assert host_name("LocalHost") == "localhost"
+    hosts = allowed_hosts("127.0.0.1")
+    assert {"127.0.0.1", "localhost", "::1"} <= hosts
+    assert "evil.example" not in hosts
+    assert "ops.internal" in allowed_hosts("127.0.0.1", ("ops.internal",))
+
+
+# -- the overview -----------------------------------------------------------------------
+
+
+def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from sluicegate.ops.flow import compute, concurrency_limits
+    from sluicegate.ops.inspect import overview
+
+    now = int(time.time() * 1000)
+    minute = now - now % 60_000
+    db = LedgerDb(":memory:")
+    fill(db, [
+        queued("a1", minute, "perTenant", "concurrency", "acme"),
+        rec("a1", Outcome.admitted, minute + 1, execution_id="e1"),
+        rec("a2", Outcome.admitted, minute + 2, execution_id="e2"),
+        rec("a3", Outcome.existing, minute + 3, execution_id="e1"),
+        rec("a4", Outcome.dropped, minute - 60_000),
+        # About a run, not a request: counted only as what happened to the run.
+        rec("run:e1:lease", Outcome.admitted, minute + 4),
+        rec("run:e2:bulk-cancel:op", Outcome.cancelled, minute + 5, execution_id="e2"),
+        rec("old", Outcome.admitted, minute - 2 * 3600_000),  # before the chart's hour
+    ])
+    pause = ControlRow(workflow="perTenant", paused=True, at_ms=now, reason="r", by="ana")
+    view = compute({}, {("perTenant", "acme"): 2, ("perTenant", "bolt"): 1},
+                   {"perTenant": pause}, now, declared=["perTenant", "stock"],
+                   limits=concurrency_limits(APP))
+    sources = SimpleNamespace(reader=SimpleNamespace(db=db), app=APP,
+                              declared=frozenset({"perTenant", "stock"}))
+    doc = overview(sources, view)  # type: ignore[arg-type]
+
+    per_tenant, stock = doc["workflows"]
+    assert per_tenant["counts"] == {"admitted": 3, "existing": 1, "collapsed": 0,
+                                    "dropped": 1, "rejected": 0, "expired": 0, "failed": 0,
+                                    "cancelled": 1}
+    assert (per_tenant["in_flight"], per_tenant["limit"]) == (3, None)
+    assert per_tenant["fullest_key"] == {"key": "acme", "in_flight": 2, "limit": 2}
+    assert per_tenant["paused"] and per_tenant["pause"]["reason"] == "r"
+    assert per_tenant["per_minute"] == [
+        {"minute_ms": minute - 60_000, "dropped": 1},
+        {"minute_ms": minute, "admitted": 2, "existing": 1, "cancelled": 1}]
+    # The chart's hour begins 59 minutes before the minute the overview was made in.
+    assert doc["since_ms"] in (minute - 59 * 60_000, minute - 58 * 60_000)
+    assert stock["counts"]["admitted"] == 0 and stock["per_minute"] == []
