@@ -135,11 +135,14 @@ class TestDriver:
         self.clock = ManualClock(start_ms)
         self.control = SetControlTable(self.settings)
         self.app = app
-        # Every topic as written: the records, and per (topic, partition) the next offset.
+        # Every record written, in order, and by topic; per (topic, partition) the next
+        # offset.
+        self._all: list[Written] = []
         self._log: dict[str, list[Written]] = {}
         self._offsets: dict[tuple[str, int], int] = {}
-        # How long each topic was at the last commit; the records piped in since then.
+        # How long each list was at the last commit; the records piped in since then.
         self._committed: dict[str, int] = {}
+        self._committed_all = 0
         self._piped: list[Written] = []
         # Records written to a stage's input and not yet processed, in the order written.
         self._queue: deque[Written] = deque()
@@ -194,6 +197,7 @@ class TestDriver:
         offset = self._offsets.get((topic, partition), 0)
         self._offsets[(topic, partition)] = offset + 1
         written = Written(topic, partition, offset, key, value, headers)
+        self._all.append(written)
         self._log.setdefault(topic, []).append(written)
         if topic in self._stage_for_topic:
             self._queue.append(written)
@@ -338,6 +342,7 @@ class TestDriver:
                 if state.tx.changes:
                     self._commit_state(state, task.partition)
         self._committed = {topic: len(written) for topic, written in self._log.items()}
+        self._committed_all = len(self._all)
         self._piped.clear()
         self._settle()
 
@@ -364,6 +369,8 @@ class TestDriver:
             task.close()
         for topic, log in self._log.items():
             del log[self._committed.get(topic, 0):]
+        del self._all[self._committed_all:]
+        self._offsets = {(w.topic, w.partition): w.offset + 1 for w in self._all}
         self._queue.clear()
         self._open(app if app is not None else self.app)
         replay, self._piped = self._piped, []
@@ -403,9 +410,10 @@ class TestDriver:
 
     # -- the topics --------------------------------------------------------------------
 
-    def sent(self, topic: str) -> list[Written]:
-        """Every record written to `topic`, in order (none handed over in-process)."""
-        return list(self._log.get(topic, ()))
+    def sent(self, topic: str | None = None) -> list[Written]:
+        """Every record written to `topic` (or to any topic), in the order written; a record
+        handed over in-process is never written."""
+        return list(self._all if topic is None else self._log.get(topic, ()))
 
     def read(self, topic: str, cls: type[R]) -> list[R]:
         """The records written to `topic`, decoded (tombstones left out)."""
