@@ -20,7 +20,8 @@ part around them:
   then); `restart(app=...)` is a worker taking the partitions over: the uncommitted
   store writes and outputs are dropped, the records piped since the last commit are
   read again, and new stage objects (the declarations given, or the same) are restored
-  over the committed stores;
+  over the committed stores (which stay open: RocksDB's own reopening is the store's
+  tests' business, and costs tens of milliseconds a store);
 - the control table is set by the test (`pause`, `unpause`), not read from Kafka.
 
 Every topic is a list of what was written to it (`sent`); the output topics are also
@@ -161,9 +162,12 @@ class TestDriver:
             topic: stage for stage in stages for topic in stage.inputs(self.topics)}
         self._handed_over: dict[str, Stage] = {
             topic: stage for stage in stages for topic in stage.handed_over(self.topics)}
+        # A restart takes the open stores over: what they hold is what was committed.
+        stores = {p: {name: state.store for name, state in task.states.items()
+                      if state.store is not None} for p, task in self.tasks.items()}
         self.tasks = {
             p: Task(p, stages, self.topics, self.state_dir, self._send, self.clock.now_ms,
-                    self.settings.max_record_bytes)
+                    self.settings.max_record_bytes, stores.get(p))
             for p in range(self.settings.partitions)}
         # What the worker does once a task's stores are restored: `restored` in a
         # transaction, then the control table caught up with.
@@ -366,7 +370,6 @@ class TestDriver:
         committed stores, `restored` called, the control table re-applied."""
         for task in self.tasks.values():
             task.discard()
-            task.close()
         for topic, log in self._log.items():
             del log[self._committed.get(topic, 0):]
         del self._all[self._committed_all:]
