@@ -276,8 +276,10 @@ class TestDriver:
         """An engine's report on a run (`Engine.started`, `completed`, ...), now; the
         workflow is the run's admitted one unless given."""
         if workflow is None:
-            workflow = next(a.workflow for a in reversed(self.admitted)
-                            if a.execution_id == execution_id)
+            workflow = next((a.workflow for a in reversed(self.admitted)
+                             if a.execution_id == execution_id), None)
+            if workflow is None:
+                raise ValueError(f"no run {execution_id} was admitted: pass its workflow")
         self.pipe(self.topics.run_events, RunEvent(
             execution_id=execution_id, workflow=workflow, kind=kind,
             at_ms=self.clock.now_ms(), **fields), execution_id)

@@ -279,7 +279,7 @@ class Batching(DriverMachine):
     def __init__(self) -> None:
         super().__init__()
         wf = Workflow(name="clicks", payload=Clicks, batch=Batch(
-            item=Click, key="siteId", max_size=3, max_bytes=70, timeout="10s"))
+            item=Click, key="siteId", max_size=3, max_bytes=80, timeout="10s"))
         self.open(wf)
         rule_ = batch_rule(wf, self.d.settings.max_payload_bytes)
         assert rule_ is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel
 
 from sluicegate.config import Settings
@@ -109,3 +110,23 @@ def test_a_restart_with_other_declarations_builds_new_stages() -> None:
                           concurrency=Concurrency(limit=2))
         driver.restart(App([DEBOUNCED, raised]))
         assert len(driver.admitted) == 2
+
+
+def test_over_several_partitions_each_key_is_judged_where_its_partition_is() -> None:
+    with TestDriver(APP, Settings(partitions=3)) as driver:
+        rows = [f"r{i}" for i in range(12)]
+        for row in rows:
+            driver.start("edit", {"rowId": row})
+            driver.start("edit", {"rowId": row})
+        assert all(driver.store("defer", p).changes for p in range(3)), (
+            "each partition's task holds bursts of its keys")
+        driver.advance(60_000)
+        assert len(driver.admitted) == len(rows)
+        queued = driver.sent(driver.topics.stage("defer"))
+        assert {w.partition for w in queued} == {0, 1, 2}
+        assert all(w.partition == partition_for(w.key or b"", 3) for w in queued)
+
+
+def test_an_engine_report_on_a_run_never_admitted_says_to_name_its_workflow() -> None:
+    with TestDriver(APP) as driver, pytest.raises(ValueError, match="pass its workflow"):
+        driver.report("nobody", RunEventKind.completed)
