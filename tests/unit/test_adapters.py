@@ -23,16 +23,9 @@ from sluicegate.declare import (
 )
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, RunEventKind
+from sluicegate.streams.stages.batch import OpenBatch, add_item, batch_payload, batch_rule
 from sluicegate.streams.stages.cancelon import SWEEP_GRACE_MS, in_window
-from sluicegate.streams.stages.defer import (
-    Burst,
-    OpenBatch,
-    add_item,
-    arrive,
-    batch_payload,
-    batch_rule,
-    debounce_rule,
-)
+from sluicegate.streams.stages.debounce import Burst, arrive, debounce_rule
 from sluicegate.streams.stages.identity import IdentityRow, Spent
 from sluicegate.streams.stages.identity import decide as identity_decide
 from sluicegate.streams.stages.identity import ended as identity_ended
