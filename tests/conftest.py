@@ -131,13 +131,34 @@ def local_broker(session_kafka: SessionKafka) -> LocalBroker:
 
 
 @pytest.fixture
-def settings(bootstrap: str, tmp_path: Path) -> Settings:
-    """Settings on the session broker, with a namespace and state dir of this test's own."""
-    return Settings(
+def settings(bootstrap: str, tmp_path: Path) -> Iterator[Settings]:
+    """Settings on the session broker, with a namespace and state dir of this test's own.
+    The namespace's topics are deleted after the test: the broker keeps a file open per
+    partition, and a session of a few hundred namespaces would otherwise run it out of
+    file descriptors."""
+    settings = Settings(
         bootstrap=bootstrap,
         namespace=f"t{uuid.uuid4().hex[:8]}.",
         state_dir=tmp_path / "state",
     )
+    yield settings
+    _delete_topics(settings)
+
+
+def _delete_topics(settings: Settings) -> None:
+    """Delete the namespace's topics, best effort: a test that stopped the broker, or
+    changed its security, leaves them."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.client_config())
+    try:
+        names = [name for name in admin.list_topics(timeout=5).topics
+                 if name.startswith(settings.namespace)]
+        if names:
+            for future in admin.delete_topics(names, operation_timeout=10).values():
+                future.result(timeout=15)
+    except Exception:  # the broker's state is not what this test checks
+        pass
 
 
 @pytest.fixture(scope="session")

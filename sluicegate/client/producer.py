@@ -211,7 +211,10 @@ class StartBuilder:
     def build(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
               id: str | None = None, at: datetime | int | None = None,
               origin: str | Origin = "event",
-              wait_decision: bool = False) -> tuple[StartRequest, bytes]:
+              wait_decision: bool = False, request_id: str | None = None,
+              requested_at_ms: int | None = None) -> tuple[StartRequest, bytes]:
+        """The request and its Kafka key. `request_id` and `requested_at_ms` default to a
+        fresh uuid and the wall clock (a test driver gives its own, for repeatable runs)."""
         wf = self.app.get(workflow)
         if wf is None:
             raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
@@ -238,11 +241,12 @@ class StartBuilder:
                 "start's other fields): it could not be admitted. Pass a reference to the "
                 "data (a URL, a key in your store) instead of the data itself.")
         start = StartRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=request_id if request_id is not None else uuid.uuid4().hex,
             workflow=workflow,
             payload=kept,
             origin=origin,
-            requested_at_ms=int(time.time() * 1000),
+            requested_at_ms=(requested_at_ms if requested_at_ms is not None
+                             else int(time.time() * 1000)),
             idempotency_id=id,
             at_ms=at_ms,
             reply_partition=self.reply_partition,

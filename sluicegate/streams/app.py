@@ -28,8 +28,11 @@ class Pipeline:
     control: ControlTable
 
 
-def build_pipeline(app: App, settings: Settings) -> Pipeline:
-    control = ControlTable(settings)
+def build_pipeline(app: App, settings: Settings, control: ControlTable | None = None) -> Pipeline:
+    """Every stage for `app`, sharing one router and one control table: the worker's, read
+    from Kafka, unless `control` is given (the test driver's, set by the test)."""
+    if control is None:
+        control = ControlTable(settings)
     router = Router(app, settings.deployment_cap, control)
     stages: list[Stage] = [
         IdentityStage(app, settings.partitions, router, settings.max_payload_bytes),

@@ -7,7 +7,7 @@ holds the state of each key that hashes to p, in every stage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,13 +38,17 @@ class Task:
         send: Send,
         clock: Callable[[], int],
         max_record_bytes: int | None = None,
+        stores: Mapping[str, PartitionStore] | None = None,
     ) -> None:
+        """`stores`: stores already open, by stage name, to take over instead of opening
+        them (the test driver's restart keeps its stores open)."""
         self.partition = partition
         self.states: dict[str, StageState] = {}
         for stage in stages:
             store = tx = timers = None
             if stage.stateful:
-                store = PartitionStore(state_dir / stage.name / str(partition))
+                store = (stores or {}).get(stage.name) or PartitionStore(
+                    state_dir / stage.name / str(partition))
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
             ctx = StageContext(stage.name, partition, topics, tx, timers, send, clock)

@@ -1,13 +1,11 @@
 """The pure parts of the cancelOn correlator (the window, the match, decoding), and the
-sweeps a queue stage keeps for starts in transit, on the concurrency stage."""
+sweeps a queue stage keeps for starts in transit, in the test driver."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -27,20 +25,16 @@ from sluicegate.declare import (
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
-    AdmittedStart,
     CancelSweep,
-    ControlRow,
-    LedgerRecord,
     Origin,
     Outcome,
     PendingStart,
     Slot,
 )
-from sluicegate.streams.control import ControlTable
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.cancelon import (
     GROUP_HEADER,
+    QUEUE_STAGES,
     SWEEP_GRACE_MS,
     Group,
     cancel_reason,
@@ -53,16 +47,10 @@ from sluicegate.streams.stages.cancelon import (
     queued_reason,
     reason_for,
 )
-from sluicegate.streams.stages.concurrency import ConcurrencyStage
-from sluicegate.streams.stages.pause import PauseStage
-from sluicegate.streams.stages.singleton import SingletonStage
-from sluicegate.streams.stages.throttle import ThrottleStage
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
-from sluicegate.topology.topics import Topics
+from sluicegate.testing import TestDriver
 from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour, app, tour
 from tests.apps.operations_queues import Tours
-from tests.unit.test_concurrency import Harness
+from tests.unit.test_concurrency import admitted_ids, outcomes, release, releases
 
 T = 1_000_000
 EVENT = {"issueKey": "K1"}
@@ -143,7 +131,7 @@ def _sweep(source: str = "ev:0:7", event_at_ms: int = T) -> CancelSweep:
                        event_at_ms=event_at_ms, source=source, workflows=["edits", "slots"])
 
 
-def _in_transit(h: Harness, workflow: str, issue: str, arrived_at_ms: int, n: int,
+def _in_transit(h: TestDriver, workflow: str, issue: str, arrived_at_ms: int, n: int,
                 slots: list[Slot] | None = None) -> str:
     """A start identity sent before the sweep passed, reaching concurrency after it."""
     wf = h.app.workflows[workflow]
@@ -155,27 +143,29 @@ def _in_transit(h: Harness, workflow: str, issue: str, arrived_at_ms: int, n: in
         hop=0, request_id=f"req-{execution_id}", request_ids=[f"req-{execution_id}"],
         requested_at_ms=arrived_at_ms, arrived_at_ms=arrived_at_ms, priority=0.0,
         slots=slots or [])
-    h.router.forward(h.ctx, start, payload)
-    h.pump()
+    h.forward(start, payload=payload)
     return execution_id
 
 
-def _take(h: Harness, sweep: CancelSweep) -> None:
-    h.inbox.append((sweep.source.encode(), codec.encode(sweep), None))
-    h.pump()
+def _take(h: TestDriver, sweep: CancelSweep) -> None:
+    """The sweep the correlator sent the concurrency stage."""
+    h.pipe(h.topics.stage("concurrency"), sweep, sweep.source)
+
+
+def _at(h: TestDriver, ms: int) -> None:
+    h.advance(ms - h.now_ms)
 
 
 @pytest.fixture
-def slots_stage(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(App([SLOTS]), tmp_path / "s")
-    yield h
-    h.close()
+def slots_stage() -> Iterator[TestDriver]:
+    with TestDriver(App([SLOTS]), start_ms=T) as h:
+        yield h
 
 
 def test_a_start_in_transit_when_the_sweep_passed_is_discarded_even_with_a_slot_free(
-        slots_stage: Harness) -> None:
+        slots_stage: TestDriver) -> None:
     h = slots_stage
-    h.now = T + 1_000
+    _at(h, T + 1_000)
     _take(h, _sweep())
     held = Slot("singleton", "slots\x1fr0")
     before = _in_transit(h, "slots", "K1", T - 1, 0, slots=[held])
@@ -183,49 +173,47 @@ def test_a_start_in_transit_when_the_sweep_passed_is_discarded_even_with_a_slot_
     after = _in_transit(h, "slots", "K1", T + 1, 2)
     other = _in_transit(h, "slots", "K2", T - 1, 3)
 
-    assert h.outcomes(before) == [Outcome.cancelled]
-    assert h.outcomes(at_the_event) == [Outcome.cancelled]
+    assert outcomes(h, before) == [Outcome.cancelled]
+    assert outcomes(h, at_the_event) == [Outcome.cancelled]
     (row,) = [r for r in h.ledger if r.request_id == f"req-{before}"]
     assert row.stage == "concurrency" and row.reason is not None
     assert row.reason.startswith("cancelOn:jira.issue.deleted: event 'jira.issue.deleted' at "
                                  "ev:0:7")
-    assert [(r.stage, r.key, r.execution_id) for r in h.releases] == [
+    assert [(r.stage, r.key, r.execution_id) for r in releases(h)] == [
         ("singleton", "slots\x1fr0", before)], "the holds it took are given back"
-    assert h.admitted_ids() == [after, other]
+    assert admitted_ids(h) == [after, other]
 
 
-def test_within_bounds_what_a_kept_sweep_discards(tmp_path: Path) -> None:
+def test_within_bounds_what_a_kept_sweep_discards() -> None:
     wf = Workflow(name="slots", payload=Tour, concurrency=Concurrency(limit=5), cancel_on=[
         CancelOn(event=ISSUE_DELETED, schema=JiraIssueDeleted,
                  match="event.issueKey == payload.issueKey", within="1m")])
-    h = Harness(App([wf]), tmp_path / "s")
-    try:
-        h.now = T + 1_000
+    with TestDriver(App([wf]), start_ms=T) as h:
+        _at(h, T + 1_000)
         _take(h, _sweep())
         old = _in_transit(h, "slots", "K1", T - 60_001, 0)
         recent = _in_transit(h, "slots", "K1", T - 60_000, 1)
-        assert h.admitted_ids() == [old]
-        assert h.outcomes(recent) == [Outcome.cancelled]
-    finally:
-        h.close()
+        assert admitted_ids(h) == [old]
+        assert outcomes(h, recent) == [Outcome.cancelled]
 
 
 def test_a_kept_sweep_survives_a_restart_and_is_forgotten_after_the_grace_period(
-        slots_stage: Harness) -> None:
+        slots_stage: TestDriver) -> None:
     h = slots_stage
-    h.now = T + 1_000
+    _at(h, T + 1_000)
     _take(h, _sweep())
     _take(h, _sweep())  # the same sweep again is kept once, and forgotten once
-    h.restart(h.app)
+    h.commit()
+    h.restart()
     first = _in_transit(h, "slots", "K1", T - 1, 0)
-    assert h.outcomes(first) == [Outcome.cancelled]
+    assert outcomes(h, first) == [Outcome.cancelled]
     h.advance(SWEEP_GRACE_MS - 1)
     second = _in_transit(h, "slots", "K1", T - 1, 1)
-    assert h.outcomes(second) == [Outcome.cancelled], "still within its grace"
+    assert outcomes(h, second) == [Outcome.cancelled], "still within its grace"
     h.advance(1)
     late = _in_transit(h, "slots", "K1", T - 1, 2)
-    assert h.admitted_ids() == [late], "in transit longer than the grace: not judged"
-    assert list(h.tx.items(b"\x00S\x00cancelOn")) == []
+    assert admitted_ids(h) == [late], "in transit longer than the grace: not judged"
+    assert list(h.store("concurrency").items(b"\x00S\x00cancelOn")) == []
 
 
 def test_a_resume_is_never_discarded_by_a_sweep() -> None:
@@ -381,20 +369,19 @@ def test_the_group_header_reads_back_and_one_this_version_cannot_read_is_none() 
         "a workflow without cancelOn pays nothing for it")
 
 
-def _let_go(h: Harness, workflow: str, payload: object, first_ms: int, group: Group | None,
-            n: int) -> str:
+def _let_go(h: TestDriver, workflow: str, payload: object, first_ms: int,
+            group: Group | None, n: int) -> str:
     """A group defer let go for the next hop (concurrency), with the header it gives it."""
     start = _group(workflow, payload, first_ms, n=n)
-    h.router.forward(h.ctx, start, payload, headers=group.headers() if group else None)
-    h.pump()
+    h.forward(start, stage="defer", payload=payload,
+              headers=group.headers() if group else None)
     return start.execution_id
 
 
 def test_a_group_defer_let_go_before_it_took_the_sweep_is_judged_on_arrival_by_defers_rules(
-        tmp_path: Path) -> None:
-    h = Harness(GROUPS, tmp_path / "s")
-    try:
-        h.now = T + 1_000
+) -> None:
+    with TestDriver(GROUPS, start_ms=T) as h:
+        _at(h, T + 1_000)
         _take(h, _group_sweep())
         stale = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T - 1), 0)
         fresh = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T + 1), 1)
@@ -404,37 +391,34 @@ def test_a_group_defer_let_go_before_it_took_the_sweep_is_judged_on_arrival_by_d
         mixed = _let_go(h, "batched", _items("K1", "K2"), T - 5,
                         Group.batched([T - 5, T - 1]), 4)
 
-        assert h.outcomes(stale) == [Outcome.cancelled]
-        assert h.outcomes(emptied) == [Outcome.cancelled]
+        assert outcomes(h, stale) == [Outcome.cancelled]
+        assert outcomes(h, emptied) == [Outcome.cancelled]
         (row,) = [r for r in h.ledger if r.request_id == f"req-{stale}"]
         assert row.stage == "concurrency"
-        assert h.admitted_ids() == [fresh, older, mixed]
-    finally:
-        h.close()
+        assert admitted_ids(h) == [fresh, older, mixed]
 
 
 def test_a_group_waiting_at_a_later_stage_when_the_sweep_comes_is_judged_by_defers_rules(
-        tmp_path: Path) -> None:
+) -> None:
     # The deployment cap is a second concurrency hop: the groups take a slot of their
     # own limit, go on to the cap with their header, and wait there.
-    h = Harness(App([EDITS]), tmp_path / "s", deployment_cap=1)
-    try:
+    with TestDriver(App([EDITS]), Settings(partitions=1, deployment_cap=1),
+                    start_ms=T) as h:
         holder = _let_go(h, "edits", _row("K0"), T - 9_000, Group.debounced(T - 9_000), 0)
         stale = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T - 1), 1)
         fresh = _let_go(h, "edits", _row("K1"), T - 5_000, Group.debounced(T + 1), 2)
-        assert h.admitted_ids() == [holder]
-        assert h.outcomes(stale) == h.outcomes(fresh) == [Outcome.queued]
-        h.restart(h.app)  # the waiting groups' headers come back with the store
-        h.now = T + 1_000
+        assert admitted_ids(h) == [holder]
+        assert outcomes(h, stale) == outcomes(h, fresh) == [Outcome.queued]
+        h.commit()
+        h.restart()  # the waiting groups' headers come back with the store
+        _at(h, T + 1_000)
         _take(h, _sweep())
 
-        assert h.outcomes(stale) == [Outcome.queued, Outcome.cancelled]
-        assert h.outcomes(fresh) == [Outcome.queued], (
+        assert outcomes(h, stale) == [Outcome.queued, Outcome.cancelled]
+        assert outcomes(h, fresh) == [Outcome.queued], (
             "its latest edit came after the event, though its first came before")
-        h.release(holder)
-        assert h.admitted_ids() == [holder, fresh]
-    finally:
-        h.close()
+        release(h, holder)
+        assert admitted_ids(h) == [holder, fresh]
 
 
 # -- the header goes on with the group through every stage after defer ---------------------
@@ -445,135 +429,63 @@ TOURS = Workflow(name="tours", payload=Tour, debounce=Debounce(key="rowId", peri
                  cancel_on=EDITS.cancel_on)
 
 
-class _Pauses(ControlTable):
-    """The pause table, as a set of paused workflows."""
-
-    def __init__(self) -> None:  # no consumer: nothing to read
-        self.workflows: set[str] = set()
-
-    def paused(self, workflow: str) -> bool:
-        return workflow in self.workflows
+_AFTER_DEFER = ("singleton", "throttle", "pause", "concurrency")
 
 
-class _AfterDefer:
-    """Singleton, throttle, concurrency and pause on one partition in memory, each with a
-    store of its own; what one sends another's topic reaches it with its headers, as the
-    runtime hands it on. `seen`: (stage, execution id, group) of every start they took."""
+def _let_go_tour(h: TestDriver, row: str, group: Group) -> str:
+    """A group defer lets go, with the header defer gives it."""
+    h.forward(_group("tours", {"rowId": row, "issueKey": "K1"}, T - 5_000, execution_id=row),
+              stage="defer", headers=group.headers())
+    return row
 
-    def __init__(self, app: App, path: Path) -> None:
-        self.topics = Topics(Settings(namespace="u."))
-        self.pauses = _Pauses()
-        self.router = Router(app, 0, self.pauses)
-        stages: list[Stage] = [SingletonStage(self.router), ThrottleStage(app, self.router),
-                               ConcurrencyStage(app, self.router, 0),
-                               PauseStage(app, 1, self.router)]
-        self.now = T - 200_000
-        self.inbox: deque[tuple[str, bytes | None, bytes, Headers | None]] = deque()
-        self.seen: list[tuple[str, str, Group | None]] = []
-        self.admitted: list[str] = []
-        self.ledger: list[LedgerRecord] = []
-        self.stores = [PartitionStore(path / stage.name) for stage in stages]
-        self.stages: dict[str, tuple[Stage, StageContext, Timers]] = {}
-        for stage, store in zip(stages, self.stores, strict=True):
-            tx = StoreTransaction(store)
-            timers = Timers(tx)
-            self.stages[self.topics.stage(stage.name)] = (stage, StageContext(
-                stage.name, 0, self.topics, tx, timers, self._send, lambda: self.now), timers)
-        self.defer = StageContext("defer", 0, self.topics, None, None, self._send,
-                                  lambda: self.now)
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None,
-              message: object | None = None) -> None:
-        assert value is not None
-        if topic in self.stages:
-            self.inbox.append((topic, key, value, headers))
-        elif topic == self.topics.admitted:
-            self.admitted.append(codec.decode(AdmittedStart, value).execution_id)
-        elif topic == self.topics.ledger:
-            self.ledger.append(codec.decode(LedgerRecord, value))
-
-    def pump(self) -> None:
-        while self.inbox:
-            topic, key, value, headers = self.inbox.popleft()
-            stage, ctx, _ = self.stages[topic]
+def _seen(h: TestDriver) -> list[tuple[str, str, Group | None]]:
+    """(stage, execution id, group) of every start the stages after defer took."""
+    topics = {h.topics.stage(stage): stage for stage in _AFTER_DEFER}
+    seen = []
+    for written in h.sent():
+        if written.topic in topics:
             try:
-                start = codec.decode(PendingStart, value)
-                self.seen.append((stage.name, start.execution_id, Group.of(headers)))
+                start = codec.decode(PendingStart, written.value)
             except codec.DecodeError:
-                pass  # a release or a sweep
-            stage.process(ctx, InputRecord(topic, 0, 0, key, value, self.now, headers))
+                continue  # a release or a sweep
+            seen.append((topics[written.topic], start.execution_id, Group.of(written.headers)))
+    return seen
 
-    def let_go(self, row: str, group: Group) -> str:
-        """A group defer lets go, with the header defer gives it."""
-        start = _group("tours", {"rowId": row, "issueKey": "K1"}, T - 5_000,
-                       execution_id=row)
-        self.router.forward(self.defer, start, headers=group.headers())
-        self.pump()
-        return row
 
-    def advance(self, ms: int) -> None:
-        """Time passes; each timer fires at its due time, as a ticking clock fires them."""
-        end = self.now + ms
-        while True:
-            due = [d for _, _, timers in self.stages.values()
-                   if (d := timers.next_due) is not None and d <= end]
-            if not due:
-                break
-            self.now = max(self.now, min(due))
-            for stage, ctx, timers in self.stages.values():
-                for at, key, value in timers.due(self.now):
-                    timers.cancel(at, key)
-                    stage.fire(ctx, at, key, value)
-            self.pump()
-        self.now = end
-
-    def unpause(self, workflow: str) -> None:
-        self.pauses.workflows.discard(workflow)
-        for stage, ctx, _ in self.stages.values():
-            stage.control_changed(ctx, ControlRow(workflow=workflow, paused=False,
-                                                  at_ms=self.now))
-        self.pump()
-
-    def take(self, sweep: CancelSweep) -> None:
-        for topic in self.stages:
-            self.inbox.append((topic, sweep.source.encode(), codec.encode(sweep), None))
-        self.pump()
-
-    def close(self) -> None:
-        for store in self.stores:
-            store.close()
+def _take_everywhere(h: TestDriver, sweep: CancelSweep) -> None:
+    """The sweep the correlator sent every queue stage."""
+    for stage in QUEUE_STAGES:
+        h.pipe(h.topics.stage(stage), sweep, sweep.source)
 
 
 def test_the_group_header_goes_on_through_every_stage_after_defer_queued_or_not(
-        tmp_path: Path) -> None:
-    h = _AfterDefer(App([TOURS]), tmp_path)
-    try:
+) -> None:
+    with TestDriver(App([TOURS]), start_ms=T - 200_000) as h:
         kept, discarded = Group.debounced(T + 1), Group.debounced(T - 1)
-        straight = h.let_go("r1", kept)  # singleton, a free throttle turn, a slot
-        waits = h.let_go("r2", kept)  # waits for its throttle turn
-        stale = h.let_go("r3", discarded)  # waits behind it
-        assert h.admitted == [straight]
-        h.pauses.workflows.add("tours")
+        straight = _let_go_tour(h, "r1", kept)  # singleton, a free throttle turn, a slot
+        waits = _let_go_tour(h, "r2", kept)  # waits for its throttle turn
+        stale = _let_go_tour(h, "r3", discarded)  # waits behind it
+        assert admitted_ids(h) == [straight]
+        h.pause("tours")
         h.advance(120_000)  # both turns come while paused: both wait at pause
-        h.now = T + 1_000
-        h.take(CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+        _at(h, T + 1_000)
+        _take_everywhere(h, CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
                            event_at_ms=T, source="ev:0:1", workflows=["tours"]))
         h.unpause("tours")
 
         stages = ["singleton", "throttle", "pause", "concurrency"]
-        assert [(stage, group) for stage, ex, group in h.seen if ex == straight] == [
+        seen = _seen(h)
+        assert [(stage, group) for stage, ex, group in seen if ex == straight] == [
             ("singleton", kept), ("throttle", kept), ("concurrency", kept)]
-        assert [(stage, group) for stage, ex, group in h.seen if ex == waits] == [
+        assert [(stage, group) for stage, ex, group in seen if ex == waits] == [
             (stage, kept) for stage in stages]
-        assert [(stage, group) for stage, ex, group in h.seen if ex == stale] == [
+        assert [(stage, group) for stage, ex, group in seen if ex == stale] == [
             (stage, discarded) for stage in stages[:3]]
         # Both waited at pause when the sweep came, each judged by its latest arrival.
         assert [(r.request_id, r.stage) for r in h.ledger
                 if r.outcome is Outcome.cancelled] == [(f"req-{stale}", "pause")]
-        assert h.admitted == [straight, waits]
-    finally:
-        h.close()
+        assert admitted_ids(h) == [straight, waits]
 
 
 PACED = Workflow(name="paced", payload=Tour, throttle=[
@@ -582,23 +494,18 @@ PACED = Workflow(name="paced", payload=Tour, throttle=[
 
 
 def test_starts_waiting_under_several_throttles_are_discarded_by_a_matching_sweep(
-        tmp_path: Path) -> None:
-    h = _AfterDefer(App([PACED]), tmp_path)
-    try:
+) -> None:
+    with TestDriver(App([PACED]), start_ms=T) as h:
         for n, issue in enumerate(("K1", "K1", "K2", "K1")):
-            start = _group("paced", {"rowId": f"r{n}", "issueKey": issue}, T - 5_000, hop=0,
-                           n=n)
-            h.router.forward(h.defer, start)
-            h.pump()
-        assert h.admitted == ["paced-0"]
-        h.now = T + 1_000
-        h.take(CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
+            h.forward(_group("paced", {"rowId": f"r{n}", "issueKey": issue}, T - 5_000, hop=0,
+                             n=n))
+        assert admitted_ids(h) == ["paced-0"]
+        _at(h, T + 1_000)
+        _take_everywhere(h, CancelSweep(event=ISSUE_DELETED, body=json.dumps(EVENT).encode(),
                            event_at_ms=T, source="ev:0:1", workflows=["paced"]))
         # The two waiting starts of issue K1 are discarded where they wait; K2's goes on.
         cancelled = [(r.request_id, r.stage, r.key) for r in h.ledger
                      if r.outcome is Outcome.cancelled]
         assert cancelled == [("req-paced-1", "throttle", "r1"), ("req-paced-3", "throttle", "r3")]
         h.advance(120_000)
-        assert h.admitted == ["paced-0", "paced-2"]
-    finally:
-        h.close()
+        assert admitted_ids(h) == ["paced-0", "paced-2"]

@@ -1,16 +1,14 @@
-"""The concurrency stage: its pure core, and the stage itself on one partition's store with
-the routes around it played by a small harness (no broker): slots, queues, fairness,
-priority, modes, queue caps, timeouts, removed workflows."""
+"""The concurrency stage: its pure core, and the stage itself in the test driver (no
+broker): slots, queues, fairness, priority, modes, queue caps, timeouts, removed
+workflows."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import shutil
-import tempfile
 from collections import defaultdict, deque
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
@@ -23,17 +21,14 @@ from sluicegate.declare import App, Concurrency, Priority, Throttle, Timeouts, W
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
-    AdmittedStart,
-    LedgerRecord,
     Origin,
     Outcome,
     PendingStart,
+    Record,
     Release,
     ReleaseKind,
     Slot,
 )
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages.concurrency import (
     NAME,
     REMOVED,
@@ -46,11 +41,12 @@ from sluicegate.streams.stages.concurrency import (
     frees,
     lane_hop,
 )
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
+from sluicegate.testing import TestDriver
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.route import control_name, route_for
-from sluicegate.topology.topics import Topics
+from sluicegate.topology.topics import STATEFUL_STAGES
+
+R = TypeVar("R", bound=Record)
 
 
 class Job(BaseModel):
@@ -145,148 +141,112 @@ def test_the_ledger_shows_a_key_as_its_text_and_names_the_limit_it_belongs_to() 
     assert control_name(paced, route_for(paced).hops[1]) == "throttle pool:partner-api"
 
 
-# -- the stage, with the routes around it played by a harness -------------------------
+# -- the stage, in the test driver ------------------------------------------------------
+#
+# Starts come in as identity lets them go (its hop), so a test can give one the slots it
+# took before or make it a resume; releases come in as the runs stage sends them.
 
-
-class Harness:
-    """One partition owning every key: starts come in as identity would send them, runs
-    end as the runs stage would release them, and time moves only when told."""
-
-    def __init__(self, app: App, path: Path, deployment_cap: int = 0) -> None:
-        self.app = app
-        self.path = path
-        self.deployment_cap = deployment_cap
-        self.topics = Topics(Settings(namespace="u."))
-        self.router = Router(app, deployment_cap, None)
-        self.stage = ConcurrencyStage(app, self.router, deployment_cap)
-        self.store = PartitionStore(path)
-        self.now = 1_000_000
-        # What the stage sent its own topic: key, value and headers.
-        self.inbox: deque[tuple[bytes | None, bytes, Headers | None]] = deque()
-        self.admitted: list[AdmittedStart] = []
-        self.ledger: list[LedgerRecord] = []
-        self.releases: list[Release] = []
-        self.ids = itertools.count()
-        self._open()
-
-    def _open(self) -> None:
-        self.tx = StoreTransaction(self.store)
-        self.timers = Timers(self.tx)
-        self.ctx = StageContext(NAME, 0, self.topics, self.tx, self.timers, self._send,
-                                lambda: self.now)
-
-    def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None,
-              message: object | None = None) -> None:
-        assert value is not None
-        if topic == self.topics.stage(NAME):
-            self.inbox.append((key, value, headers))
-        elif topic == self.topics.admitted:
-            self.admitted.append(codec.decode(AdmittedStart, value))
-        elif topic == self.topics.stage("runs"):
-            # The runs stage's copy of an admission: the same bytes as the engines'.
-            assert codec.decode(AdmittedStart, value) == self.admitted[-1]
-        elif topic == self.topics.ledger:
-            self.ledger.append(codec.decode(LedgerRecord, value))
-        elif topic.startswith(self.topics.stage("")):
-            self.releases.append(codec.decode(Release, value))
-
-    def pump(self) -> None:
-        offsets = itertools.count()
-        while self.inbox:
-            key, value, headers = self.inbox.popleft()
-            self.stage.process(self.ctx, InputRecord(self.topics.stage(NAME), 0,
-                                                     next(offsets), key, value, self.now,
-                                                     headers))
-
-    def start(self, workflow: str, payload: dict[str, Any], *, slots: list[Slot] | None = None,
-              kind: AdmittedKind = AdmittedKind.start, execution_id: str | None = None) -> str:
-        """A start leaving identity (hop 0) for the workflow's first control."""
-        wf = self.app.workflows[workflow]
-        n = next(self.ids)
-        execution_id = execution_id or f"{workflow}-{n}"
-        start = PendingStart(
-            execution_id=execution_id, workflow=workflow, payload=json.dumps(payload).encode(),
-            origin=Origin.event, kind=kind, declaration_version=wf.version, hop=0,
-            request_id=f"req-{execution_id}" if kind is AdmittedKind.start
-            else f"resume:{execution_id}",
-            request_ids=[f"req-{execution_id}"], requested_at_ms=self.now,
-            arrived_at_ms=self.now, priority=wf.priority.value(payload) if wf.priority else 0.0,
-            slots=slots or [])
-        self.router.forward(self.ctx, start, payload)
-        self.pump()
-        return execution_id
-
-    def release(self, execution_id: str, kind: ReleaseKind = ReleaseKind.ended) -> None:
-        """The runs stage gives back every concurrency slot the run holds."""
-        run = next(a for a in reversed(self.admitted) if a.execution_id == execution_id)
-        for slot in run.slots:
-            if slot.stage == NAME:
-                self.inbox.append((slot.key.encode(), codec.encode(Release(
-                    stage=NAME, key=slot.key, execution_id=execution_id,
-                    workflow=run.workflow, kind=kind, at_ms=self.now)), None))
-        self.pump()
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-        for due, key, value in self.timers.due(self.now):
-            self.timers.cancel(due, key)
-            self.stage.fire(self.ctx, due, key, value)
-        self.pump()
-
-    def restart(self, app: App) -> None:
-        """Commit, and come back with other declarations (a redeploy)."""
-        self.tx.commit(self.store.changelog_offset + 1)
-        self.app = app
-        self.router = Router(app, self.deployment_cap, None)
-        self.stage = ConcurrencyStage(app, self.router, self.deployment_cap)
-        self._open()
-        self.stage.restored(self.ctx)
-        self.advance(0)
-
-    def admitted_ids(self) -> list[str]:
-        return [a.execution_id for a in self.admitted]
-
-    def outcomes(self, execution_id: str) -> list[Outcome]:
-        return [r.outcome for r in self.ledger if r.request_id == f"req-{execution_id}"]
-
-    def close(self) -> None:
-        self.store.close()
+T0 = 1_000_000
+_ids = itertools.count()
 
 
 @pytest.fixture
-def make(tmp_path: Path) -> Any:
-    made: list[Harness] = []
+def make() -> Iterator[Callable[..., TestDriver]]:
+    made: list[TestDriver] = []
 
-    def build(*workflows: Workflow, deployment_cap: int = 0) -> Harness:
-        harness = Harness(App(list(workflows)), tmp_path / f"s{len(made)}", deployment_cap)
-        made.append(harness)
-        return harness
+    def build(*workflows: Workflow, deployment_cap: int = 0) -> TestDriver:
+        driver = TestDriver(App(list(workflows)), Settings(partitions=1,
+                                                           deployment_cap=deployment_cap),
+                            start_ms=T0)
+        made.append(driver)
+        return driver
 
     yield build
-    for harness in made:
-        harness.close()
+    for driver in made:
+        driver.close()
+
+
+def start(d: TestDriver, workflow: str, payload: dict[str, Any], *,
+          slots: list[Slot] | None = None, kind: AdmittedKind = AdmittedKind.start,
+          execution_id: str | None = None) -> str:
+    """A start leaving identity (hop 0) for the workflow's first control."""
+    wf = d.app.workflows[workflow]
+    execution_id = execution_id or f"{workflow}-{next(_ids)}"
+    d.forward(PendingStart(
+        execution_id=execution_id, workflow=workflow, payload=json.dumps(payload).encode(),
+        origin=Origin.event, kind=kind, declaration_version=wf.version, hop=0,
+        request_id=f"req-{execution_id}" if kind is AdmittedKind.start
+        else f"resume:{execution_id}",
+        request_ids=[f"req-{execution_id}"], requested_at_ms=d.now_ms,
+        arrived_at_ms=d.now_ms, priority=wf.priority.value(payload) if wf.priority else 0.0,
+        slots=slots or []), payload=payload)
+    return execution_id
+
+
+def release_to(d: TestDriver, key: str, execution_id: str, workflow: str,
+               kind: ReleaseKind = ReleaseKind.ended, at_ms: int | None = None) -> None:
+    d.pipe(d.topics.stage(NAME), Release(
+        stage=NAME, key=key, execution_id=execution_id, workflow=workflow, kind=kind,
+        at_ms=d.now_ms if at_ms is None else at_ms), key)
+
+
+def release(d: TestDriver, execution_id: str, kind: ReleaseKind = ReleaseKind.ended) -> None:
+    """The runs stage gives back every concurrency slot the run holds."""
+    run = next(a for a in reversed(d.admitted) if a.execution_id == execution_id)
+    for slot in run.slots:
+        if slot.stage == NAME:
+            release_to(d, slot.key, execution_id, run.workflow, kind)
+
+
+def admitted_ids(d: TestDriver) -> list[str]:
+    return [a.execution_id for a in d.admitted]
+
+
+def outcomes(d: TestDriver, execution_id: str) -> list[Outcome]:
+    return [r.outcome for r in d.ledger if r.request_id == f"req-{execution_id}"]
+
+
+def holders(d: TestDriver, key: str) -> list[str]:
+    stage = d.stage(NAME)
+    assert isinstance(stage, ConcurrencyStage)
+    return stage.holders(d.context(NAME), key)
+
+
+def releases(d: TestDriver) -> list[Release]:
+    """The releases sent to the other stages' topics."""
+    return [r for stage in STATEFUL_STAGES if stage != NAME
+            for r in _decoded(d, d.topics.stage(stage), Release)]
+
+
+def _decoded(d: TestDriver, topic: str, cls: type[R]) -> list[R]:
+    out = []
+    for written in d.sent(topic):
+        try:
+            out.append(codec.decode(cls, written.value))
+        except codec.DecodeError:
+            continue
+    return out
 
 
 def test_the_excess_waits_with_its_position_and_is_admitted_as_slots_free(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=2, key="tenant")))
-    ids = [h.start("w", {"tenant": "a"}) for _ in range(5)]
-    assert h.admitted_ids() == ids[:2]
+    ids = [start(h, "w", {"tenant": "a"}) for _ in range(5)]
+    assert admitted_ids(h) == ids[:2]
     queued = [r for r in h.ledger if r.outcome is Outcome.queued]
     assert [(r.deferral, r.key, r.position) for r in queued] == [
         ("concurrency", "a", 0), ("concurrency", "a", 1), ("concurrency", "a", 2)]
-    other = h.start("w", {"tenant": "b"})
-    assert h.admitted_ids()[-1] == other, "another key has slots of its own"
-    h.release(ids[0])
-    assert h.admitted_ids()[-1] == ids[2]
-    assert h.outcomes(ids[2]) == [Outcome.queued, Outcome.admitted]
+    other = start(h, "w", {"tenant": "b"})
+    assert admitted_ids(h)[-1] == other, "another key has slots of its own"
+    release(h, ids[0])
+    assert admitted_ids(h)[-1] == ids[2]
+    assert outcomes(h, ids[2]) == [Outcome.queued, Outcome.admitted]
     assert h.admitted[-1].slots == [Slot(NAME, "w\x1fa")]
 
 
 def test_a_queued_start_says_why_it_waits_its_place_behind_the_limit(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=2, key="tenant")))
     for _ in range(4):
-        h.start("w", {"tenant": "a"})
+        start(h, "w", {"tenant": "a"})
     reasons = [r.reason for r in h.ledger if r.outcome is Outcome.queued]
     assert reasons == [
         "concurrency: 2 of 2 slots of workflow w key 'a' in use; number 1 in line for the "
@@ -297,43 +257,40 @@ def test_a_queued_start_says_why_it_waits_its_place_behind_the_limit(make: Any) 
 
 def test_a_release_for_a_run_that_holds_nothing_here_changes_nothing(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1)))
-    first, second = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
-    h.release(first)
-    h.release(first)  # releases can repeat
-    h.inbox.append((b"w\x1f", codec.encode(Release(
-        stage=NAME, key="w\x1f", execution_id="stranger", workflow="w",
-        kind=ReleaseKind.ended, at_ms=0)), None))
-    h.pump()
-    third = h.start("w", {"tenant": "a"})
-    assert h.admitted_ids() == [first, second]
-    assert h.stage.holders(h.ctx, "w\x1f") == [second]
-    assert h.outcomes(third) == [Outcome.queued]
+    first, second = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    release(h, first)
+    release(h, first)  # releases can repeat
+    release_to(h, "w\x1f", "stranger", "w", at_ms=0)
+    third = start(h, "w", {"tenant": "a"})
+    assert admitted_ids(h) == [first, second]
+    assert holders(h, "w\x1f") == [second]
+    assert outcomes(h, third) == [Outcome.queued]
 
 
 def test_strict_priority_admits_urgent_starts_first_and_ties_in_arrival_order(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=1, priority="p"))
-    running = h.start("w", {"tenant": "x"})
-    normal = [h.start("w", {"tenant": "x", "p": 0}) for _ in range(3)]
-    urgent = [h.start("w", {"tenant": "x", "p": 100}) for _ in range(2)]
+    running = start(h, "w", {"tenant": "x"})
+    normal = [start(h, "w", {"tenant": "x", "p": 0}) for _ in range(3)]
+    urgent = [start(h, "w", {"tenant": "x", "p": 100}) for _ in range(2)]
     current = running
     for _ in range(5):
-        h.release(current)
-        current = h.admitted_ids()[-1]
-    assert h.admitted_ids() == [running, *urgent, *normal]
+        release(h, current)
+        current = admitted_ids(h)[-1]
+    assert admitted_ids(h) == [running, *urgent, *normal]
 
 
 def test_age_priority_counts_as_extra_waiting_time(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=1,
                       priority=Priority(expr="p", mode="age")))
-    running = h.start("w", {"tenant": "x"})
-    old = h.start("w", {"tenant": "x", "p": 0})
+    running = start(h, "w", {"tenant": "x"})
+    old = start(h, "w", {"tenant": "x", "p": 0})
     h.advance(60_000)
-    boosted = h.start("w", {"tenant": "x", "p": 120})  # as if it came a minute before `old`
+    boosted = start(h, "w", {"tenant": "x", "p": 120})  # as if it came a minute before `old`
     h.advance(1_000)
-    late = h.start("w", {"tenant": "x", "p": 30})  # only 30 s ahead: still after `old`
+    late = start(h, "w", {"tenant": "x", "p": 30})  # only 30 s ahead: still after `old`
     for current in (running, boosted, old):
-        h.release(current)
-    assert h.admitted_ids() == [running, boosted, old, late]
+        release(h, current)
+    assert admitted_ids(h) == [running, boosted, old, late]
 
 
 def _seed_003_shape() -> Workflow:
@@ -345,38 +302,38 @@ def _seed_003_shape() -> Workflow:
 
 def test_age_priority_across_lanes_orders_by_waiting_time_with_the_boost(make: Any) -> None:
     h = make(_seed_003_shape())
-    running = h.start("w", {"tenant": "a"})
-    old = h.start("w", {"tenant": "a", "p": 0})
+    running = start(h, "w", {"tenant": "a"})
+    old = start(h, "w", {"tenant": "a", "p": 0})
     h.advance(9 * 60_000)
-    boosted = h.start("w", {"tenant": "b", "p": 1})  # 1 s of boost against 9 minutes
+    boosted = start(h, "w", {"tenant": "b", "p": 1})  # 1 s of boost against 9 minutes
     h.advance(1_000)
-    far_boosted = h.start("w", {"tenant": "c", "p": 600})  # as if it came 10 minutes ago
+    far_boosted = start(h, "w", {"tenant": "c", "p": 600})  # as if it came 10 minutes ago
     for current in (running, far_boosted, old):
-        h.release(current)
-    assert h.admitted_ids() == [running, far_boosted, old, boosted]
+        release(h, current)
+    assert admitted_ids(h) == [running, far_boosted, old, boosted]
 
 
 def test_age_priority_across_lanes_is_first_come_first_served_on_a_tie(make: Any) -> None:
     h = make(_seed_003_shape())
-    running = h.start("w", {"tenant": "a"})
+    running = start(h, "w", {"tenant": "a"})
     h.advance(1_000)
-    first = h.start("w", {"tenant": "b", "p": 0})
+    first = start(h, "w", {"tenant": "b", "p": 0})
     h.advance(5_000)
-    second = h.start("w", {"tenant": "c", "p": 5})  # the same virtual arrival as `first`
-    third = h.start("w", {"tenant": "a", "p": 0})
+    second = start(h, "w", {"tenant": "c", "p": 5})  # the same virtual arrival as `first`
+    third = start(h, "w", {"tenant": "a", "p": 0})
     for current in (running, first, second):
-        h.release(current)
-    assert h.admitted_ids() == [running, first, second, third]
+        release(h, current)
+    assert admitted_ids(h) == [running, first, second, third]
 
 
 def _serve_all(h: Any, running: list[str]) -> list[str]:
     """End the runs one at a time, oldest first, until nothing waits; the admissions."""
     seen = len(h.admitted)
     while running:
-        h.release(running.pop(0))
-        running.extend(h.admitted_ids()[seen:])
+        release(h, running.pop(0))
+        running.extend(admitted_ids(h)[seen:])
         seen = len(h.admitted)
-    return h.admitted_ids()
+    return admitted_ids(h)
 
 
 def _tenants(h: Any, ids: list[str]) -> str:
@@ -388,9 +345,9 @@ def test_a_fairness_key_serves_a_pool_round_robin_without_a_dummy_limit(make: An
     # The pool alone, no narrower limit: before fair_by, B's 5 starts waited behind A's 50.
     h = make(Workflow(name="f", payload=Job,
                       concurrency=Concurrency(limit=2, pool="p", fair_by="tenant")))
-    big = [h.start("f", {"tenant": "A"}) for _ in range(50)]
-    small = [h.start("f", {"tenant": "B"}) for _ in range(5)]
-    order = _serve_all(h, h.admitted_ids())
+    big = [start(h, "f", {"tenant": "A"}) for _ in range(50)]
+    small = [start(h, "f", {"tenant": "B"}) for _ in range(5)]
+    order = _serve_all(h, admitted_ids(h))
     assert _tenants(h, order[:14]) == "AA" + "AB" * 5 + "AA"
     assert order == [*big[:2], *[x for pair in zip(big[2:7], small, strict=True)
                                  for x in pair], *big[7:]]
@@ -402,10 +359,10 @@ def test_a_fairness_key_serves_a_pool_round_robin_without_a_dummy_limit(make: An
 def test_a_fairness_weight_gives_its_value_that_many_turns_in_a_row(make: Any) -> None:
     h = make(Workflow(name="f", payload=Job, concurrency=Concurrency(
         limit=1, pool="p", fair_by="tenant", weights={"G": 3})))
-    running = h.start("f", {"tenant": "x"})
+    running = start(h, "f", {"tenant": "x"})
     for _ in range(6):
-        h.start("f", {"tenant": "G"})
-        h.start("f", {"tenant": "S"})
+        start(h, "f", {"tenant": "G"})
+        start(h, "f", {"tenant": "S"})
     order = _serve_all(h, [running])
     assert _tenants(h, order[1:]) == "GGGS" + "GGGS" + "SSSS"
 
@@ -414,11 +371,11 @@ def test_a_fairness_key_in_age_mode_takes_turns_across_lanes(make: Any) -> None:
     # Age mode orders a tenant's own starts; the round decides between tenants.
     h = make(Workflow(name="f", payload=Job, priority=Priority(expr="p", mode="age"),
                       concurrency=Concurrency(limit=1, pool="p", fair_by="tenant")))
-    running = h.start("f", {"tenant": "x"})
-    old = [h.start("f", {"tenant": "A"}) for _ in range(3)]
+    running = start(h, "f", {"tenant": "x"})
+    old = [start(h, "f", {"tenant": "A"}) for _ in range(3)]
     h.advance(60_000)
-    new = h.start("f", {"tenant": "B", "p": 0})
-    boosted = h.start("f", {"tenant": "A", "p": 120})
+    new = start(h, "f", {"tenant": "B", "p": 0})
+    boosted = start(h, "f", {"tenant": "A", "p": 120})
     order = _serve_all(h, [running])
     assert order == [running, boosted, new, *old]
 
@@ -427,23 +384,23 @@ def test_a_pool_is_one_budget_for_all_its_members(make: Any) -> None:
     a = Workflow(name="a", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
     b = Workflow(name="b", payload=Job, concurrency=Concurrency(limit=3, pool="openai"))
     h = make(a, b)
-    ids = [h.start(name, {"tenant": "t"}) for name in "abab"]
-    assert h.admitted_ids() == ids[:3]
+    ids = [start(h, name, {"tenant": "t"}) for name in "abab"]
+    assert admitted_ids(h) == ids[:3]
     assert h.admitted[0].slots == [Slot(NAME, "pool:openai\x1f")]
-    h.release(ids[1])
-    assert h.admitted_ids() == [*ids[:3], ids[3]]
+    release(h, ids[1])
+    assert admitted_ids(h) == [*ids[:3], ids[3]]
 
 
 def test_a_pool_serves_its_lanes_round_robin_so_a_small_tenant_is_not_starved(
         make: Any) -> None:
     h = make(Workflow(name="f", payload=Job, concurrency=[
         Concurrency(limit=1000, key="tenant"), Concurrency(limit=4, pool="gpu")]))
-    big = [h.start("f", {"tenant": "A"}) for _ in range(1000)]
-    small = [h.start("f", {"tenant": "B"}) for _ in range(10)]
-    assert h.admitted_ids() == big[:4]
+    big = [start(h, "f", {"tenant": "A"}) for _ in range(1000)]
+    small = [start(h, "f", {"tenant": "B"}) for _ in range(10)]
+    assert admitted_ids(h) == big[:4]
     for _ in range(20):
-        h.release(h.admitted_ids()[len(h.admitted) - 4])
-    served = h.admitted_ids()[4:24]
+        release(h, admitted_ids(h)[len(h.admitted) - 4])
+    served = admitted_ids(h)[4:24]
     assert set(small) <= set(served), "B's ten are admitted within the first twenty"
     assert served[:4] == [big[4], small[0], big[5], small[1]]
 
@@ -452,63 +409,63 @@ def test_the_deployment_cap_bounds_every_workflow_together(make: Any) -> None:
     a = Workflow(name="a", payload=Job, concurrency=5)
     b = Workflow(name="b", payload=Job, concurrency=5)
     h = make(a, b, deployment_cap=3)
-    ids = [h.start(name, {"tenant": "t"}) for name in "ababa"]
-    assert h.admitted_ids() == ids[:3]
+    ids = [start(h, name, {"tenant": "t"}) for name in "ababa"]
+    assert admitted_ids(h) == ids[:3]
     assert h.admitted[0].slots == [Slot(NAME, "a\x1f"), Slot(NAME, "deployment\x1f")]
-    h.release(ids[0])
-    h.release(ids[1])
-    assert sorted(h.admitted_ids()[3:]) == sorted(ids[3:])
+    release(h, ids[0])
+    release(h, ids[1])
+    assert sorted(admitted_ids(h)[3:]) == sorted(ids[3:])
 
 
 def test_max_queued_drops_the_excess_with_queue_full(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job,
                       concurrency=Concurrency(limit=1, key="tenant", max_queued=2)))
-    ids = [h.start("w", {"tenant": "a"}) for _ in range(4)]
+    ids = [start(h, "w", {"tenant": "a"}) for _ in range(4)]
     (dropped,) = [r for r in h.ledger if r.outcome is Outcome.dropped]
     assert dropped.request_id == f"req-{ids[3]}"
     assert dropped.reason is not None and dropped.reason.startswith("queue-full")
     assert "max_queued 2" in dropped.reason and dropped.key == "a"
-    assert h.outcomes(h.start("w", {"tenant": "b"})) == [Outcome.admitted]
+    assert outcomes(h, start(h, "w", {"tenant": "b"})) == [Outcome.admitted]
 
 
 def test_a_start_dropped_or_expired_gives_back_the_slots_it_took_on_the_way(
         make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, timeouts=Timeouts(start="1m"), concurrency=[
         Concurrency(limit=5, key="tenant"), Concurrency(limit=1, pool="p")]))
-    first = h.start("w", {"tenant": "a"}, slots=[Slot("singleton", "w\x1fa")])
-    waiting = h.start("w", {"tenant": "a"}, slots=[Slot("singleton", "w\x1fb")])
-    assert h.stage.holders(h.ctx, "w\x1fa") == [first, waiting]
+    first = start(h, "w", {"tenant": "a"}, slots=[Slot("singleton", "w\x1fa")])
+    waiting = start(h, "w", {"tenant": "a"}, slots=[Slot("singleton", "w\x1fb")])
+    assert holders(h, "w\x1fa") == [first, waiting]
     h.advance(60_000)
-    assert h.outcomes(waiting)[-1] is Outcome.expired
+    assert outcomes(h, waiting)[-1] is Outcome.expired
     expired = next(r for r in h.ledger if r.outcome is Outcome.expired)
     assert expired.reason is not None and expired.reason.startswith("timeouts.start: waited 1m")
-    assert {(r.stage, r.key, r.execution_id) for r in h.releases} == {
+    assert {(r.stage, r.key, r.execution_id) for r in releases(h)} == {
         ("singleton", "w\x1fb", waiting)}
-    h.pump()  # the inbox carried the release of its tenant slot
-    assert h.stage.holders(h.ctx, "w\x1fa") == [first]
-    assert h.outcomes(first) == [Outcome.admitted]
+    # The release of its tenant slot came back to this stage: taken already.
+    assert holders(h, "w\x1fa") == [first]
+    assert outcomes(h, first) == [Outcome.admitted]
 
 
 def test_a_start_admitted_before_its_timeout_does_not_expire(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=1, timeouts=Timeouts(start="1m")))
-    first, second = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
+    first, second = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
     h.advance(30_000)
-    h.release(first)
+    release(h, first)
     h.advance(60_000)
-    assert h.outcomes(second) == [Outcome.queued, Outcome.admitted]
-    assert h.timers.next_due is None
+    assert outcomes(h, second) == [Outcome.queued, Outcome.admitted]
+    assert h.timers(NAME).next_due is None
 
 
 def test_steps_mode_frees_the_slot_while_suspended_and_readmits_before_resuming(
         make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, mode="steps")))
-    sleeper, other = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
-    h.release(sleeper, ReleaseKind.suspended)
-    assert h.admitted_ids() == [sleeper, other]
-    h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
+    sleeper, other = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    release(h, sleeper, ReleaseKind.suspended)
+    assert admitted_ids(h) == [sleeper, other]
+    start(h, "w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
     assert len(h.admitted) == 2, "the resume waits for a slot"
-    h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)  # twice
-    h.release(other)
+    start(h, "w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)  # twice
+    release(h, other)
     resumed = h.admitted[2:]
     assert [(a.execution_id, a.kind) for a in resumed] == [(sleeper, AdmittedKind.resume)]
     assert not [r for r in h.ledger if r.request_id == f"resume:{sleeper}"]
@@ -516,24 +473,21 @@ def test_steps_mode_frees_the_slot_while_suspended_and_readmits_before_resuming(
 
 def test_runs_mode_keeps_the_slot_of_a_suspended_run(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=1))
-    sleeper, other = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
-    h.release(sleeper, ReleaseKind.suspended)
-    assert h.admitted_ids() == [sleeper]
-    h.release(sleeper)
-    assert h.admitted_ids() == [sleeper, other]
+    sleeper, other = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    release(h, sleeper, ReleaseKind.suspended)
+    assert admitted_ids(h) == [sleeper]
+    release(h, sleeper)
+    assert admitted_ids(h) == [sleeper, other]
 
 
 def test_a_resume_waiting_for_a_run_that_ended_is_forgotten(make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, mode="steps")))
-    sleeper, other = h.start("w", {"tenant": "a"}), h.start("w", {"tenant": "a"})
-    h.release(sleeper, ReleaseKind.suspended)
-    h.start("w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
-    h.inbox.append((b"w\x1f", codec.encode(Release(
-        stage=NAME, key="w\x1f", execution_id=sleeper, workflow="w",
-        kind=ReleaseKind.ended, at_ms=0)), None))
-    h.pump()
-    h.release(other)
-    assert h.admitted_ids() == [sleeper, other]
+    sleeper, other = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    release(h, sleeper, ReleaseKind.suspended)
+    start(h, "w", {"tenant": "a"}, kind=AdmittedKind.resume, execution_id=sleeper)
+    release_to(h, "w\x1f", sleeper, "w", at_ms=0)
+    release(h, other)
+    assert admitted_ids(h) == [sleeper, other]
 
 
 def test_starts_of_a_removed_workflow_fail_at_restore_and_a_raised_limit_fills_up(
@@ -543,17 +497,18 @@ def test_starts_of_a_removed_workflow_fail_at_restore_and_a_raised_limit_fills_u
     from sluicegate.declare import FailureReport
     handler = Workflow(name="handler", payload=FailureReport)
     h = make(gone, stays, handler)
-    held = h.start("gone", {"tenant": "a"})
-    waiting = h.start("gone", {"tenant": "a"})
-    running = h.start("stays", {"tenant": "a"})
-    later = [h.start("stays", {"tenant": "a"}) for _ in range(2)]
+    held = start(h, "gone", {"tenant": "a"})
+    waiting = start(h, "gone", {"tenant": "a"})
+    running = start(h, "stays", {"tenant": "a"})
+    later = [start(h, "stays", {"tenant": "a"}) for _ in range(2)]
+    h.commit()
     h.restart(App([Workflow(name="stays", payload=Job, concurrency=3), handler]))
-    assert h.outcomes(waiting) == [Outcome.queued, Outcome.failed]
+    assert outcomes(h, waiting) == [Outcome.queued, Outcome.failed]
     failed = next(r for r in h.ledger if r.outcome is Outcome.failed)
     assert failed.reason == REMOVED
-    assert h.admitted_ids() == [held, running, *later]
-    h.release(held)  # the removed workflow's run still gives its slot back
-    assert h.stage.holders(h.ctx, "gone\x1f") == []
+    assert admitted_ids(h) == [held, running, *later]
+    release(h, held)  # the removed workflow's run still gives its slot back
+    assert holders(h, "gone\x1f") == []
 
 
 def test_a_restore_under_the_declarations_of_the_last_sweep_does_not_sweep_again(
@@ -563,15 +518,16 @@ def test_a_restore_under_the_declarations_of_the_last_sweep_does_not_sweep_again
     one = Workflow(name="w", payload=Job, concurrency=1)
     h = make(one)
     for _ in range(3):
-        h.start("w", {"tenant": "a"})
+        start(h, "w", {"tenant": "a"})
+    h.commit()
     h.restart(App([one]))
-    h.tx.commit(h.store.changelog_offset + 1)
-    h._open()
-    h.stage.restored(h.ctx)
-    assert h.timers.next_due is None
+    h.commit()
+    h.restart(App([one]))
+    assert not h.store(NAME).changes, "no sweep: the restore wrote nothing"
     raised = Workflow(name="w", payload=Job, concurrency=2)
+    h.commit()
     h.restart(App([raised]))  # a raised limit: swept, and the room filled
-    assert len(h.admitted_ids()) == 2
+    assert len(admitted_ids(h)) == 2
 
 
 def test_a_partition_first_assigned_empty_does_not_sweep_at_its_first_restart(
@@ -581,15 +537,15 @@ def test_a_partition_first_assigned_empty_does_not_sweep_at_its_first_restart(
     (a million of them took most of a 13 s restart)."""
     one = Workflow(name="w", payload=Job, concurrency=1)
     h = make(one)
-    h.stage.restored(h.ctx)  # the first assignment: an empty store
+    # The driver restored the store at its first assignment, empty.
     for _ in range(3):
-        h.start("w", {"tenant": "a"})
-    h.tx.commit(h.store.changelog_offset + 1)
-    h._open()
-    h.stage.restored(h.ctx)
-    assert h.timers.next_due is None
+        start(h, "w", {"tenant": "a"})
+    h.commit()
+    h.restart()
+    assert not h.store(NAME).changes, "no sweep: the restore wrote nothing"
+    h.commit()
     h.restart(App([Workflow(name="w", payload=Job, concurrency=2)]))  # changed: swept
-    assert len(h.admitted_ids()) == 2
+    assert len(admitted_ids(h)) == 2
 
 
 # -- against a reference model ---------------------------------------------------------
@@ -607,10 +563,9 @@ class OneKeyPerTenant(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.dir = Path(tempfile.mkdtemp())
-        self.h = Harness(App([Workflow(
+        self.h = TestDriver(App([Workflow(
             name="w", payload=Job, priority="p",
-            concurrency=Concurrency(limit=self.LIMIT, key="tenant"))]), self.dir / "s")
+            concurrency=Concurrency(limit=self.LIMIT, key="tenant"))]), start_ms=T0)
         self.running: dict[str, set[str]] = defaultdict(set)
         self.waiting: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
         self.arrivals = itertools.count()
@@ -628,7 +583,7 @@ class OneKeyPerTenant(RuleBasedStateMachine):
     @rule(tenant=st.sampled_from(TENANTS), priority=st.sampled_from((0, 0, 1, 5)))
     def start(self, tenant: str, priority: int) -> None:
         seen = len(self.h.admitted)
-        execution_id = self.h.start("w", {"tenant": tenant, "p": priority})
+        execution_id = start(self.h, "w", {"tenant": tenant, "p": priority})
         if len(self.h.admitted) == seen:
             self.waiting[tenant].append((-priority, next(self.arrivals), execution_id))
         self._check_new_admissions(seen)
@@ -640,16 +595,16 @@ class OneKeyPerTenant(RuleBasedStateMachine):
         execution_id = data.draw(st.sampled_from(sorted(self.running[tenant])))
         self.running[tenant].discard(execution_id)
         seen = len(self.h.admitted)
-        self.h.release(execution_id)
+        release(self.h, execution_id)
         self._check_new_admissions(seen)
 
     @invariant()
     def never_more_than_the_limit(self) -> None:
         for tenant in TENANTS:
-            holders = self.h.stage.holders(self.h.ctx, f"w\x1f{tenant}")
-            assert set(holders) == self.running[tenant]
-            assert len(holders) <= self.LIMIT
-            assert len(holders) == self.LIMIT or not self.waiting[tenant], "a free slot idles"
+            held = holders(self.h, f"w\x1f{tenant}")
+            assert set(held) == self.running[tenant]
+            assert len(held) <= self.LIMIT
+            assert len(held) == self.LIMIT or not self.waiting[tenant], "a free slot idles"
 
     def teardown(self) -> None:
         # Every waiting start is admitted once the runs end.
@@ -658,13 +613,12 @@ class OneKeyPerTenant(RuleBasedStateMachine):
             self.end_one(tenant)
         assert not any(self.waiting.values())
         self.h.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def end_one(self, tenant: str) -> None:
         execution_id = min(self.running[tenant])
         self.running[tenant].discard(execution_id)
         seen = len(self.h.admitted)
-        self.h.release(execution_id)
+        release(self.h, execution_id)
         self._check_new_admissions(seen)
 
 
@@ -681,8 +635,7 @@ class SharedPool(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.dir = Path(tempfile.mkdtemp())
-        self.h = Harness(self.app(), self.dir / "s")
+        self.h = TestDriver(self.app(), start_ms=T0)
         self.running: list[str] = []
         self.lanes: dict[str, deque[str]] = defaultdict(deque)
         # Per waiting lane: the lanes served since it began waiting or was last served.
@@ -711,7 +664,7 @@ class SharedPool(RuleBasedStateMachine):
     @rule(tenant=st.sampled_from(TENANTS))
     def start(self, tenant: str) -> None:
         seen = len(self.h.admitted)
-        execution_id = self.h.start("f", {"tenant": tenant})
+        execution_id = start(self.h, "f", {"tenant": tenant})
         if len(self.h.admitted) == seen:
             if not self.lanes[tenant]:
                 self.served_since[tenant] = []
@@ -724,24 +677,23 @@ class SharedPool(RuleBasedStateMachine):
         execution_id = data.draw(st.sampled_from(self.running))
         self.running.remove(execution_id)
         seen = len(self.h.admitted)
-        self.h.release(execution_id)
+        release(self.h, execution_id)
         self._check_new_admissions(seen)
 
     @invariant()
     def never_more_than_the_pool(self) -> None:
-        holders = self.h.stage.holders(self.h.ctx, "pool:p\x1f")
-        assert sorted(holders) == sorted(self.running)
-        assert len(holders) <= self.LIMIT
+        held = holders(self.h, "pool:p\x1f")
+        assert sorted(held) == sorted(self.running)
+        assert len(held) <= self.LIMIT
 
     def teardown(self) -> None:
         while self.running:
             execution_id = self.running.pop(0)
             seen = len(self.h.admitted)
-            self.h.release(execution_id)
+            release(self.h, execution_id)
             self._check_new_admissions(seen)
         assert not any(self.lanes.values()), "every waiting start is admitted in the end"
         self.h.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 TestSharedPool = SharedPool.TestCase

@@ -55,3 +55,22 @@ def test_a_doc_names_no_path_of_one_machine(doc: Path) -> None:
     lines = doc.read_text(encoding="utf-8").splitlines()
     found = [f"{n}: {line.strip()}" for n, line in enumerate(lines, 1) if MACHINE_PATH.search(line)]
     assert found == [], "name paths relative to the repository"
+
+
+def test_the_readme_testing_example_runs() -> None:
+    """The example of "Testing your declarations" is a test that passes as written."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Testing your declarations", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    preamble = ("import json\n"
+                "from pydantic import BaseModel\n"
+                "from sluicegate.declare import App, Debounce, Workflow\n"
+                "class Edit(BaseModel):\n"
+                "    rowId: str\n"
+                "    text: str\n")
+    namespace: dict[str, object] = {}
+    exec(compile(preamble + code, "README.md", "exec"), namespace)
+    tests = [f for name, f in namespace.items() if name.startswith("test_") and callable(f)]
+    assert len(tests) == 1
+    for test in tests:
+        test()

@@ -1,6 +1,6 @@
 """The packages are layered, each importing only those below it (issue 18, point 3):
 
-    config, kafkautil < declare < schemas < topology < streams < client < ops
+    config, kafkautil < declare < schemas < topology < streams < client < ops, testing
 
 so a declaration loads nothing of Kafka's records, a record nothing of a topic's layout,
 and a producer-only process no stage and no RocksDB. Every import counts, those inside
@@ -17,7 +17,7 @@ import sluicegate
 
 PACKAGE = Path(sluicegate.__file__).parent
 LAYERS = {"config": 0, "kafkautil": 0, "declare": 1, "schemas": 2, "topology": 3,
-          "streams": 4, "client": 5, "ops": 6, "__main__": 7}
+          "streams": 4, "client": 5, "ops": 6, "testing": 6, "__main__": 7}
 
 
 def _layer(module: str) -> int | None:

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.config import Settings
 from sluicegate.declare import Concurrency, Workflow
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
-    EngineCommand,
     LedgerRecord,
     Origin,
     Outcome,
@@ -25,8 +22,6 @@ from sluicegate.schemas.records import (
     RunStatus,
     Slot,
 )
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages.runs import (
     _CANCELLING,
     DEFAULT_LEASE_MS,
@@ -44,9 +39,7 @@ from sluicegate.streams.stages.runs import (
     lease_of,
     redriven,
 )
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
-from sluicegate.topology.topics import Topics
+from sluicegate.testing import TestDriver, Written
 from tests.apps.lifecycle import Job
 from tests.apps.lifecycle import app as lifecycle_app
 
@@ -229,7 +222,7 @@ def test_a_backstop_round_trips_through_its_store_row() -> None:
     assert dataclasses.replace(Backstop(None, 5, 9), lease_until_ms=None).idle is False
 
 
-# -- the stage, handed an admission in-process -----------------------------------------
+# -- the stage in the test driver -----------------------------------------------------
 
 
 def _admitted(execution_id: str) -> AdmittedStart:
@@ -239,112 +232,93 @@ def _admitted(execution_id: str) -> AdmittedStart:
                          requested_at_ms=ADMITTED_AT, admitted_at_ms=ADMITTED_AT)
 
 
-def test_an_admission_handed_over_is_taken_as_the_record_it_carries(tmp_path: Path) -> None:
-    topics = Topics(Settings(namespace="sg."))
-    sent: list[tuple[str, bytes | None]] = []
-    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
-    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
-                       lambda t, k, v, p=None, h=None, m=None: sent.append((t, v)),
-                       lambda: ADMITTED_AT)
-    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
-    read = _admitted("e-read")
-    handed = _admitted("e-handed")
-    # Read from its topic: the bytes are decoded. Handed over by the admitting stage in
-    # the same worker: the record it carries is the admission, its bytes are not read
-    # again (these are not even an admitted start).
-    stage.process(ctx, InputRecord(topics.stage("runs"), 0, 7, b"e-read",
-                                   codec.encode(read), 0))
-    stage.process(ctx, InputRecord(topics.stage("runs"), 0, -1, b"e-handed",
-                                   b"not decoded", 0, None, handed))
-    assert RunsStage.load(ctx, "e-read") == admitted_row(read)
-    assert RunsStage.load(ctx, "e-handed") == admitted_row(handed)
-    assert sent == []  # nothing dead-lettered or rejected
-    tx.store.close()
+def _hand_over(d: TestDriver, admitted: AdmittedStart, value: bytes) -> None:
+    """An admitting stage of the same worker sends the admission to the runs stage's
+    topic with the record itself: it is handed over, `value` never read."""
+    d.context("identity").send(d.topics.stage("runs"), admitted.execution_id.encode(), value,
+                               None, None, admitted)
 
 
-def test_a_report_read_before_its_admission_is_applied_when_the_admission_arrives(
-        tmp_path: Path) -> None:
-    topics = Topics(Settings(namespace="sg."))
-    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
-    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
-                       lambda t, k, v, p=None, h=None, m=None: None, lambda: ADMITTED_AT)
-    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
-    started = RunEvent(execution_id="e-early", workflow="flakyJob",
-                       kind=RunEventKind.started, at_ms=ADMITTED_AT + 5, run_id="run-1")
-    # The engine's report and the admission travel on two topics: a worker that reads
-    # the admission from its topic can read the report first, and keeps it.
-    stage.process(ctx, InputRecord(topics.run_events, 0, 3, b"e-early",
-                                   codec.encode(started), 0))
-    assert RunsStage.load(ctx, "e-early") is None
-    stage.process(ctx, InputRecord(topics.stage("runs"), 0, 8, b"e-early",
-                                   codec.encode(_admitted("e-early")), 0))
-    row = RunsStage.load(ctx, "e-early")
-    assert row is not None
-    assert (row.status, row.run_id, row.updated_at_ms) == (
-        RunStatus.running, "run-1", ADMITTED_AT + 5)
-    # Applied once: the kept report is gone.
-    assert not any(b"e-early\x1f" in key for key, _ in ctx.store.items(b""))
-    tx.store.close()
+def _stage_sent(d: TestDriver, since: int = 0) -> list[Written]:
+    """What the stages wrote from the `since`-th record on (not what the test piped)."""
+    piped = {d.topics.stage("runs"), d.topics.run_events}
+    return [w for w in d.sent()[since:] if w.topic not in piped]
+
+
+def test_an_admission_handed_over_is_taken_as_the_record_it_carries() -> None:
+    with TestDriver(lifecycle_app, start_ms=ADMITTED_AT) as d:
+        read = _admitted("e-read")
+        handed = _admitted("e-handed")
+        # Read from its topic: the bytes are decoded. Handed over by the admitting stage in
+        # the same worker: the record it carries is the admission, its bytes are not read
+        # again (these are not even an admitted start).
+        d.pipe(d.topics.stage("runs"), read, b"e-read")
+        _hand_over(d, handed, b"not decoded")
+        ctx = d.context("runs")
+        assert RunsStage.load(ctx, "e-read") == admitted_row(read)
+        assert RunsStage.load(ctx, "e-handed") == admitted_row(handed)
+        assert _stage_sent(d) == []  # nothing dead-lettered or rejected
+
+
+def test_a_report_read_before_its_admission_is_applied_when_the_admission_arrives() -> None:
+    with TestDriver(lifecycle_app, start_ms=ADMITTED_AT) as d:
+        started = RunEvent(execution_id="e-early", workflow="flakyJob",
+                           kind=RunEventKind.started, at_ms=ADMITTED_AT + 5, run_id="run-1")
+        # The engine's report and the admission travel on two topics: a worker that reads
+        # the admission from its topic can read the report first, and keeps it.
+        d.pipe(d.topics.run_events, started, b"e-early")
+        ctx = d.context("runs")
+        assert RunsStage.load(ctx, "e-early") is None
+        d.pipe(d.topics.stage("runs"), _admitted("e-early"), b"e-early")
+        row = RunsStage.load(ctx, "e-early")
+        assert row is not None
+        assert (row.status, row.run_id, row.updated_at_ms) == (
+            RunStatus.running, "run-1", ADMITTED_AT + 5)
+        # Applied once: the kept report is gone.
+        assert not any(b"e-early\x1f" in key for key, _ in ctx.store.items(b""))
+
+
+def _operate(d: TestDriver, verb: str, reason: str | None) -> None:
+    d.pipe(d.topics.stage("runs"), RunOperation(
+        operation="op1", execution_id="e1", workflow="flakyJob", verb=verb,
+        issued_at_ms=ADMITTED_AT + 6, reason=reason), b"e1")
 
 
 def test_an_operation_on_a_run_that_changed_since_it_was_selected_is_skipped_and_recorded(
-        tmp_path: Path) -> None:
-    topics = Topics(Settings(namespace="sg."))
-    sent: list[tuple[str, bytes | None]] = []
-    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
-    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
-                       lambda t, k, v, p=None, h=None, m=None: sent.append((t, v)),
-                       lambda: ADMITTED_AT + 10)
-    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
-    stage.process(ctx, InputRecord(topics.stage("runs"), 0, -1, b"e1", b"", 0, None,
-                                   _admitted("e1")))
-    stage.process(ctx, InputRecord(topics.run_events, 0, 1, b"e1", codec.encode(RunEvent(
-        execution_id="e1", workflow="flakyJob", kind=RunEventKind.completed,
-        at_ms=ADMITTED_AT + 5)), 0))
-    sent.clear()
+) -> None:
+    with TestDriver(lifecycle_app, start_ms=ADMITTED_AT + 10) as d:
+        _hand_over(d, _admitted("e1"), b"")
+        d.pipe(d.topics.run_events, RunEvent(
+            execution_id="e1", workflow="flakyJob", kind=RunEventKind.completed,
+            at_ms=ADMITTED_AT + 5), b"e1")
+        since = len(d.sent())
 
-    def operate(verb: str, reason: str | None) -> None:
-        stage.process(ctx, InputRecord(topics.stage("runs"), 0, 2, b"e1", codec.encode(
-            RunOperation(operation="op1", execution_id="e1", workflow="flakyJob", verb=verb,
-                         issued_at_ms=ADMITTED_AT + 6, reason=reason)), 0))
-
-    # Selected while it ran, carried out once it had completed: nothing to cancel.
-    operate("cancel", "bad deploy")
-    ((topic, value),) = sent
-    assert topic == topics.ledger
-    row = codec.decode(LedgerRecord, value)
-    assert (row.request_id, row.outcome, row.execution_id) == (
-        "run:e1:bulk-cancel:op1", Outcome.skipped, "e1")
-    assert row.reason == "cancel not carried out, the run is completed now (bad deploy)"
-    assert not any(t == topics.commands for t, _ in sent)
-    tx.store.close()
+        # Selected while it ran, carried out once it had completed: nothing to cancel.
+        _operate(d, "cancel", "bad deploy")
+        (written,) = _stage_sent(d, since)
+        assert written.topic == d.topics.ledger
+        row = codec.decode(LedgerRecord, written.value)
+        assert (row.request_id, row.outcome, row.execution_id) == (
+            "run:e1:bulk-cancel:op1", Outcome.skipped, "e1")
+        assert row.reason == "cancel not carried out, the run is completed now (bad deploy)"
+        assert d.commands == []
 
 
-def test_a_cancel_operation_sends_the_command_and_the_run_ends_with_its_reason(
-        tmp_path: Path) -> None:
-    topics = Topics(Settings(namespace="sg."))
-    sent: list[tuple[str, bytes | None]] = []
-    tx = StoreTransaction(PartitionStore(tmp_path / "runs"))
-    ctx = StageContext("runs", 0, topics, tx, Timers(tx),
-                       lambda t, k, v, p=None, h=None, m=None: sent.append((t, v)),
-                       lambda: ADMITTED_AT + 10)
-    stage = RunsStage(lifecycle_app, Router(lifecycle_app, 0, None))
-    stage.process(ctx, InputRecord(topics.stage("runs"), 0, -1, b"e1", b"", 0, None,
-                                   _admitted("e1")))
-    stage.process(ctx, InputRecord(topics.stage("runs"), 0, 2, b"e1", codec.encode(
-        RunOperation(operation="op1", execution_id="e1", workflow="flakyJob", verb="cancel",
-                     issued_at_ms=ADMITTED_AT + 6, reason="bad deploy")), 0))
-    (command,) = [codec.decode(EngineCommand, v) for t, v in sent if t == topics.commands]
-    assert (command.command_id, command.reason) == ("bulk-cancel:op1:e1", "bad deploy")
-    (ledger,) = [codec.decode(LedgerRecord, v) for t, v in sent if t == topics.ledger]
-    assert (ledger.outcome, ledger.reason) == (Outcome.cancelled, "bad deploy")
-    assert len(list(ctx.store.items(_CANCELLING))) == 1
-    stage.process(ctx, InputRecord(topics.run_events, 0, 3, b"e1", codec.encode(RunEvent(
-        execution_id="e1", workflow="flakyJob", kind=RunEventKind.cancelled,
-        at_ms=ADMITTED_AT + 7)), 0))
-    row = RunsStage.load(ctx, "e1")
-    assert row is not None and (row.status, row.last_reason) == (
-        RunStatus.cancelled, "bad deploy")
-    # The reason waited for the run's end, and is gone with it.
-    assert list(ctx.store.items(_CANCELLING)) == []
-    tx.store.close()
+def test_a_cancel_operation_sends_the_command_and_the_run_ends_with_its_reason() -> None:
+    with TestDriver(lifecycle_app, start_ms=ADMITTED_AT + 10) as d:
+        _hand_over(d, _admitted("e1"), b"")
+        _operate(d, "cancel", "bad deploy")
+        (command,) = d.commands
+        assert (command.command_id, command.reason) == ("bulk-cancel:op1:e1", "bad deploy")
+        (ledger,) = d.ledger
+        assert (ledger.outcome, ledger.reason) == (Outcome.cancelled, "bad deploy")
+        ctx = d.context("runs")
+        assert len(list(ctx.store.items(_CANCELLING))) == 1
+        d.pipe(d.topics.run_events, RunEvent(
+            execution_id="e1", workflow="flakyJob", kind=RunEventKind.cancelled,
+            at_ms=ADMITTED_AT + 7), b"e1")
+        row = RunsStage.load(ctx, "e1")
+        assert row is not None and (row.status, row.last_reason) == (
+            RunStatus.cancelled, "bad deploy")
+        # The reason waited for the run's end, and is gone with it.
+        assert list(ctx.store.items(_CANCELLING)) == []

@@ -4,21 +4,15 @@ evicts the incumbent once the replacement is admitted."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sluicegate.config import Settings
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
-    AdmittedStart,
     CommandKind,
-    EngineCommand,
-    LedgerRecord,
     Origin,
     Outcome,
     PendingStart,
@@ -27,14 +21,11 @@ from sluicegate.schemas.records import (
     ReleaseKind,
     Slot,
 )
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages.singleton import (
     Cancel,
     Claim,
     Hold,
     Mode,
-    SingletonStage,
     Skip,
     admitted,
     arrive,
@@ -42,12 +33,8 @@ from sluicegate.streams.stages.singleton import (
     holder,
     released,
 )
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
-from sluicegate.topology.topics import Topics
+from sluicegate.testing import TestDriver
 from tests.apps.singleton import app as singleton_app
-
-R = TypeVar("R", bound=Record)
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -215,117 +202,94 @@ class SingletonMachine(RuleBasedStateMachine):
 TestSingletonModel = SingletonMachine.TestCase
 
 
-# -- the stage on a real store, with the sends captured --------------------------------
-
-
-class Harness:
-    def __init__(self, path: Path) -> None:
-        self.store = PartitionStore(path)
-        self.tx = StoreTransaction(self.store)
-        self.topics = Topics(Settings(namespace="sg."))
-        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
-        self.router = Router(singleton_app, 0, None)
-        self.stage = SingletonStage(self.router)
-        self.ctx = StageContext("singleton", 0, self.topics, self.tx, Timers(self.tx),
-                                lambda t, k, v, p=None, h=None, m=None: self.sent.append((t, k, v)),
-                                lambda: 1000)
-        self.offset = 0
-
-    def feed(self, key: str, value: bytes) -> None:
-        self.offset += 1
-        self.stage.process(self.ctx, InputRecord(self.topics.stage("singleton"), 0,
-                                                 self.offset, key.encode(), value, 0))
-
-    def start(self, workflow: str, execution_id: str, site: str = "s1") -> None:
-        self.feed(hold_key(workflow, site), codec.encode(PendingStart(
-            execution_id=execution_id, workflow=workflow,
-            payload=codec.dump_payload({"siteId": site}),
-            origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=1,
-            request_id=f"r-{execution_id}", request_ids=[f"r-{execution_id}"],
-            requested_at_ms=0, arrived_at_ms=0, priority=0.0, slots=[],
-            reply_partition=None)))
-
-    def release(self, workflow: str, execution_id: str, kind: ReleaseKind,
-                site: str = "s1") -> None:
-        key = hold_key(workflow, site)
-        self.feed(key, codec.encode(Release(stage="singleton", key=key,
-                                            execution_id=execution_id, workflow=workflow,
-                                            kind=kind, at_ms=1000)))
-
-    def of(self, topic: str, cls: type[R]) -> list[R]:
-        return [codec.decode(cls, v) for t, _, v in self.sent if t == topic]
+# -- the stage in the test driver: starts come in as the hop before lets them go ---------
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "singleton-0")
-    yield h
-    h.store.close()
+def driver() -> Iterator[TestDriver]:
+    with TestDriver(singleton_app, start_ms=1000) as d:
+        yield d
 
 
-def test_a_start_that_passes_carries_a_hold_on_its_key_into_admission(harness: Harness) -> None:
-    harness.start("rebuildSearch", "ex-1")
-    (admitted_start,) = harness.of(harness.topics.admitted, AdmittedStart)
+def feed(d: TestDriver, key: str, value: Record | bytes) -> None:
+    d.pipe(d.topics.stage("singleton"), value, key)
+
+
+def start(d: TestDriver, workflow: str, execution_id: str, site: str = "s1") -> None:
+    feed(d, hold_key(workflow, site), PendingStart(
+        execution_id=execution_id, workflow=workflow,
+        payload=codec.dump_payload({"siteId": site}),
+        origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=1,
+        request_id=f"r-{execution_id}", request_ids=[f"r-{execution_id}"],
+        requested_at_ms=0, arrived_at_ms=0, priority=0.0, slots=[],
+        reply_partition=None))
+
+
+def release(d: TestDriver, workflow: str, execution_id: str, kind: ReleaseKind,
+            site: str = "s1") -> None:
+    key = hold_key(workflow, site)
+    feed(d, key, Release(stage="singleton", key=key, execution_id=execution_id,
+                         workflow=workflow, kind=kind, at_ms=1000))
+
+
+def held_by(d: TestDriver, workflow: str, site: str) -> str | None:
+    return holder(d.store("singleton"), workflow, site)
+
+
+def test_a_start_that_passes_carries_a_hold_on_its_key_into_admission(driver: TestDriver) -> None:
+    start(driver, "rebuildSearch", "ex-1")
+    (admitted_start,) = driver.admitted
     assert admitted_start.slots == [Slot("singleton", hold_key("rebuildSearch", "s1"))]
-    assert holder(harness.tx, "rebuildSearch", "s1") == "ex-1"
-    assert holder(harness.tx, "rebuildSearch", "s2") is None
+    assert held_by(driver, "rebuildSearch", "s1") == "ex-1"
+    assert held_by(driver, "rebuildSearch", "s2") is None
 
 
-def test_a_skipped_start_is_a_ledger_row_naming_the_incumbent(harness: Harness) -> None:
-    harness.start("rebuildSearch", "ex-1")
-    harness.start("rebuildSearch", "ex-2")
-    skipped = [r for r in harness.of(harness.topics.ledger, LedgerRecord)
+def test_a_skipped_start_is_a_ledger_row_naming_the_incumbent(driver: TestDriver) -> None:
+    start(driver, "rebuildSearch", "ex-1")
+    start(driver, "rebuildSearch", "ex-2")
+    skipped = [r for r in driver.ledger
                if r.outcome is Outcome.skipped]
     assert [(r.request_id, r.execution_id, r.key) for r in skipped] == [("r-ex-2", "ex-1", "s1")]
     assert "held by run ex-1" in (skipped[0].reason or "")
-    assert len(harness.of(harness.topics.admitted, AdmittedStart)) == 1
+    assert len(driver.admitted) == 1
 
 
-def test_a_suspended_run_keeps_the_key_and_an_ended_one_gives_it_back(harness: Harness) -> None:
-    harness.start("rebuildSearch", "ex-1")
-    harness.release("rebuildSearch", "ex-1", ReleaseKind.suspended)
-    assert holder(harness.tx, "rebuildSearch", "s1") == "ex-1"
-    harness.release("rebuildSearch", "ex-1", ReleaseKind.ended)
-    assert holder(harness.tx, "rebuildSearch", "s1") is None
-    harness.start("rebuildSearch", "ex-2")
-    assert holder(harness.tx, "rebuildSearch", "s1") == "ex-2"
+def test_a_suspended_run_keeps_the_key_and_an_ended_one_gives_it_back(driver: TestDriver) -> None:
+    start(driver, "rebuildSearch", "ex-1")
+    release(driver, "rebuildSearch", "ex-1", ReleaseKind.suspended)
+    assert held_by(driver, "rebuildSearch", "s1") == "ex-1"
+    release(driver, "rebuildSearch", "ex-1", ReleaseKind.ended)
+    assert held_by(driver, "rebuildSearch", "s1") is None
+    start(driver, "rebuildSearch", "ex-2")
+    assert held_by(driver, "rebuildSearch", "s1") == "ex-2"
 
 
 def test_cancel_with_no_control_after_it_evicts_the_incumbent_as_the_newcomer_is_admitted(
-        harness: Harness) -> None:
-    harness.start("latestOnly", "ex-1")
-    harness.start("latestOnly", "ex-2")
-    (command,) = harness.of(harness.topics.commands, EngineCommand)
+        driver: TestDriver) -> None:
+    start(driver, "latestOnly", "ex-1")
+    start(driver, "latestOnly", "ex-2")
+    (command,) = driver.commands
     assert (command.execution_id, command.kind) == ("ex-1", CommandKind.cancel)
     assert command.command_id == "singleton:ex-1:ex-2"
     assert "replaced by run ex-2" in (command.reason or "")
-    assert [a.execution_id for a in harness.of(harness.topics.admitted, AdmittedStart)] == [
+    assert [a.execution_id for a in driver.admitted] == [
         "ex-1", "ex-2"]
 
 
 def test_cancel_behind_a_queueing_control_waits_for_the_admission_report(
-        harness: Harness) -> None:
-    harness.start("spacedLatest", "ex-1")
-    harness.feed(hold_key("spacedLatest", "s1"), codec.encode(_admitted("spacedLatest", "ex-1")))
-    harness.start("spacedLatest", "ex-2")
-    assert harness.of(harness.topics.commands, EngineCommand) == []
-    assert holder(harness.tx, "spacedLatest", "s1") == "ex-1"
-    harness.feed(hold_key("spacedLatest", "s1"), codec.encode(_admitted("spacedLatest", "ex-2")))
-    (command,) = harness.of(harness.topics.commands, EngineCommand)
+        driver: TestDriver) -> None:
+    start(driver, "spacedLatest", "ex-1")  # admitted: a throttle turn is free
+    start(driver, "spacedLatest", "ex-2")  # waits 10 s for the next turn
+    assert driver.commands == []
+    assert held_by(driver, "spacedLatest", "s1") == "ex-1"
+    driver.advance(10_000)  # its turn: admitted, and the runs stage reports it here
+    (command,) = driver.commands
     assert command.execution_id == "ex-1"
-    assert holder(harness.tx, "spacedLatest", "s1") == "ex-2"
+    assert held_by(driver, "spacedLatest", "s1") == "ex-2"
 
 
-def test_a_record_that_is_not_a_singleton_message_is_dead_lettered(harness: Harness) -> None:
-    harness.feed("k", b"\x00nonsense")
-    (row,) = harness.of(harness.topics.ledger, LedgerRecord)
+def test_a_record_that_is_not_a_singleton_message_is_dead_lettered(driver: TestDriver) -> None:
+    feed(driver, "k", b"\x00nonsense")
+    (row,) = driver.ledger
     assert row.outcome is Outcome.rejected
-    assert len([t for t, _, _ in harness.sent if t == harness.topics.deadletter]) == 1
-
-
-def _admitted(workflow: str, execution_id: str) -> AdmittedStart:
-    return AdmittedStart(
-        execution_id=execution_id, workflow=workflow, payload=b"{}", declaration_version="v",
-        origin=Origin.event, kind=AdmittedKind.start,
-        slots=[Slot("singleton", hold_key(workflow, "s1"))], request_ids=[],
-        requested_at_ms=0, admitted_at_ms=0)
+    assert len(driver.dead_letters) == 1

@@ -1,5 +1,5 @@
 """The throttle: its GCRA core against a textbook reference, and the stage's queue, turns,
-expiries and removed workflows on a real store (no broker)."""
+expiries and removed workflows in the test driver (no broker)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from fractions import Fraction
 from itertools import pairwise
-from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import TypeVar
 
 import pytest
@@ -18,8 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sluicegate.config import Settings
-from sluicegate.declare import App
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -29,23 +25,17 @@ from sluicegate.schemas.records import (
     Outcome,
     PendingStart,
     Record,
-    StartRequest,
 )
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages.throttle import (
     REMOVED,
     Pace,
     Rate,
-    ThrottleStage,
     due_ms,
     forget_ms,
     take,
 )
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
+from sluicegate.testing import TestDriver
 from sluicegate.topology.route import route_for
-from sluicegate.topology.topics import Topics
 from tests.apps import rates
 
 T = TypeVar("T", bound=Record)
@@ -247,228 +237,197 @@ TestThrottleKey = ThrottleKey.TestCase
 TestThrottleKey.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 
 
-# -- the stage on a real store ---------------------------------------------------------
+# -- the stage in the test driver: starts come in as the hop before lets them go ---------
 
-
-class Harness:
-    """The throttle stage on one partition's store, with its clock and timers in hand."""
-
-    def __init__(self, path: Path, app: App = rates.app) -> None:
-        self.path = path
-        self.store = PartitionStore(path)
-        self.topics = Topics(Settings(namespace="u."))
-        self.now = 1_700_000_000_000
-        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
-        self.offset = 0
-        self.load(app)
-
-    def load(self, app: App) -> None:
-        """A worker with these declarations takes the partition over."""
-        self.tx = StoreTransaction(self.store)
-        self.timers = Timers(self.tx)
-        self.stage = ThrottleStage(app, Router(app, 0, None))
-        self.ctx = StageContext("throttle", 0, self.topics, self.tx, self.timers,
-                                lambda t, k, v, p=None, h=None, m=None: self.sent.append((t, k, v)),
-                                lambda: self.now)
-        self.stage.restored(self.ctx)
-
-    def commit(self) -> None:
-        self.offset += 1
-        self.tx.commit(self.offset)
-
-    def start(self, workflow: str, user: str = "u1", urgent: bool = False,
-              request_id: str | None = None) -> str:
-        request_id = request_id or f"r{len(self.sent)}-{self.now}"
-        payload = json.dumps({"userId": user, "imageId": "i", "urgent": urgent}).encode()
-        start = PendingStart(
-            execution_id=f"x-{request_id}", workflow=workflow, payload=payload,
-            origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=1,
-            request_id=request_id, request_ids=[request_id], requested_at_ms=self.now,
-            arrived_at_ms=self.now, priority=100.0 if urgent else 0.0, slots=[],
-            on_failure="throttleFailed" if workflow == "syncCrm" else None)
-        budget = "pool:partner" if workflow.startswith("partner") else workflow
-        key = f"{budget}\x1f{user if workflow != 'pushPartner' else ''}".encode()
-        router = self.stage.router
-        wf = router.app.workflows[workflow]
-        if len(wf.throttle) > 1:
-            # Keyed as the route says: by the workflow alone under several throttles.
-            (hop,) = (h for h in router.routes[workflow].hops if h.stage == "throttle")
-            key = router.key_for(wf, hop, json.loads(payload)).encode()
-        self.stage.process(self.ctx, InputRecord(self.topics.stage("throttle"), 0, 0, key,
-                                                 codec.encode(start), self.now))
-        return request_id
-
-    def advance(self, ms: int) -> None:
-        """Time passes; each timer fires at its due time, as a ticking clock fires them."""
-        end = self.now + ms
-        while (due := self.timers.next_due) is not None and due <= end:
-            self.now = max(self.now, due)
-            for due_at, key, value in self.timers.due(self.now):
-                self.timers.cancel(due_at, key)
-                self.stage.fire(self.ctx, due_at, key, value)
-        self.now = end
-
-    def of(self, topic: str, cls: type[T]) -> list[T]:
-        return [codec.decode(cls, v) for t, _, v in self.sent if t == topic and v]
-
-    def ledger(self) -> list[LedgerRecord]:
-        return self.of(self.topics.ledger, LedgerRecord)
-
-    def admitted(self) -> list[AdmittedStart]:
-        return self.of(self.topics.admitted, AdmittedStart)
+# The onFailure workflow of syncCrm and callPartner: its runs are not the throttle's.
+HANDLER = "throttleFailed"
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "store")
-    yield h
-    h.store.close()
+def harness() -> Iterator[TestDriver]:
+    with TestDriver(rates.app) as d:
+        yield d
+
+
+def start(d: TestDriver, workflow: str, user: str = "u1", urgent: bool = False,
+          request_id: str | None = None) -> str:
+    request_id = request_id or f"r{len(d.sent())}-{d.now_ms}"
+    payload = json.dumps({"userId": user, "imageId": "i", "urgent": urgent}).encode()
+    pending = PendingStart(
+        execution_id=f"x-{request_id}", workflow=workflow, payload=payload,
+        origin=Origin.event, kind=AdmittedKind.start, declaration_version="v", hop=1,
+        request_id=request_id, request_ids=[request_id], requested_at_ms=d.now_ms,
+        arrived_at_ms=d.now_ms, priority=100.0 if urgent else 0.0, slots=[],
+        on_failure=HANDLER if workflow == "syncCrm" else None)
+    budget = "pool:partner" if workflow.startswith("partner") else workflow
+    key = f"{budget}\x1f{user if workflow != 'pushPartner' else ''}"
+    router = d.pipeline.router
+    wf = router.app.workflows[workflow]
+    if len(wf.throttle) > 1:
+        # Keyed as the route says: by the workflow alone under several throttles.
+        (hop,) = (h for h in router.routes[workflow].hops if h.stage == "throttle")
+        key = router.key_for(wf, hop, json.loads(payload))
+    d.pipe(d.topics.stage("throttle"), pending, key)
+    return request_id
+
+
+def ledger(d: TestDriver) -> list[LedgerRecord]:
+    """The throttled workflows' ledger rows (not those of their onFailure runs)."""
+    return [r for r in d.ledger if r.workflow != HANDLER]
+
+
+def admissions(d: TestDriver) -> list[AdmittedStart]:
+    return [a for a in d.admitted if a.workflow != HANDLER]
+
+
+def stored(d: TestDriver, prefix: bytes) -> list[bytes]:
+    return [k for k, _ in d.store("throttle").items(prefix)]
 
 
 def test_urgent_starts_leave_the_queue_first_and_equals_in_arrival_order(
-        harness: Harness) -> None:
-    t0 = harness.now
-    first = harness.start("syncCrm")
-    plain = [harness.start("syncCrm") for _ in range(2)]
-    urgent = harness.start("syncCrm", urgent=True)
-    queued = [r for r in harness.ledger() if r.outcome is Outcome.queued]
+        harness: TestDriver) -> None:
+    t0 = harness.now_ms
+    first = start(harness, "syncCrm")
+    plain = [start(harness, "syncCrm") for _ in range(2)]
+    urgent = start(harness, "syncCrm", urgent=True)
+    queued = [r for r in ledger(harness) if r.outcome is Outcome.queued]
     assert [(r.request_id, r.position, r.due_at_ms, r.deferral, r.key) for r in queued] == [
         (plain[0], 0, t0 + 5000, "throttle", "u1"), (plain[1], 1, t0 + 10_000, "throttle", "u1"),
         (urgent, 0, t0 + 5000, "throttle", "u1")]
     harness.advance(5000)
     harness.advance(5000)
-    assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()] == [
+    assert [(a.execution_id, a.admitted_at_ms) for a in admissions(harness)] == [
         (f"x-{first}", t0), (f"x-{urgent}", t0 + 5000), (f"x-{plain[0]}", t0 + 10_000)]
 
 
 def test_a_start_that_waits_past_timeouts_start_expires_into_its_on_failure_workflow(
-        harness: Harness) -> None:
-    t0 = harness.now
+        harness: TestDriver) -> None:
+    t0 = harness.now_ms
     for _ in range(3):
-        harness.start("syncCrm")
-    late = harness.start("syncCrm")  # its turn would be at 15 s, past the 12 s it may wait
+        start(harness, "syncCrm")
+    late = start(harness, "syncCrm")  # its turn would be at 15 s, past the 12 s it may wait
     harness.advance(11_999)
-    assert [r.outcome for r in harness.ledger()] == [
+    assert [r.outcome for r in ledger(harness)] == [
         Outcome.admitted, Outcome.queued, Outcome.queued, Outcome.queued,
         Outcome.admitted, Outcome.admitted]
     harness.advance(1)
-    expired = harness.ledger()[-1]
+    expired = ledger(harness)[-1]
     assert (expired.request_id, expired.outcome, expired.key) == (late, Outcome.expired, "u1")
     assert expired.decided_at_ms == t0 + 12_000
     assert "timeouts.start" in (expired.reason or "")
-    (report,) = harness.of(harness.topics.starts, StartRequest)
+    (report,) = harness.starts
     assert report.workflow == "throttleFailed"
     assert "timeouts.start" in json.loads(report.payload)["reason"]
     # Nobody waits any more: the next turn admits nobody.
     harness.advance(10_000)
-    assert len(harness.admitted()) == 3
+    assert len(admissions(harness)) == 3
 
 
-def test_queued_starts_are_admitted_in_arrival_order_one_each_interval(tmp_path: Path) -> None:
-    h = Harness(tmp_path / "store")
+def test_queued_starts_are_admitted_in_arrival_order_one_each_interval(
+        harness: TestDriver) -> None:
+    h = harness
     for i in range(11):
-        h.start("resizeImage", request_id=f"a{i}")  # the burst: eleven at once
-    h.start("resizeImage", request_id="slow")
-    h.start("resizeImage", request_id="slower")
-    assert len(h.admitted()) == 11
+        start(h, "resizeImage", request_id=f"a{i}")  # the burst: eleven at once
+    start(h, "resizeImage", request_id="slow")
+    start(h, "resizeImage", request_id="slower")
+    assert len(admissions(h)) == 11
     h.advance(999)
-    assert len(h.admitted()) == 11
+    assert len(admissions(h)) == 11
     h.advance(1)
     h.advance(1000)
-    assert [a.execution_id for a in h.admitted()[11:]] == ["x-slow", "x-slower"]
-    assert [a.admitted_at_ms for a in h.admitted()[11:]] == [h.now - 1000, h.now]
-    h.store.close()
+    assert [a.execution_id for a in admissions(h)[11:]] == ["x-slow", "x-slower"]
+    assert [a.admitted_at_ms for a in admissions(h)[11:]] == [h.now_ms - 1000, h.now_ms]
 
 
 def test_over_max_queued_a_start_is_dropped_as_queue_full_with_when_a_place_frees(
-        harness: Harness) -> None:
+        harness: TestDriver) -> None:
     for _ in range(4):
-        harness.start("pushPartner")
-    outcomes = [r.outcome for r in harness.ledger()]
+        start(harness, "pushPartner")
+    outcomes = [r.outcome for r in ledger(harness)]
     assert outcomes == [Outcome.admitted, Outcome.queued, Outcome.queued, Outcome.dropped]
-    dropped = harness.ledger()[-1]
+    dropped = ledger(harness)[-1]
     assert "queue-full" in (dropped.reason or "")
     assert dropped.retry_after_ms == 3_600_000
 
 
 def test_starts_of_a_workflow_removed_from_the_declarations_fail_when_a_worker_loads_them(
-        harness: Harness) -> None:
-    harness.start("syncCrm", user="u1")
-    waiting = [harness.start("syncCrm", user="u1")]
-    harness.start("syncCrm", user="u2")
-    waiting.append(harness.start("syncCrm", user="u2"))
+        harness: TestDriver) -> None:
+    start(harness, "syncCrm", user="u1")
+    waiting = [start(harness, "syncCrm", user="u1")]
+    start(harness, "syncCrm", user="u2")
+    waiting.append(start(harness, "syncCrm", user="u2"))
     harness.commit()
-    before = len(harness.ledger())
-    harness.load(rates.without_sync_crm)
+    before = len(ledger(harness))
+    harness.restart(rates.without_sync_crm)
     harness.advance(0)
-    failed = harness.ledger()[before:]
+    failed = ledger(harness)[before:]
     assert sorted((r.request_id, r.outcome, r.reason) for r in failed) == sorted(
         (request_id, Outcome.failed, REMOVED) for request_id in waiting)
-    reports = harness.of(harness.topics.starts, StartRequest)
+    reports = harness.starts
     assert [json.loads(r.payload)["reason"] for r in reports] == [REMOVED, REMOVED]
     # Their keys are gone with them.
     harness.commit()
-    assert [k for k, _ in harness.store.items(b"\x00SK")] == []
-    assert [k for k, _ in harness.store.items(b"\x00SQ")] == []
+    assert stored(harness, b"\x00SK") == []
+    assert stored(harness, b"\x00SQ") == []
 
 
-def test_a_fresh_key_admits_and_an_idle_key_leaves_no_row_behind(harness: Harness) -> None:
-    harness.start("resizeImage")
+def test_a_fresh_key_admits_and_an_idle_key_leaves_no_row_behind(harness: TestDriver) -> None:
+    start(harness, "resizeImage")
     harness.commit()
     harness.advance(61_000)
     harness.commit()
-    assert list(harness.store.items(b"")) == []
+    assert stored(harness, b"") == []
 
 
-def test_a_throttle_pool_paces_its_members_together_per_key(harness: Harness) -> None:
-    t0 = harness.now
-    push = harness.start("partnerPush", user="u1")
-    pull = harness.start("partnerPull", user="u1")  # the same pool and user: waits
-    other = harness.start("partnerPull", user="u2")  # another user of the pool: at once
-    queued = [r for r in harness.ledger() if r.outcome is Outcome.queued]
+def test_a_throttle_pool_paces_its_members_together_per_key(harness: TestDriver) -> None:
+    t0 = harness.now_ms
+    push = start(harness, "partnerPush", user="u1")
+    pull = start(harness, "partnerPull", user="u1")  # the same pool and user: waits
+    other = start(harness, "partnerPull", user="u2")  # another user of the pool: at once
+    queued = [r for r in ledger(harness) if r.outcome is Outcome.queued]
     assert [(r.request_id, r.due_at_ms, r.key) for r in queued] == [(pull, t0 + 60_000, "u1")]
     harness.advance(59_999)
-    assert [a.execution_id for a in harness.admitted()] == [f"x-{push}", f"x-{other}"]
+    assert [a.execution_id for a in admissions(harness)] == [f"x-{push}", f"x-{other}"]
     harness.advance(1)
-    assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()][2:] == [
+    assert [(a.execution_id, a.admitted_at_ms) for a in admissions(harness)][2:] == [
         (f"x-{pull}", t0 + 60_000)]
 
 
 def test_a_pool_key_paced_by_a_member_since_removed_goes_on_with_the_others(
-        harness: Harness) -> None:
-    t0 = harness.now
-    harness.start("partnerPush", user="u1")
-    waiting = harness.start("partnerPull", user="u1")
+        harness: TestDriver) -> None:
+    t0 = harness.now_ms
+    start(harness, "partnerPush", user="u1")
+    waiting = start(harness, "partnerPull", user="u1")
     harness.commit()
-    harness.load(rates.without_partner_push)
+    harness.restart(rates.without_partner_push)
     harness.advance(0)
-    later = harness.start("partnerPull", user="u1")
+    later = start(harness, "partnerPull", user="u1")
     harness.advance(120_000)
-    assert [(a.execution_id, a.admitted_at_ms) for a in harness.admitted()][1:] == [
+    assert [(a.execution_id, a.admitted_at_ms) for a in admissions(harness)][1:] == [
         (f"x-{waiting}", t0 + 60_000), (f"x-{later}", t0 + 120_000)]
-    assert not [r for r in harness.ledger() if r.outcome is Outcome.failed]
+    assert not [r for r in ledger(harness) if r.outcome is Outcome.failed]
 
 
 # -- several throttles on one workflow ---------------------------------------------------
 
 
-def _admitted_at(h: Harness) -> list[tuple[str, int]]:
-    return [(a.execution_id, a.admitted_at_ms - T0) for a in h.admitted()]
+def _admitted_at(h: TestDriver) -> list[tuple[str, int]]:
+    return [(a.execution_id, a.admitted_at_ms - T0) for a in admissions(h)]
 
 
 T0 = 1_700_000_000_000  # the harness clock at its start
 
 
 def test_under_several_throttles_a_start_goes_when_every_pace_has_room(
-        harness: Harness) -> None:
-    first = harness.start("callPartner", user="u1")
+        harness: TestDriver) -> None:
+    first = start(harness, "callPartner", user="u1")
     harness.advance(1)
-    again = harness.start("callPartner", user="u1")  # u1's own pace: 10 s
+    again = start(harness, "callPartner", user="u1")  # u1's own pace: 10 s
     harness.advance(1)
-    other = harness.start("callPartner", user="u2")  # room for u2, not in all: 5 s
+    other = start(harness, "callPartner", user="u2")  # room for u2, not in all: 5 s
     harness.advance(1)
-    third = harness.start("callPartner", user="u3")
-    queued = {r.request_id: r for r in harness.ledger() if r.outcome is Outcome.queued}
+    third = start(harness, "callPartner", user="u3")
+    queued = {r.request_id: r for r in ledger(harness) if r.outcome is Outcome.queued}
     assert (queued[again].key, queued[again].deferral) == ("u1", "throttle")
     assert queued[again].due_at_ms == T0 + 10_000
     harness.advance(30_000)
@@ -477,74 +436,75 @@ def test_under_several_throttles_a_start_goes_when_every_pace_has_room(
     assert _admitted_at(harness) == [
         (f"x-{first}", 0), (f"x-{other}", 5_000), (f"x-{again}", 10_000),
         (f"x-{third}", 15_000)]
-    admitted = [r for r in harness.ledger() if r.outcome is Outcome.admitted]
+    admitted = [r for r in ledger(harness) if r.outcome is Outcome.admitted]
     assert [r.key for r in admitted] == ["u1", "u2", "u1", "u3"]
 
 
-def test_a_user_at_its_own_pace_does_not_hold_back_the_others(harness: Harness) -> None:
-    harness.start("callPartner", user="u1")
+def test_a_user_at_its_own_pace_does_not_hold_back_the_others(harness: TestDriver) -> None:
+    start(harness, "callPartner", user="u1")
     harness.advance(5_000)
-    slow = harness.start("callPartner", user="u1")   # u1 waits until 10 s
-    quick = harness.start("callPartner", user="u2")  # the global pace has room at 5 s
+    slow = start(harness, "callPartner", user="u1")   # u1 waits until 10 s
+    quick = start(harness, "callPartner", user="u2")  # the global pace has room at 5 s
     assert _admitted_at(harness)[1:] == [(f"x-{quick}", 5_000)]
     harness.advance(5_000)
     assert _admitted_at(harness)[2:] == [(f"x-{slow}", 10_000)]
 
 
 def test_over_a_throttles_max_queued_a_start_is_dropped_naming_that_throttle(
-        harness: Harness) -> None:
+        harness: TestDriver) -> None:
     for user in ("u1", "u2", "u3", "u4", "u5", "u6"):
-        harness.start("callPartner", user=user)
-    outcomes = [r.outcome for r in harness.ledger()]
+        start(harness, "callPartner", user=user)
+    outcomes = [r.outcome for r in ledger(harness)]
     # One goes at once (two each 10 s in all is one each 5 s), three wait, the fifth and
     # sixth find the global queue full.
     assert outcomes == [Outcome.admitted, *[Outcome.queued] * 3, *[Outcome.dropped] * 2]
-    dropped = next(r for r in harness.ledger() if r.outcome is Outcome.dropped)
+    dropped = next(r for r in ledger(harness) if r.outcome is Outcome.dropped)
     assert "throttle[1]" in (dropped.reason or "") and "max_queued 3" in (dropped.reason or "")
 
 
-def test_several_throttles_expire_a_start_past_timeouts_start(harness: Harness) -> None:
+def test_several_throttles_expire_a_start_past_timeouts_start(harness: TestDriver) -> None:
     for i in range(4):
-        harness.start("callPartner", user=f"u{i}")
+        start(harness, "callPartner", user=f"u{i}")
     harness.commit()
     harness.advance(60_000)
-    outcomes = [r.outcome for r in harness.ledger() if r.outcome is not Outcome.queued]
+    outcomes = [r.outcome for r in ledger(harness) if r.outcome is not Outcome.queued]
     assert outcomes.count(Outcome.admitted) == 4
     for _ in range(4):
-        harness.start("callPartner", user="u9")  # one each 10 s for u9: the fourth waits 30 s
+        start(harness, "callPartner", user="u9")  # one each 10 s for u9: the fourth waits 30 s
     harness.advance(60_000)
-    assert [r.outcome for r in harness.ledger()].count(Outcome.expired) == 0
-    assert len(harness.admitted()) == 8
+    assert [r.outcome for r in ledger(harness)].count(Outcome.expired) == 0
+    assert len(admissions(harness)) == 8
     # Everything idle is forgotten: no row is left.
     harness.advance(60_000)
     harness.commit()
-    assert list(harness.store.items(b"")) == []
+    assert stored(harness, b"") == []
 
 
-def test_redeclared_throttles_judge_their_waiting_starts_again(harness: Harness) -> None:
-    harness.start("callPartner", user="u1")
-    waiting = [harness.start("callPartner", user="u1"), harness.start("callPartner", user="u2")]
+def test_redeclared_throttles_judge_their_waiting_starts_again(harness: TestDriver) -> None:
+    start(harness, "callPartner", user="u1")
+    waiting = [start(harness, "callPartner", user="u1"), start(harness, "callPartner", user="u2")]
     harness.commit()
-    harness.load(rates.call_partner_per_user)
+    before = len(harness.sent(harness.topics.stage("throttle")))
+    harness.restart(rates.call_partner_per_user)
     harness.advance(0)
-    resent = [(k, codec.decode(PendingStart, v).request_id) for t, k, v in harness.sent
-              if t == harness.topics.stage("throttle") and v]
+    resent = [(w.key, codec.decode(PendingStart, w.value).request_id)
+              for w in harness.sent(harness.topics.stage("throttle"))[before:]]
     # Sent back to the throttle hop, keyed by the one throttle's key now.
     assert sorted(resent) == sorted([(b"callPartner\x1fu1", waiting[0]),
                                      (b"callPartner\x1fu2", waiting[1])])
     harness.commit()
-    assert [k for k, _ in harness.store.items(b"\x00St")] == []
+    assert stored(harness, b"\x00St") == []
 
 
 def test_several_throttles_of_a_removed_workflow_fail_their_waiting_starts(
-        harness: Harness) -> None:
-    harness.start("callPartner", user="u1")
-    waiting = harness.start("callPartner", user="u1")
+        harness: TestDriver) -> None:
+    start(harness, "callPartner", user="u1")
+    waiting = start(harness, "callPartner", user="u1")
     harness.commit()
-    before = len(harness.ledger())
-    harness.load(rates.without_call_partner)
+    before = len(ledger(harness))
+    harness.restart(rates.without_call_partner)
     harness.advance(0)
-    (failed,) = harness.ledger()[before:]
+    (failed,) = ledger(harness)[before:]
     assert (failed.request_id, failed.outcome, failed.reason, failed.key) == (
         waiting, Outcome.failed, REMOVED, "u1")
 
@@ -554,14 +514,13 @@ def test_several_throttles_of_a_removed_workflow_fail_their_waiting_starts(
                 min_size=1, max_size=20))
 def test_several_throttles_admit_every_start_and_never_break_either_pace(
         arrivals: list[tuple[str, int]]) -> None:
-    with TemporaryDirectory() as tmp:
-        h = Harness(Path(tmp) / "store")
+    with TestDriver(rates.app) as h:
         users = {}
         for user, gap in arrivals:
             h.advance(gap)
-            users[f"x-{h.start('pacedTwice', user=user)}"] = user
+            users[f"x-{start(h, 'pacedTwice', user=user)}"] = user
         h.advance(len(arrivals) * 10_000)
-        admitted = [(a.admitted_at_ms, users[a.execution_id]) for a in h.admitted()]
+        admitted = [(a.admitted_at_ms, users[a.execution_id]) for a in admissions(h)]
         assert len(admitted) == len(arrivals)
         times = [t for t, _ in admitted]
         assert times == sorted(times)
@@ -572,20 +531,19 @@ def test_several_throttles_admit_every_start_and_never_break_either_pace(
             own = [t for t, u in admitted if u == user]
             assert all(b - a >= 10_000 for a, b in pairwise(own))
         # In each user's order of arrival.
-        order = [users[a.execution_id] + a.execution_id for a in h.admitted()]
+        order = [users[a.execution_id] + a.execution_id for a in admissions(h)]
         for user in set(users.values()):
             arrived = [f"{user}{x}" for x, u in users.items() if u == user]
             assert [o for o in order if o.startswith(user)] == arrived
-        h.store.close()
 
 
-def test_a_key_that_queued_leaves_no_row_behind_once_idle(harness: Harness) -> None:
+def test_a_key_that_queued_leaves_no_row_behind_once_idle(harness: TestDriver) -> None:
     for _ in range(3):
-        harness.start("syncCrm")
+        start(harness, "syncCrm")
     harness.advance(60_000)
     harness.commit()
-    assert len(harness.admitted()) == 3
-    assert list(harness.store.items(b"")) == []
+    assert len(admissions(harness)) == 3
+    assert stored(harness, b"") == []
 
 
 def test_the_route_of_several_throttles_keys_them_by_the_workflow_and_says_so() -> None:
@@ -596,20 +554,21 @@ def test_the_route_of_several_throttles_keys_them_by_the_workflow_and_says_so() 
         in route.describe()
 
 
-def test_several_throttles_read_their_indexes_from_their_floors(harness: Harness) -> None:
+def test_several_throttles_read_their_indexes_from_their_floors(harness: TestDriver) -> None:
     """Each admission moves its key's entry in the idle index (and a waiting lane's in the
     others): the cycle's deleted entries must not be walked again at every start, so the
     indexes are read from their floors, past the front rows deleted before."""
     reads: list[tuple[bytes, bytes | None]] = []
-    original = harness.tx.items
+    tx = harness.store("throttle")
+    original = tx.items
 
     def recording(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         reads.append((prefix, start))
         return original(prefix, start)
 
-    harness.tx.items = recording  # type: ignore[method-assign]
+    tx.items = recording  # type: ignore[method-assign]
     for i in range(200):
-        harness.start("pacedTwice", user=f"u{i % 3}")
+        start(harness, "pacedTwice", user=f"u{i % 3}")
         harness.advance(1)
     index_reads = [(prefix, start) for prefix, start in reads
                    if prefix.startswith((b"\x00StI", b"\x00StY", b"\x00StV"))]

@@ -1,0 +1,456 @@
+"""The test driver: a worker's stages for an App, in memory, without a broker.
+
+This project's `TopologyTestDriver` (Kafka Streams): `TestDriver(app)` builds every stage
+the worker runs (`build_pipeline`), one task per partition with a real store per stage
+(RocksDB, in a temporary directory it owns unless given one), and plays the runtime's
+part around them:
+
+- a record written to a topic a stage reads is processed by that stage, in the order
+  written (one queue for every topic); one sent to an input the stage takes handed over
+  (`Stage.handed_over`) is processed on the spot and never written, as the worker does
+  when it owns the partition (docs/decisions/in-process-handover.md). The driver owns
+  every partition, so every such record is handed over;
+- partitions are chosen as the producers choose them: the record's explicit partition,
+  else its key's murmur2 partition (a record without a key goes to partition 0). One
+  partition by default; `Settings(partitions=n)` gives n tasks, each with its stores;
+- time is a `ManualClock`: `advance(ms)` fires every timer at its due time, in due
+  order, as a ticking clock would, and processing never moves it;
+- `commit()` writes each store's cycle as the runtime's commit does (the changelog and
+  the tables a stage publishes, such as the runs table, are written to their topics
+  then); `restart(app=...)` is a worker taking the partitions over: the uncommitted
+  store writes and outputs are dropped, the records piped since the last commit are
+  read again, and new stage objects (the declarations given, or the same) are restored
+  over the committed stores (which stay open: RocksDB's own reopening is the store's
+  tests' business, and costs tens of milliseconds a store);
+- the control table is set by the test (`pause`, `unpause`), not read from Kafka.
+
+Every topic is a list of what was written to it (`sent`); the output topics are also
+typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...). A stage that
+raises fails the call that fed it: the worker's retry and dead-lettering of a failing
+record are not played here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel
+
+from sluicegate.client.producer import StartBuilder
+from sluicegate.config import Settings
+from sluicegate.declare import App, Origin
+from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.records import (
+    AdmittedStart,
+    ControlRow,
+    DeadLetter,
+    EngineCommand,
+    LedgerRecord,
+    PendingStart,
+    Record,
+    Reply,
+    RunEvent,
+    RunEventKind,
+    RunRow,
+    StartRequest,
+)
+from sluicegate.streams.app import Pipeline, build_pipeline
+from sluicegate.streams.clock import DEFAULT_START_MS, ManualClock
+from sluicegate.streams.control import ControlTable
+from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.streams.store import StoreTransaction
+from sluicegate.streams.task import StageState, Task
+from sluicegate.streams.timers import Timers
+from sluicegate.topology.keys import execution_id_for
+from sluicegate.topology.topics import Topics
+
+R = TypeVar("R", bound=Record)
+
+
+class SetControlTable(ControlTable):
+    """The control table as the test sets it: no consumer, nothing to read."""
+
+    def __init__(self, settings: Settings) -> None:  # no super(): it would make a consumer
+        self.topic = Topics(settings).control
+        self.rows: dict[str, ControlRow] = {}
+
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        return None
+
+    def poll(self) -> list[ControlRow]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One record written to a topic: by a stage, by the driver's commit, or piped in."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A start request piped in: the request, its Kafka key and partition, and the
+    execution id a fresh run of it gets (identity places it on that partition)."""
+
+    request: StartRequest
+    key: bytes
+    partition: int
+    execution_id: str
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class TestDriver:
+    """`TestDriver(app)`: pipe records in, move time, read every topic. Close it (or use
+    it as a context manager) to close its stores and delete the directory it made."""
+
+    __test__ = False  # not a test class, though pytest would collect its name
+
+    def __init__(self, app: App, settings: Settings | None = None, *,
+                 state_dir: Path | None = None, start_ms: int = DEFAULT_START_MS) -> None:
+        settings = settings or Settings(partitions=1)
+        self._own_dir = state_dir is None
+        self.state_dir = Path(tempfile.mkdtemp(prefix="sluicegate-driver-")
+                              if state_dir is None else state_dir)
+        self.settings = settings.with_(state_dir=self.state_dir)
+        self.topics = Topics(self.settings)
+        self.clock = ManualClock(start_ms)
+        self.control = SetControlTable(self.settings)
+        self.app = app
+        # Every record written, in order, and by topic; per (topic, partition) the next
+        # offset.
+        self._all: list[Written] = []
+        self._log: dict[str, list[Written]] = {}
+        self._offsets: dict[tuple[str, int], int] = {}
+        # How long each list was at the last commit; the records piped in since then.
+        self._committed: dict[str, int] = {}
+        self._committed_all = 0
+        self._piped: list[Written] = []
+        # Records written to a stage's input and not yet processed, in the order written.
+        self._queue: deque[Written] = deque()
+        self._requests = 0
+        self.tasks: dict[int, Task] = {}
+        self._open(app)
+
+    # -- wiring, as the worker wires a task ------------------------------------------
+
+    def _open(self, app: App) -> None:
+        self.app = app
+        self.pipeline: Pipeline = build_pipeline(app, self.settings, self.control)
+        stages = self.pipeline.stages
+        self._builder = StartBuilder(app, self.settings)
+        self._stage_for_topic: dict[str, Stage] = {
+            topic: stage for stage in stages for topic in stage.inputs(self.topics)}
+        self._handed_over: dict[str, Stage] = {
+            topic: stage for stage in stages for topic in stage.handed_over(self.topics)}
+        # A restart takes the open stores over: what they hold is what was committed.
+        stores = {p: {name: state.store for name, state in task.states.items()
+                      if state.store is not None} for p, task in self.tasks.items()}
+        self.tasks = {
+            p: Task(p, stages, self.topics, self.state_dir, self._send, self.clock.now_ms,
+                    self.settings.max_record_bytes, stores.get(p))
+            for p in range(self.settings.partitions)}
+        # What the worker does once a task's stores are restored: `restored` in a
+        # transaction, then the control table caught up with.
+        for task in self.tasks.values():
+            for state in task.stateful():
+                state.stage.restored(state.ctx)
+            for row in list(self.control.rows.values()):
+                for state in task.states.values():
+                    state.stage.control_changed(state.ctx, row)
+        self._settle()
+
+    def _partition(self, key: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            return partition
+        return 0 if key is None else partition_for(key, self.settings.partitions)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None,
+              partition: int | None = None, headers: Headers | None = None,
+              message: object | None = None) -> None:
+        p = self._partition(key, partition)
+        stage = self._handed_over.get(topic)
+        if stage is not None and key is not None:
+            # Handed over: processed now, in the sender's cycle, and never written.
+            stage.process(self.tasks[p].states[stage.name].ctx, InputRecord(
+                topic, p, -1, key, value, self.clock.now_ms(), headers, message))
+            return
+        self._write(topic, p, key, value, headers)
+
+    def _write(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+               headers: Headers | None = None) -> Written:
+        offset = self._offsets.get((topic, partition), 0)
+        self._offsets[(topic, partition)] = offset + 1
+        written = Written(topic, partition, offset, key, value, headers)
+        self._all.append(written)
+        self._log.setdefault(topic, []).append(written)
+        if topic in self._stage_for_topic:
+            self._queue.append(written)
+        return written
+
+    def _settle(self) -> None:
+        """Process what is queued, and fire the timers due now, until nothing is left: what
+        a worker's cycles do while the clock stands still."""
+        while True:
+            while self._queue:
+                written = self._queue.popleft()
+                stage = self._stage_for_topic[written.topic]
+                stage.process(self.tasks[written.partition].states[stage.name].ctx,
+                              InputRecord(written.topic, written.partition, written.offset,
+                                          written.key, written.value, self.clock.now_ms(),
+                                          written.headers))
+            if not self._fire(self.clock.now_ms()):
+                return
+
+    def _fire(self, now: int) -> bool:
+        """Fire every timer due at or before `now`, as the worker's loop does; whether any
+        fired."""
+        fired = False
+        for task in self.tasks.values():
+            for state in task.stateful():
+                timers = state.timers
+                assert timers is not None
+                next_due = timers.next_due
+                if next_due is None or next_due > now:
+                    continue
+                for due_ms, key, value in timers.due(now):
+                    timers.cancel(due_ms, key)
+                    state.stage.fire(state.ctx, due_ms, key, value)
+                    fired = True
+        return fired
+
+    # -- input -----------------------------------------------------------------------
+
+    def pipe(self, topic: str, value: Record | bytes | None, key: bytes | str | None = None,
+             *, partition: int | None = None, headers: Headers | None = None) -> None:
+        """Write a record to `topic` (a record is encoded) as a producer would, and process
+        everything it leads to."""
+        raw = codec.encode(value) if value is not None and not isinstance(value, bytes) \
+            else value
+        key_bytes = key.encode() if isinstance(key, str) else key
+        written = self._write(topic, self._partition(key_bytes, partition), key_bytes, raw,
+                              headers)
+        self._piped.append(written)
+        self._settle()
+
+    def start(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
+              id: str | None = None, at: int | None = None, origin: str | Origin = "event",
+              request_id: str | None = None, reply_partition: int | None = None) -> Started:
+        """A start request built as the SDK builds it (`Client.start`: validation, the key,
+        the payload sealed when the workflow encrypts), requested now, piped to the starts
+        topic. Request ids are `req-1`, `req-2`, ... unless given."""
+        if request_id is None:
+            self._requests += 1
+            request_id = f"req-{self._requests}"
+        self._builder.reply_partition = reply_partition
+        request, key = self._builder.build(workflow, payload, id=id, at=at, origin=origin,
+                                           request_id=request_id,
+                                           requested_at_ms=self.clock.now_ms())
+        n = self.settings.partitions
+        partition = partition_for(key, n)
+        self.pipe(self.topics.starts, request, key, partition=partition)
+        return Started(request, key, partition,
+                       execution_id_for(workflow, request_id, partition, n))
+
+    def report(self, execution_id: str, kind: RunEventKind, *, workflow: str | None = None,
+               **fields: Any) -> None:
+        """An engine's report on a run (`Engine.started`, `completed`, ...), now; the
+        workflow is the run's admitted one unless given."""
+        if workflow is None:
+            workflow = next((a.workflow for a in reversed(self.admitted)
+                             if a.execution_id == execution_id), None)
+            if workflow is None:
+                raise ValueError(f"no run {execution_id} was admitted: pass its workflow")
+        self.pipe(self.topics.run_events, RunEvent(
+            execution_id=execution_id, workflow=workflow, kind=kind,
+            at_ms=self.clock.now_ms(), **fields), execution_id)
+
+    def event(self, name: str, body: Mapping[str, Any] | bytes,
+              key: bytes | str | None = None) -> None:
+        """A cancelOn event published to its topic."""
+        raw = body if isinstance(body, bytes) else codec.dump_payload(dict(body))
+        self.pipe(self.topics.event(name), raw, key)
+
+    def forward(self, start: PendingStart, *, stage: str = "identity", payload: Any = None,
+                headers: Headers | None = None, partition: int = 0) -> None:
+        """`start` let go by `stage` (its hop): on to the next hop of its route, keyed as
+        the route says, as that stage's `Router.forward` sends it."""
+        ctx = self.tasks[partition].states[stage].ctx
+        self.pipeline.router.forward(ctx, start, payload, headers)
+        self._settle()
+
+    # -- time, control, commit, restart ------------------------------------------------
+
+    @property
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def advance(self, ms: int) -> None:
+        """Time passes: each timer due meanwhile fires at its due time, earliest first, and
+        what it sends is processed before the next one's time comes."""
+        end = self.clock.now_ms() + ms
+        if ms < 0:
+            raise ValueError(f"advance({ms}): time cannot go backwards")
+        while True:
+            due = [d for task in self.tasks.values() for state in task.stateful()
+                   if state.timers is not None and (d := state.timers.next_due) is not None]
+            if not due or min(due) > end:
+                break
+            self.clock.set(max(self.clock.now_ms(), min(due)))
+            self._settle()
+        self.clock.set(end)
+        self._settle()
+
+    def pause(self, workflow: str, reason: str | None = None) -> None:
+        """`sluicegate workflows pause`: every task sees the row, as the worker applies it."""
+        self._control(ControlRow(workflow=workflow, paused=True, at_ms=self.now_ms,
+                                 reason=reason))
+
+    def unpause(self, workflow: str) -> None:
+        self._control(ControlRow(workflow=workflow, paused=False, at_ms=self.now_ms))
+
+    def _control(self, row: ControlRow) -> None:
+        previous = self.control.rows.get(row.workflow)
+        self.control.rows[row.workflow] = row
+        if previous is not None and previous.paused == row.paused:
+            return
+        for task in self.tasks.values():
+            for state in task.states.values():
+                state.stage.control_changed(state.ctx, row)
+        self._settle()
+
+    def commit(self) -> None:
+        """What the runtime does at commit: each store's writes of the cycle to its log (the
+        changelog, or the topic of a table the stage publishes), then to the store with
+        the offsets of those logs. A table's rows then reach the stages that read it."""
+        for task in self.tasks.values():
+            for state in task.stateful():
+                assert state.tx is not None
+                if state.tx.changes:
+                    self._commit_state(state, task.partition)
+        self._committed = {topic: len(written) for topic, written in self._log.items()}
+        self._committed_all = len(self._all)
+        self._piped.clear()
+        self._settle()
+
+    def _commit_state(self, state: StageState, partition: int) -> None:
+        assert state.tx is not None
+        last: dict[str, int] = {}
+        for key, value in list(state.tx.changes.items()):
+            topic, log_key = state.changelog, key
+            for table in state.tables:
+                if key.startswith(table.prefix):
+                    topic, log_key = table.topic, key[len(table.prefix):]
+                    break
+            last[topic] = self._write(topic, partition, log_key, value).offset
+        state.tx.commit(last.get(state.changelog), {
+            table.name: last[table.topic] for table in state.tables if table.topic in last})
+
+    def restart(self, app: App | None = None) -> None:
+        """A worker (with `app`'s declarations, or the same) takes every partition over
+        from one that stopped: what was not committed is gone (store writes, outputs) and
+        the records piped since the last commit are read again; new stages over the
+        committed stores, `restored` called, the control table re-applied."""
+        for task in self.tasks.values():
+            task.discard()
+        for topic, log in self._log.items():
+            del log[self._committed.get(topic, 0):]
+        del self._all[self._committed_all:]
+        self._offsets = {(w.topic, w.partition): w.offset + 1 for w in self._all}
+        self._queue.clear()
+        self._open(app if app is not None else self.app)
+        replay, self._piped = self._piped, []
+        for written in replay:
+            self.pipe(written.topic, written.value, written.key, partition=written.partition,
+                      headers=written.headers)
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.close()
+        self.tasks = {}
+        if self._own_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- what the stages see -----------------------------------------------------------
+
+    def stage(self, name: str) -> Stage:
+        return self.tasks[0].states[name].stage
+
+    def context(self, stage: str, partition: int = 0) -> StageContext:
+        """A stage's context on a partition: its store and timers as the stage sees them
+        (the cycle's writes included)."""
+        return self.tasks[partition].states[stage].ctx
+
+    def store(self, stage: str, partition: int = 0) -> StoreTransaction:
+        return self.context(stage, partition).store
+
+    def timers(self, stage: str, partition: int = 0) -> Timers:
+        return self.context(stage, partition).timers
+
+    # -- the topics --------------------------------------------------------------------
+
+    def sent(self, topic: str | None = None) -> list[Written]:
+        """Every record written to `topic` (or to any topic), in the order written; a record
+        handed over in-process is never written."""
+        return list(self._all if topic is None else self._log.get(topic, ()))
+
+    def read(self, topic: str, cls: type[R]) -> list[R]:
+        """The records written to `topic`, decoded (tombstones left out)."""
+        return [codec.decode(cls, w.value) for w in self._log.get(topic, ())
+                if w.value is not None]
+
+    @property
+    def admitted(self) -> list[AdmittedStart]:
+        return self.read(self.topics.admitted, AdmittedStart)
+
+    @property
+    def ledger(self) -> list[LedgerRecord]:
+        return self.read(self.topics.ledger, LedgerRecord)
+
+    @property
+    def dead_letters(self) -> list[DeadLetter]:
+        return self.read(self.topics.deadletter, DeadLetter)
+
+    @property
+    def replies(self) -> list[Reply]:
+        return self.read(self.topics.replies, Reply)
+
+    @property
+    def commands(self) -> list[EngineCommand]:
+        return self.read(self.topics.commands, EngineCommand)
+
+    @property
+    def starts(self) -> list[StartRequest]:
+        """The starts topic: the requests piped in, and those stages sent (onFailure)."""
+        return self.read(self.topics.starts, StartRequest)
+
+    @property
+    def runs(self) -> list[RunRow]:
+        """The runs table's rows as committed (`commit()` writes them)."""
+        return self.read(self.topics.runs, RunRow)
