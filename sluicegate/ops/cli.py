@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -166,8 +167,14 @@ def worker(
     # one line and exit code 2 (`_one_line`). A broker that is not there is waited for,
     # at start as later, with one line saying so (a supervisor may start the worker
     # before the broker: docs/decisions/cli-errors.md).
-    run_worker(app_spec, _settings(bootstrap, namespace, state_dir=state_dir),
-               metrics_port=metrics_port, metrics_host=metrics_host)
+    from sluicegate.kafkautil import KafkaUnreachable, require_broker
+
+    settings = _settings(bootstrap, namespace, state_dir=state_dir)
+    # A refused login is said here, once, before the worker's clients would each report
+    # it; a broker that does not answer, the worker says it waits for, and waits.
+    with contextlib.suppress(KafkaUnreachable):
+        require_broker(settings, 1.5)
+    run_worker(app_spec, settings, metrics_port=metrics_port, metrics_host=metrics_host)
 
 
 @app.command("demo")

@@ -283,7 +283,7 @@ class Worker:
         problem WorkerError."""
         # Short timeouts: a broker that is not there is said at once (one line, within
         # seconds), and tried again until it answers.
-        self._until_kafka_answers("answer", lambda: require_broker(self.settings, 2.0))
+        self._until_kafka_answers("answer", lambda: require_broker(self.settings, 1.0))
         self._until_kafka_answers("check the topics",
                                   lambda: require_topics(self.settings, 5.0))
         configure_codec(self.settings)
