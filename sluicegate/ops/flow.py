@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -296,6 +296,29 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def read_to_end(consumer: Consumer, positions: dict[int, int], ends: dict[int, int],
+                apply: Callable[[bytes | None, bytes | None], None], timeout_s: float) -> None:
+    """Read the assigned partitions on from `positions` (moved as records are applied) to
+    `ends`. A transaction still open at the end holds its partition short of it: after
+    `timeout_s` the reader has what is committed so far."""
+    behind = {p for p, end in ends.items() if positions[p] < end}
+    deadline = time.monotonic() + timeout_s
+    while behind and time.monotonic() < deadline:
+        for msg in consumer.consume(5000, timeout=0.2):
+            partition, offset = msg.partition(), msg.offset()
+            if partition is None or offset is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    positions[partition] = max(positions[partition], offset)
+            else:
+                apply(msg.key(), msg.value())
+                positions[partition] = offset + 1
+            if positions[partition] >= ends[partition]:
+                behind.discard(partition)
+
+
 @dataclass(slots=True)
 class RunsTable:
     """The live runs of the compacted `sg.runs`: the latest row of every execution id,
@@ -322,24 +345,7 @@ class RunsTable:
             self._next = dict.fromkeys(meta.partitions, 0)
             self._consumer.assign([TopicPartition(topic, p, 0) for p in self._next])
         ends = {p: watermarks(self._consumer, TopicPartition(topic, p))[1] for p in self._next}
-        behind = {p for p, end in ends.items() if self._next[p] < end}
-        deadline = time.monotonic() + timeout_s
-        # A transaction still open at the end holds its partition short of it: after
-        # `timeout_s` the view shows what is committed so far.
-        while behind and time.monotonic() < deadline:
-            for msg in self._consumer.consume(5000, timeout=0.2):
-                partition, offset = msg.partition(), msg.offset()
-                if partition is None or offset is None:
-                    continue
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        self._next[partition] = max(self._next[partition], offset)
-                else:
-                    self._apply(msg.key(), msg.value())
-                    self._next[partition] = offset + 1
-                if self._next[partition] >= ends[partition]:
-                    behind.discard(partition)
+        read_to_end(self._consumer, self._next, ends, self._apply, timeout_s)
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:

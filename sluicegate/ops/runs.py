@@ -14,16 +14,16 @@ print it), a request id, or an idempotency key. The answer joins two sources:
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from sluicegate.config import Settings
 from sluicegate.kafkautil import watermarks
+from sluicegate.ops.flow import read_to_end
 from sluicegate.ops.ledger import LedgerDb
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import RunRow
@@ -81,22 +81,7 @@ class RunsIndex:
             self._consumer.assign([TopicPartition(topic, p, 0) for p in self._next])
         ends = {p: watermarks(self._consumer, TopicPartition(topic, p), timeout_s)[1]
                 for p in self._next}
-        behind = {p for p, end in ends.items() if self._next[p] < end}
-        deadline = time.monotonic() + timeout_s
-        while behind and time.monotonic() < deadline:
-            for msg in self._consumer.consume(5000, timeout=0.2):
-                partition, offset = msg.partition(), msg.offset()
-                if partition is None or offset is None:
-                    continue
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        self._next[partition] = max(self._next[partition], offset)
-                else:
-                    self._apply(msg.key(), msg.value())
-                    self._next[partition] = offset + 1
-                if self._next[partition] >= ends[partition]:
-                    behind.discard(partition)
+        read_to_end(self._consumer, self._next, ends, self._apply, timeout_s)
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:  # a tombstone: the run's row is gone, its history with it
