@@ -25,9 +25,24 @@ part around them:
 - the control table is set by the test (`pause`, `unpause`), not read from Kafka.
 
 Every topic is a list of what was written to it (`sent`); the output topics are also
-typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...). A stage that
-raises fails the call that fed it: the worker's retry and dead-lettering of a failing
-record are not played here.
+typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...), decoded when
+read. A stage that raises fails the call that fed it: the worker's retry and
+dead-lettering of a failing record are not played here.
+
+A long run (the benchmarks in memory: `bench/micro.py`, `bench/gate_micro.py`) keeps the
+driver lean with:
+
+- `stages=("identity", "runs")`: only the stages named run, of those the worker runs; a
+  record sent to an input of a stage left out is written and not processed;
+- `keep=(topics.admitted,)`: only the records of the topics named are kept; a record
+  written to another topic gets its offset and is dropped, or, if a stage the driver runs
+  reads it, processed and not listed. `count(topic)` counts a topic's records, kept or
+  not; `sent` and the typed lists of a topic not kept raise;
+- `take(topic)`: a topic read as a consumer reads it, the records since the last `take`;
+- `process(stage, records)`: records given to a stage as read from its input, written
+  nowhere;
+- `with driver.cycle():` one cycle of the worker's loop: the timers due fire at its end,
+  and it commits, where otherwise the driver looks for due timers after every record.
 """
 
 from __future__ import annotations
@@ -35,8 +50,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -61,6 +78,7 @@ from sluicegate.schemas.records import (
     RunEventKind,
     RunRow,
     StartRequest,
+    record,
 )
 from sluicegate.streams.app import Pipeline, build_pipeline
 from sluicegate.streams.clock import DEFAULT_START_MS, ManualClock
@@ -92,7 +110,7 @@ class SetControlTable(ControlTable):
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Written:
     """One record written to a topic: by a stage, by the driver's commit, or piped in."""
 
@@ -126,8 +144,14 @@ class TestDriver:
     __test__ = False  # not a test class, though pytest would collect its name
 
     def __init__(self, app: App, settings: Settings | None = None, *,
-                 state_dir: Path | None = None, start_ms: int = DEFAULT_START_MS) -> None:
+                 state_dir: Path | None = None, start_ms: int = DEFAULT_START_MS,
+                 stages: Collection[str] | None = None,
+                 keep: Collection[str] | None = None) -> None:
+        """`stages`: the names of the stages to run (every stage the worker runs unless
+        given); `keep`: the topics whose records are kept (every topic unless given)."""
         settings = settings or Settings(partitions=1)
+        self._run = None if stages is None else frozenset(stages)
+        self._keep = None if keep is None else frozenset(keep)
         self._own_dir = state_dir is None
         self.state_dir = Path(tempfile.mkdtemp(prefix="sluicegate-driver-")
                               if state_dir is None else state_dir)
@@ -144,10 +168,14 @@ class TestDriver:
         # How long each list was at the last commit; the records piped in since then.
         self._committed: dict[str, int] = {}
         self._committed_all = 0
+        self._committed_offsets: dict[tuple[str, int], int] = {}
+        # Per topic, how many of its records `take` has returned.
+        self._taken: dict[str, int] = {}
         self._piped: list[Written] = []
         # Records written to a stage's input and not yet processed, in the order written.
         self._queue: deque[Written] = deque()
         self._requests = 0
+        self._in_cycle = False
         self.tasks: dict[int, Task] = {}
         self._open(app)
 
@@ -157,6 +185,12 @@ class TestDriver:
         self.app = app
         self.pipeline: Pipeline = build_pipeline(app, self.settings, self.control)
         stages = self.pipeline.stages
+        if self._run is not None:
+            unknown = self._run - {stage.name for stage in stages}
+            if unknown:
+                raise ValueError(f"no stage {', '.join(sorted(unknown))}: the worker runs "
+                                 f"{', '.join(stage.name for stage in stages)}")
+            stages = [stage for stage in stages if stage.name in self._run]
         self._builder = StartBuilder(app, self.settings)
         self._stage_for_topic: dict[str, Stage] = {
             topic: stage for stage in stages for topic in stage.inputs(self.topics)}
@@ -197,19 +231,41 @@ class TestDriver:
         self._write(topic, p, key, value, headers)
 
     def _write(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-               headers: Headers | None = None) -> Written:
-        offset = self._offsets.get((topic, partition), 0)
-        self._offsets[(topic, partition)] = offset + 1
-        written = Written(topic, partition, offset, key, value, headers)
-        self._all.append(written)
-        self._log.setdefault(topic, []).append(written)
-        if topic in self._stage_for_topic:
-            self._queue.append(written)
-        return written
+               headers: Headers | None = None, piped: bool = False) -> int:
+        """Write a record, and say its offset: kept if its topic is, queued if a stage reads
+        it, and (`piped`) read again by `restart` unless committed first."""
+        tp = (topic, partition)
+        offset = self._offsets.get(tp, 0)
+        self._offsets[tp] = offset + 1
+        kept = self._keep is None or topic in self._keep
+        read = topic in self._stage_for_topic
+        if kept or read or piped:
+            written = Written(topic, partition, offset, key, value, headers)
+            if kept:
+                self._all.append(written)
+                self._log.setdefault(topic, []).append(written)
+            if read:
+                self._queue.append(written)
+            if piped:
+                self._piped.append(written)
+        return offset
+
+    def _counted(self, topic: str) -> bool:
+        """Whether `topic`'s records are only counted: neither kept nor read."""
+        return self._keep is not None and topic not in self._keep \
+            and topic not in self._stage_for_topic
+
+    def _count(self, last: dict[str, int], topic: str, partition: int, n: int) -> None:
+        """`n` records written to `topic` and only counted; `last`: the last one's offset."""
+        if n:
+            tp = (topic, partition)
+            self._offsets[tp] = self._offsets.get(tp, 0) + n
+            last[topic] = self._offsets[tp] - 1
 
     def _settle(self) -> None:
         """Process what is queued, and fire the timers due now, until nothing is left: what
-        a worker's cycles do while the clock stands still."""
+        a worker's cycles do while the clock stands still. In a `cycle`, the timers wait
+        for its end."""
         while True:
             while self._queue:
                 written = self._queue.popleft()
@@ -218,7 +274,7 @@ class TestDriver:
                               InputRecord(written.topic, written.partition, written.offset,
                                           written.key, written.value, self.clock.now_ms(),
                                           written.headers))
-            if not self._fire(self.clock.now_ms()):
+            if self._in_cycle or not self._fire(self.clock.now_ms()):
                 return
 
     def _fire(self, now: int) -> bool:
@@ -247,9 +303,20 @@ class TestDriver:
         raw = codec.encode(value) if value is not None and not isinstance(value, bytes) \
             else value
         key_bytes = key.encode() if isinstance(key, str) else key
-        written = self._write(topic, self._partition(key_bytes, partition), key_bytes, raw,
-                              headers)
-        self._piped.append(written)
+        self._write(topic, self._partition(key_bytes, partition), key_bytes, raw, headers,
+                    piped=True)
+        self._settle()
+
+    def process(self, stage: str, records: Iterable[InputRecord]) -> None:
+        """Each record processed by `stage`, on its partition, as if read from the stage's
+        input, then everything they lead to: records handed over in-process, as a stage of
+        the worker hands them over. They are written nowhere, so `restart` does not read
+        them again; what they send to other stages' topics is processed after the last of
+        them, as a worker's next batch would."""
+        process = self.stage(stage).process
+        contexts = {p: task.states[stage].ctx for p, task in self.tasks.items()}
+        for input_record in records:
+            process(contexts[input_record.partition], input_record)
         self._settle()
 
     def start(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
@@ -300,6 +367,27 @@ class TestDriver:
 
     # -- time, control, commit, restart ------------------------------------------------
 
+    @contextmanager
+    def cycle(self) -> Iterator[None]:
+        """One cycle of the worker's loop, for a long run: what is piped, reported or
+        processed inside it is processed at once, as ever, but the timers due fire when it
+        ends, and then it commits, as the worker fires them and commits at the end of a
+        cycle (outside a cycle the driver looks for due timers after every record, which
+        can cost a store read each time). Time stands still inside one: `advance`,
+        `commit` and `restart` raise. If its body raises, nothing fires or commits."""
+        self._outside_cycle("cycle()")
+        self._in_cycle = True
+        try:
+            yield
+        finally:
+            self._in_cycle = False
+        self._settle()
+        self.commit()
+
+    def _outside_cycle(self, what: str) -> None:
+        if self._in_cycle:
+            raise RuntimeError(f"{what} inside a cycle(): a cycle ends with its commit")
+
     @property
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -307,6 +395,7 @@ class TestDriver:
     def advance(self, ms: int) -> None:
         """Time passes: each timer due meanwhile fires at its due time, earliest first, and
         what it sends is processed before the next one's time comes."""
+        self._outside_cycle("advance()")
         end = self.clock.now_ms() + ms
         if ms < 0:
             raise ValueError(f"advance({ms}): time cannot go backwards")
@@ -342,6 +431,7 @@ class TestDriver:
         """What the runtime does at commit: each store's writes of the cycle to its log (the
         changelog, or the topic of a table the stage publishes), then to the store with
         the offsets of those logs. A table's rows then reach the stages that read it."""
+        self._outside_cycle("commit()")
         for task in self.tasks.values():
             for state in task.stateful():
                 assert state.tx is not None
@@ -349,19 +439,32 @@ class TestDriver:
                     self._commit_state(state, task.partition)
         self._committed = {topic: len(written) for topic, written in self._log.items()}
         self._committed_all = len(self._all)
+        self._committed_offsets = dict(self._offsets)
         self._piped.clear()
         self._settle()
 
     def _commit_state(self, state: StageState, partition: int) -> None:
         assert state.tx is not None
+        changes = state.tx.changes
         last: dict[str, int] = {}
-        for key, value in list(state.tx.changes.items()):
-            topic, log_key = state.changelog, key
+        if all(self._counted(topic) for topic in (state.changelog,
+                                                  *(t.topic for t in state.tables))):
+            # No log of this store is kept or read (a lean driver): count, make nothing. A
+            # table's rows are those under its prefix (no two tables' prefixes overlap).
+            in_tables = 0
             for table in state.tables:
-                if key.startswith(table.prefix):
-                    topic, log_key = table.topic, key[len(table.prefix):]
-                    break
-            last[topic] = self._write(topic, partition, log_key, value).offset
+                n = sum(map(bytes.startswith, changes, repeat(table.prefix)))
+                in_tables += n
+                self._count(last, table.topic, partition, n)
+            self._count(last, state.changelog, partition, len(changes) - in_tables)
+        else:
+            for key, value in list(changes.items()):
+                topic, log_key = state.changelog, key
+                for table in state.tables:
+                    if key.startswith(table.prefix):
+                        topic, log_key = table.topic, key[len(table.prefix):]
+                        break
+                last[topic] = self._write(topic, partition, log_key, value)
         state.tx.commit(last.get(state.changelog), {
             table.name: last[table.topic] for table in state.tables if table.topic in last})
 
@@ -370,12 +473,15 @@ class TestDriver:
         from one that stopped: what was not committed is gone (store writes, outputs) and
         the records piped since the last commit are read again; new stages over the
         committed stores, `restored` called, the control table re-applied."""
+        self._outside_cycle("restart()")
         for task in self.tasks.values():
             task.discard()
         for topic, log in self._log.items():
             del log[self._committed.get(topic, 0):]
         del self._all[self._committed_all:]
-        self._offsets = {(w.topic, w.partition): w.offset + 1 for w in self._all}
+        self._offsets = dict(self._committed_offsets)
+        self._taken = {topic: min(n, len(self._log.get(topic, ())))
+                       for topic, n in self._taken.items()}
         self._queue.clear()
         self._open(app if app is not None else self.app)
         replay, self._piped = self._piped, []
@@ -416,14 +522,32 @@ class TestDriver:
     # -- the topics --------------------------------------------------------------------
 
     def sent(self, topic: str | None = None) -> list[Written]:
-        """Every record written to `topic` (or to any topic), in the order written; a record
-        handed over in-process is never written."""
-        return list(self._all if topic is None else self._log.get(topic, ()))
+        """Every record written to `topic` (or to any topic kept), in the order written; a
+        record handed over in-process is never written."""
+        return list(self._all if topic is None else self._kept(topic))
 
     def read(self, topic: str, cls: type[R]) -> list[R]:
         """The records written to `topic`, decoded (tombstones left out)."""
-        return [codec.decode(cls, w.value) for w in self._log.get(topic, ())
-                if w.value is not None]
+        return [codec.decode(cls, w.value) for w in self._kept(topic) if w.value is not None]
+
+    def take(self, topic: str) -> list[Written]:
+        """The records written to `topic` since the last `take` of it (the first: every
+        one), as a consumer reads them; `sent` still lists them all."""
+        log = self._kept(topic)
+        first = self._taken.get(topic, 0)
+        self._taken[topic] = len(log)
+        return log[first:]
+
+    def count(self, topic: str) -> int:
+        """How many records were written to `topic`, kept or not (those dropped by a
+        `restart` left out)."""
+        return sum(n for (t, _partition), n in self._offsets.items() if t == topic)
+
+    def _kept(self, topic: str) -> list[Written]:
+        if self._keep is not None and topic not in self._keep:
+            raise ValueError(f"{topic}'s records are not kept: TestDriver(keep=...) "
+                             f"keeps {', '.join(sorted(self._keep)) or 'none'}")
+        return self._log.get(topic, [])
 
     @property
     def admitted(self) -> list[AdmittedStart]:

@@ -1,19 +1,24 @@
 """The test driver itself: it keys, hands over, fires timers, commits and restarts as the
-worker does."""
+worker does; and, for a long run, runs some stages and keeps some topics."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
+from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Debounce, Workflow
+from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.records import Outcome, RunEventKind, RunStatus
+from sluicegate.schemas.records import AdmittedStart, Outcome, RunEventKind, RunStatus
+from sluicegate.streams.stage import InputRecord
 from sluicegate.testing import TestDriver
 from sluicegate.topology.keys import identity_store_key
+from sluicegate.topology.topics import Topics
 
 
 class Edit(BaseModel):
@@ -130,3 +135,81 @@ def test_over_several_partitions_each_key_is_judged_where_its_partition_is() -> 
 def test_an_engine_report_on_a_run_never_admitted_says_to_name_its_workflow() -> None:
     with TestDriver(APP) as driver, pytest.raises(ValueError, match="pass its workflow"):
         driver.report("nobody", RunEventKind.completed)
+
+
+def _one_ends_and_the_next_goes(driver: TestDriver) -> None:
+    first = driver.start("one", {"rowId": "r1"})
+    driver.start("one", {"rowId": "r2"})
+    driver.report(first.execution_id, RunEventKind.completed, workflow="one")
+    driver.commit()
+
+
+def test_a_driver_keeping_some_topics_counts_the_others_as_one_keeping_all_lists_them(
+) -> None:
+    topics = Topics(Settings(partitions=1))
+    with TestDriver(APP) as full, TestDriver(APP, keep=(topics.admitted,)) as lean:
+        for driver in (full, lean):
+            _one_ends_and_the_next_goes(driver)
+        assert lean.admitted == full.admitted
+        for topic in {w.topic for w in full.sent()}:
+            assert lean.count(topic) == full.count(topic) == len(full.sent(topic)), topic
+        with pytest.raises(ValueError, match="not kept"):
+            lean.ledger  # noqa: B018 - the property raises
+        assert [w.topic for w in lean.sent()] == [topics.admitted] * 2
+
+
+def test_take_reads_a_topic_from_where_the_last_take_left_off() -> None:
+    with TestDriver(APP) as driver:
+        first = driver.start("one", {"rowId": "r1"})
+        second = driver.start("one", {"rowId": "r2"})
+        admitted = driver.topics.admitted
+        assert [codec.decode(AdmittedStart, w.value).execution_id for w in driver.take(admitted)
+                ] == [first.execution_id]
+        assert driver.take(admitted) == []
+        driver.report(first.execution_id, RunEventKind.completed)
+        assert [codec.decode(AdmittedStart, w.value).execution_id for w in driver.take(admitted)
+                ] == [second.execution_id]
+        assert len(driver.sent(admitted)) == 2
+
+
+def test_a_driver_of_some_stages_writes_what_is_sent_to_the_others_unprocessed() -> None:
+    with TestDriver(APP, stages=("identity", "runs")) as driver:
+        driver.start("one", {"rowId": "r1"})
+        assert len(driver.sent(driver.topics.stage("concurrency"))) == 1
+        assert driver.admitted == [], "no concurrency stage let it through"
+    with pytest.raises(ValueError, match="no stage concurency"):
+        TestDriver(APP, stages=("identity", "concurency"))
+
+
+def test_process_gives_a_stage_records_as_read_from_its_input_written_nowhere() -> None:
+    with TestDriver(APP) as driver:
+        request, key = StartBuilder(APP, driver.settings).build("one", {"rowId": "r1"})
+        driver.process("identity", [InputRecord(driver.topics.starts, 0, 0, key,
+                                                codec.encode(request), driver.now_ms)])
+        assert [row.request_id for row in driver.ledger] == [request.request_id]
+        assert len(driver.admitted) == 1
+        assert driver.sent(driver.topics.starts) == []
+
+
+def test_in_a_cycle_the_timers_due_fire_at_its_end_and_then_it_commits() -> None:
+    with TestDriver(APP) as driver:
+        driver.start("edit", {"rowId": "a"})  # its quiet period ends in a minute
+        with driver.cycle():
+            driver.clock.advance(60_000)  # the wall clock goes on during a worker's cycle
+            driver.start("edit", {"rowId": "b"})
+            assert driver.admitted == [], "a's timer waits for the cycle's end"
+            with pytest.raises(RuntimeError, match="inside a cycle"):
+                driver.commit()
+        (run,) = driver.admitted
+        assert json.loads(run.payload)["rowId"] == "a"
+        assert [row.execution_id for row in driver.runs] == [run.execution_id], (
+            "committed")
+
+
+def test_a_cycle_whose_body_raises_fires_nothing_and_commits_nothing() -> None:
+    with TestDriver(APP) as driver:
+        with pytest.raises(KeyError), driver.cycle():
+            driver.start("one", {"rowId": "r1"})
+            raise KeyError("the test's own failure")
+        assert len(driver.admitted) == 1
+        assert driver.runs == [], "not committed"
