@@ -2,13 +2,15 @@
 
 `python -m bench.gate_micro [--depths 1000,10000,100000] [--starts N] [--profile]`
 
-The worker's own stages run as the worker runs them in one task: identity hands each
-start over to the concurrency stage (a real RocksDB store), which admits it or queues it
-behind its key's limit; an admitted start is handed over to the runs stage (a real
-store), and an engine completes each run as soon as it sees it (a `completed` run event
-into the runs stage, whose release goes back to the concurrency stage, which admits the
-next start waiting). Stores commit every `--commit-every` records, as the runtime's cycle
-does.
+The worker's own stages run as the worker runs them in one task, in the test driver
+(`sluicegate.testing`) running only these three and keeping only the admitted starts:
+identity sends each start to the concurrency stage's topic, from which that stage (a
+real RocksDB store) reads and decodes it, and admits it or queues it behind its key's
+limit; an admitted start is handed over to the runs stage (a real store), and an engine
+completes each run as soon as it sees it (a `completed` run event into the runs stage,
+whose release goes back through the concurrency stage's topic, which admits the next
+start waiting). Every `--commit-every` records are one cycle of the worker's: the timers
+due fire at its end, then the stores commit.
 
 For each depth D, the keys' slots are filled and D starts are queued first (not timed);
 then `--starts` more arrive, each followed by the engine completing one run, so the queue
@@ -29,16 +31,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from bench.records import InMemoryStage, StartMaker
+from bench.records import StartMaker
+from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Workflow
 from sluicegate.ops.worker import settle_garbage_collector
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord
-from sluicegate.streams.stages.concurrency import ConcurrencyStage
-from sluicegate.streams.stages.identity import IdentityStage
-from sluicegate.streams.stages.runs import RunsStage
+from sluicegate.schemas.records import AdmittedStart, RunEventKind
+from sluicegate.testing import TestDriver
+from sluicegate.topology.topics import Topics
 
 
 class Job(BaseModel):
@@ -57,59 +57,31 @@ def gate_app(limit: int) -> App:
 class Gate:
     """identity -> concurrency -> runs in memory, with an engine that completes at once."""
 
-    def __init__(self, app: App, state_dir: Path, commit_every: int) -> None:
-        router = Router(app, 0, None)
-        self.identity = InMemoryStage(IdentityStage(app, 6, router, 10**6))
-        self.concurrency = InMemoryStage(ConcurrencyStage(app, router, 0),
-                                         state_dir=state_dir)
-        self.runs = InMemoryStage(RunsStage(app, router), state_dir=state_dir)
-        topics = self.identity.topics
-        for stage in (self.identity, self.concurrency, self.runs):
-            stage.hand_over[topics.stage("concurrency")] = self.concurrency
-            stage.hand_over[topics.stage("runs")] = self.runs
-        self.run_events = topics.run_events
-        self.admitted_topic = topics.admitted
-        self.commit_every = commit_every
-        self.since_commit = 0
+    def __init__(self, app: App, state_dir: Path) -> None:
+        settings = Settings(partitions=1)
+        self.topics = Topics(settings)
+        self.driver = TestDriver(app, settings, state_dir=state_dir,
+                                 stages=("identity", "concurrency", "runs"),
+                                 keep=(self.topics.admitted,))
         self.admitted = 0
-        self._seen = 0
-
-    def _records(self) -> int:
-        self.since_commit += 1
-        if self.since_commit >= self.commit_every:
-            self.concurrency.commit()
-            self.runs.commit()
-            self.identity.sent.clear()
-            self.since_commit = 0
-        return self.since_commit
 
     def arrive(self, value: bytes) -> None:
-        self.identity.stage.process(self.identity.ctx, InputRecord(
-            self.identity.topics.starts, 0, 0, None, value, 0))
-        self._records()
+        self.driver.pipe(self.topics.starts, value)
 
     def admitted_since(self) -> list[AdmittedStart]:
         """The admitted starts sent since the last call (the engine's input)."""
-        out = []
-        for stage in (self.identity, self.concurrency, self.runs):
-            for topic, value in stage.sent:
-                if topic == self.admitted_topic and value is not None:
-                    out.append(codec.decode(AdmittedStart, value))
-            stage.sent.clear()
+        out = [codec.decode(AdmittedStart, written.value)
+               for written in self.driver.take(self.topics.admitted)
+               if written.value is not None]
         self.admitted += len(out)
         return out
 
     def complete(self, start: AdmittedStart) -> None:
-        event = RunEvent(execution_id=start.execution_id, workflow=start.workflow,
-                         kind=RunEventKind.completed, at_ms=int(time.time() * 1000))
-        self.runs.stage.process(self.runs.ctx, InputRecord(
-            self.run_events, 0, 0, start.execution_id.encode(), codec.encode(event), 0))
-        self._records()
+        self.driver.report(start.execution_id, RunEventKind.completed,
+                           workflow=start.workflow)
 
     def close(self) -> None:
-        for stage in (self.concurrency, self.runs):
-            assert stage.tx is not None
-            stage.tx.store.close()
+        self.driver.close()
 
 
 def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
@@ -118,24 +90,29 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
     values = [maker.make_payload(WORKFLOW, {"id": f"j{i}", "grp": f"k{i % keys}"})
               for i in range(keys * limit + depth + starts)]
     with tempfile.TemporaryDirectory(prefix="bench-gate-micro-") as tmp:
-        gate = Gate(gate_app(limit), Path(tmp), commit_every)
+        gate = Gate(gate_app(limit), Path(tmp))
         engine: deque[AdmittedStart] = deque()
         fill = keys * limit + depth
-        for value in values[:fill]:
-            gate.arrive(value)
+        # A cycle of the worker per `commit_every` records: its timers fire, then it commits.
+        for first in range(0, fill, commit_every):
+            with gate.driver.cycle():
+                for value in values[first:min(first + commit_every, fill)]:
+                    gate.arrive(value)
         engine.extend(gate.admitted_since())
         assert len(engine) == keys * limit, (len(engine), keys * limit)
-        gate.concurrency.commit()
-        gate.runs.commit()
         admitted_before = gate.admitted
         settle_garbage_collector()
+        # Two records a start: its own, and the report of the run it lets through.
+        per_cycle = max(1, commit_every // 2)
         t0 = time.process_time()
         if profiler:
             profiler.enable()
-        for value in values[fill:]:
-            gate.arrive(value)
-            gate.complete(engine.popleft())
-            engine.extend(gate.admitted_since())
+        for first in range(fill, len(values), per_cycle):
+            with gate.driver.cycle():
+                for value in values[first:first + per_cycle]:
+                    gate.arrive(value)
+                    gate.complete(engine.popleft())
+                    engine.extend(gate.admitted_since())
         if profiler:
             profiler.disable()
         us = (time.process_time() - t0) / starts * 1e6

@@ -3,9 +3,10 @@
 `python -m bench.micro [--starts N] [--profile]`: the same encoded StartRequests the SDK
 produces go through `IdentityStage.process`, which hands each admitted start over to
 `RunsStage.process` as the worker does (with the record it encodes, and a real RocksDB
-store committed every 2,000 starts), with contexts whose sends only collect the bytes,
-and Python's garbage collector set as the worker sets it. This is the Python work per
-start that the worker adds to a raw pipe, less the runtime's own loop.
+store committed every 2,000 starts), in the test driver (`sluicegate.testing`) running
+only those two stages and keeping no output (it counts them), with Python's garbage
+collector set as the worker sets it. This is the Python work per start that the worker
+adds to a raw pipe, less the runtime's own loop.
 
 `--once` processes the first N of MADE starts once, with no warm-up and no timing: what
 `bench.instructions` counts under callgrind.
@@ -16,14 +17,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from bench.apps import WORKFLOW, app
-from bench.records import in_memory_identity, in_memory_runs, make_starts
+from bench.records import make_starts
 from sluicegate.ops.worker import settle_garbage_collector
+from sluicegate.streams.stage import InputRecord
+from sluicegate.testing import TestDriver
 
 COMMIT_EVERY = 2000
 # The starts `--once` makes whatever N it processes, so that two counts differ only by
@@ -32,29 +33,24 @@ MADE = 12_000
 
 
 def run(starts: int, profiler: cProfile.Profile | None = None,
-        values: list[bytes] | None = None) -> float:
-    if values is None:
-        values = [value for _key, value in make_starts(app, WORKFLOW, starts)]
-    identity = in_memory_identity(app)
-    with tempfile.TemporaryDirectory(prefix="bench-micro-") as tmp:
-        runs = in_memory_runs(app, Path(tmp))
-        identity.hand_over[identity.topics.stage("runs")] = runs
-        process, ctx = identity.stage.process, identity.ctx
-        records = identity.records(identity.topics.starts, values)
+        made: list[tuple[bytes, bytes]] | None = None) -> float:
+    if made is None:
+        made = make_starts(app, WORKFLOW, starts)
+    with TestDriver(app, stages=("identity", "runs"), keep=()) as driver:
+        topic = driver.topics.starts
+        records = [InputRecord(topic, 0, i, key, value, 0)
+                   for i, (key, value) in enumerate(made)]
         t0 = time.perf_counter()
         if profiler:
             profiler.enable()
         for first in range(0, len(records), COMMIT_EVERY):
-            for record in records[first:first + COMMIT_EVERY]:
-                process(ctx, record)
-            runs.commit()
+            driver.process("identity", records[first:first + COMMIT_EVERY])
+            driver.commit()
         if profiler:
             profiler.disable()
         us = (time.perf_counter() - t0) / len(records) * 1e6
-        assert sum(topic == identity.topics.admitted for topic, _ in identity.sent) == starts
-        assert sum(topic == runs.topics.runs for topic, _ in runs.sent) == starts
-        assert runs.tx is not None
-        runs.tx.store.close()
+        assert driver.count(driver.topics.admitted) == starts
+        assert driver.count(driver.topics.runs) == starts
     return us
 
 
@@ -71,9 +67,9 @@ def main() -> None:
     if args.once:
         if args.starts > MADE:
             parser.error(f"--once processes at most {MADE:,} starts")
-        made = [value for _key, value in make_starts(app, WORKFLOW, MADE)]
+        made = make_starts(app, WORKFLOW, MADE)
         settle_garbage_collector()
-        run(args.starts, values=made[:args.starts])
+        run(args.starts, made=made[:args.starts])
         return
     settle_garbage_collector()
     run(2000)  # warm up
