@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import tempfile
 import time
 from collections import deque
-from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -57,11 +55,11 @@ def gate_app(limit: int) -> App:
 class Gate:
     """identity -> concurrency -> runs in memory, with an engine that completes at once."""
 
-    def __init__(self, app: App, state_dir: Path) -> None:
+    def __init__(self, app: App) -> None:
         settings = Settings(partitions=1)
         self.topics = Topics(settings)
-        self.driver = TestDriver(app, settings, state_dir=state_dir,
-                                 stages=("identity", "concurrency", "runs"),
+        # Its stores in a temporary directory of its own, deleted at close.
+        self.driver = TestDriver(app, settings, stages=("identity", "concurrency", "runs"),
                                  keep=(self.topics.admitted,))
         self.admitted = 0
 
@@ -89,8 +87,8 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
     maker = StartMaker(gate_app(limit))
     values = [maker.make_payload(WORKFLOW, {"id": f"j{i}", "grp": f"k{i % keys}"})
               for i in range(keys * limit + depth + starts)]
-    with tempfile.TemporaryDirectory(prefix="bench-gate-micro-") as tmp:
-        gate = Gate(gate_app(limit), Path(tmp))
+    gate = Gate(gate_app(limit))
+    try:
         engine: deque[AdmittedStart] = deque()
         fill = keys * limit + depth
         # A cycle of the worker per `commit_every` records: its timers fire, then it commits.
@@ -118,6 +116,7 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
         us = (time.process_time() - t0) / starts * 1e6
         # Every completion admitted exactly one start from the queue.
         assert gate.admitted - admitted_before == starts, (gate.admitted, admitted_before)
+    finally:
         gate.close()
     return us
 
