@@ -177,7 +177,11 @@ class TestDriver:
         self._requests = 0
         self._in_cycle = False
         self.tasks: dict[int, Task] = {}
-        self._open(app)
+        try:
+            self._open(app)
+        except BaseException:
+            self.close()  # the directory it made goes too
+            raise
 
     # -- wiring, as the worker wires a task ------------------------------------------
 
