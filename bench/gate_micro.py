@@ -31,11 +31,11 @@ from pydantic import BaseModel
 
 from bench.records import InMemoryStage, StartMaker
 from sluicegate.declare import App, Concurrency, Workflow
+from sluicegate.engine.stage import InputRecord
 from sluicegate.ops.worker import settle_garbage_collector
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord
 from sluicegate.streams.stages.concurrency import ConcurrencyStage
 from sluicegate.streams.stages.identity import IdentityStage
 from sluicegate.streams.stages.runs import RunsStage

@@ -101,7 +101,7 @@ def _trim() -> int | None:
 
 
 def _find_worker(frame: FrameType | None) -> Any:
-    from sluicegate.streams.runtime import Worker
+    from sluicegate.engine.runtime import Worker
 
     while frame is not None:
         candidate = frame.f_locals.get("self")
@@ -114,7 +114,7 @@ def _find_worker(frame: FrameType | None) -> Any:
 def _rocksdb(worker: Any) -> dict[str, Any]:
     from rocksdict import Rdict
 
-    from sluicegate.streams import store as store_module
+    from sluicegate.engine import store as store_module
 
     stores: dict[str, dict[str, int]] = {}
     tasks = [*worker.tasks.values(), *worker._restoring.values()]

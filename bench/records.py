@@ -8,14 +8,14 @@ from pathlib import Path
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.engine.timers import Timers
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.streams.stages.identity import IdentityStage
 from sluicegate.streams.stages.runs import RunsStage, admitted_row
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
 
 

@@ -46,6 +46,11 @@ from pydantic import BaseModel
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
+from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
+from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.timers import Timers
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -63,12 +68,7 @@ from sluicegate.schemas.records import (
     StartRequest,
 )
 from sluicegate.streams.app import Pipeline, build_pipeline
-from sluicegate.streams.clock import DEFAULT_START_MS, ManualClock
 from sluicegate.streams.control import ControlTable
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.store import StoreTransaction
-from sluicegate.streams.task import StageState, Task
-from sluicegate.streams.timers import Timers
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 

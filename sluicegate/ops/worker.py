@@ -16,9 +16,9 @@ from types import FrameType
 
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
+from sluicegate.engine.clock import clock_from_env
+from sluicegate.engine.runtime import Worker
 from sluicegate.schemas import native
-from sluicegate.streams.clock import clock_from_env
-from sluicegate.streams.runtime import Worker
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.stage import Stage
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import Stage
 from sluicegate.streams.stages.cancelon import CancelOnStage
 from sluicegate.streams.stages.concurrency import ConcurrencyStage
 from sluicegate.streams.stages.defer import DeferStage

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from sluicegate.engine.stage import InputRecord, StageContext
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,
@@ -17,7 +18,6 @@ from sluicegate.schemas.records import (
     Reply,
     StartRequest,
 )
-from sluicegate.streams.stage import InputRecord, StageContext
 
 # Room a dead letter keeps for what is not the record's key and value (its reason, where
 # the record came from, its framing); and the longest reason it carries.

@@ -14,6 +14,8 @@ import hashlib
 from typing import Any
 
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
+from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -32,8 +34,6 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.control import ControlTable
 from sluicegate.streams.decisions import admit, dead_letter, record_decision, reject
 from sluicegate.streams.payloads import Payloads
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, identity_store_key, key_text
 from sluicegate.topology.route import DEPLOYMENT_CAP, Hop, Route, control_name, hop_key, route_for
 from sluicegate.topology.topics import Topics

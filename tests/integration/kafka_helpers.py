@@ -16,9 +16,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.clock import Clock, ManualClock
+from sluicegate.engine.runtime import Worker
 from sluicegate.schemas import codec
-from sluicegate.streams.clock import Clock, ManualClock
-from sluicegate.streams.runtime import Worker
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,6 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from sluicegate.client import Client, Delivery, Engine
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,
@@ -21,7 +22,6 @@ from sluicegate.schemas.records import (
     Outcome,
     StartRequest,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.streams.payloads import MARKER, Payloads
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.ops.cli import app as cli
 from sluicegate.schemas.records import AdmittedStart, ControlRow, LedgerRecord, Outcome
-from sluicegate.streams.clock import ManualClock
 from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics

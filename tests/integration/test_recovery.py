@@ -9,10 +9,10 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.streams.recovery import Restoration, log_ranges, restore_task
-from sluicegate.streams.runtime import Worker
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
-from sluicegate.streams.task import Task
+from sluicegate.engine.recovery import Restoration, log_ranges, restore_task
+from sluicegate.engine.runtime import Worker
+from sluicegate.engine.stage import InputRecord, Stage, StageContext
+from sluicegate.engine.task import Task
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import STATEFUL_STAGES, Topics
 

@@ -21,6 +21,7 @@ from sluicegate.declare import (
     RateLimit,
     Workflow,
 )
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, RunEventKind
 from sluicegate.streams.stages.batch import OpenBatch, add_item, batch_payload, batch_rule
@@ -31,7 +32,6 @@ from sluicegate.streams.stages.identity import decide as identity_decide
 from sluicegate.streams.stages.identity import ended as identity_ended
 from sluicegate.streams.stages.ratelimit import Admit, Window
 from sluicegate.streams.stages.ratelimit import decide as rate_decide
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.testing import TestDriver
 
 KEYS = ("a", "b")

@@ -17,7 +17,7 @@ import sluicegate
 
 PACKAGE = Path(sluicegate.__file__).parent
 LAYERS = {"config": 0, "kafkautil": 0, "declare": 1, "schemas": 2, "topology": 3,
-          "streams": 4, "client": 5, "ops": 6, "testing": 6, "__main__": 7}
+          "engine": 4, "streams": 4, "client": 5, "ops": 6, "testing": 6, "__main__": 7}
 
 
 def _layer(module: str) -> int | None:
@@ -52,8 +52,8 @@ def test_no_package_imports_one_above_it() -> None:
 
 
 def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
-    (tmp_path / "m.py").write_text("def f():\n    from sluicegate.streams.store import X\n")
-    assert _layer(next(iter(_imports(tmp_path / "m.py")))) == LAYERS["streams"]
+    (tmp_path / "m.py").write_text("def f():\n    from sluicegate.engine.store import X\n")
+    assert _layer(next(iter(_imports(tmp_path / "m.py")))) == LAYERS["engine"]
 
 
 def test_a_producer_only_process_loads_no_stage_and_no_rocksdb() -> None:

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluicegate.engine.stage import InputRecord, Table
 from sluicegate.schemas import RECORD_TYPES, codec, records
 from sluicegate.schemas.native import speedups
 from sluicegate.schemas.records import Slot, changed, record
-from sluicegate.streams.stage import InputRecord, Table
 
 # Any object will do as a field's value: construction neither checks nor converts.
 VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.binary(max_size=8),

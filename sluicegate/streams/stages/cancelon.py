@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.declare import App, CancelOn, Workflow
+from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     LIVE,
@@ -55,8 +57,6 @@ from sluicegate.schemas.records import (
 from sluicegate.streams.decisions import describe_invalid, record_decision, reject
 from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.streams.routing import PAUSE_STAGE, Router
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.topics import Topics
 
 NAME = "cancelon"

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
+from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -36,10 +38,8 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.pending import FairQueue, Parked, priority_mode
 from sluicegate.streams.routing import REMOVED, Router, with_slot
-from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.stages.queueing import QueueStage
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 

@@ -18,11 +18,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.stage import StageContext
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.pending import priority_mode, rank_key
 from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.stages.groups import (
     DEBOUNCE,
@@ -32,7 +33,6 @@ from sluicegate.streams.stages.groups import (
     verdict,
     wake,
 )
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import key_text
 
 # -- the pure core -------------------------------------------------------------------

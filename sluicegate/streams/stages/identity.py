@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass
 
 from sluicegate.declare import App, Workflow
+from sluicegate.engine.stage import InputRecord, Stage, StageContext
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -46,10 +48,8 @@ from sluicegate.streams.routing import (
     Router,
     declared_digest,
 )
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.stages.delayed import DelayedStarts, is_delayed
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
 from sluicegate.topology.topics import Topics
 

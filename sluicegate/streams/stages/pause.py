@@ -11,6 +11,7 @@ priority-ordered queue and drain in one order, each going on from the hop it sto
 from __future__ import annotations
 
 from sluicegate.declare import App
+from sluicegate.engine.stage import InputRecord, StageContext
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
 from sluicegate.streams.pending import PendingQueue, priority_mode, queue_names
@@ -21,7 +22,6 @@ from sluicegate.streams.routing import (
     Router,
     declared_digest,
 )
-from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.stages.queueing import QueueStage
 

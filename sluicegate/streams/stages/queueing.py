@@ -6,11 +6,11 @@ arrival (docs/decisions/cancelon-correlator.md)."""
 
 from __future__ import annotations
 
+from sluicegate.engine.stage import InputRecord, StageContext
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, PendingStart, Record, Release
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.routing import ControlStage
-from sluicegate.streams.stage import InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 
 

@@ -26,6 +26,8 @@ import logging
 from dataclasses import dataclass
 
 from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.stage import InputRecord, Stage, StageContext, Table
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     ENDED,
@@ -50,8 +52,6 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import identity_store_key, key_text
 from sluicegate.topology.topics import Topics
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
+from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.streams.decisions import reject
 from sluicegate.streams.pending import Parked, PendingQueue, priority_mode
 from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import Headers, InputRecord, StageContext
 from sluicegate.streams.stages import cancelon
 from sluicegate.streams.stages.queueing import QueueStage
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.route import hop_key
 

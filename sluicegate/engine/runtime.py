@@ -15,7 +15,7 @@ from goes back to where the cycle began, so each of its records is read again
   stage's `unprocessable` hook (a dead letter with the reason, and the ledger row its
   request needs) instead of `process`, and the partition moves on;
 - a broker that is away, or a transaction that fails, aborts the cycle the same way; a
-  producer that turns fatal or hangs is replaced (streams/transactions.py); when the
+  producer that turns fatal or hangs is replaced (engine/transactions.py); when the
   commit's own outcome is unknown, every task is restored from its changelogs and every
   partition rewound to the offsets the broker has, so nothing is applied twice.
 
@@ -42,15 +42,11 @@ from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.kafkautil import ClientErrors, KafkaAuthError, KafkaUnreachable, require_broker
-from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.registry import RegistryError
-from sluicegate.streams.clock import Clock, SystemClock
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.recovery import Restoration, RestoreError
-from sluicegate.streams.stage import Headers, InputRecord, Stage
-from sluicegate.streams.task import StageState, Task
-from sluicegate.streams.transactions import (
+from sluicegate.engine.clock import Clock, SystemClock
+from sluicegate.engine.recovery import Restoration, RestoreError
+from sluicegate.engine.stage import Headers, InputRecord, Stage
+from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.transactions import (
     MAX_BACKOFF_S,
     CallHung,
     Stopping,
@@ -59,6 +55,10 @@ from sluicegate.streams.transactions import (
     error_of,
     sleep_unless_stopping,
 )
+from sluicegate.kafkautil import ClientErrors, KafkaAuthError, KafkaUnreachable, require_broker
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.registry import RegistryError
+from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import TopologyError, require_topics
 from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluicegate.streams.stage import Send, Stage, StageContext, Table
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
+from sluicegate.engine.stage import Send, Stage, StageContext, Table
+from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.engine.timers import Timers
 from sluicegate.topology.topics import Topics
 
 

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from sluicegate.streams.store import PartitionStore
-from sluicegate.streams.task import StageState, Task
-from sluicegate.streams.transactions import Stopping
+from sluicegate.engine.store import PartitionStore
+from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.transactions import Stopping
 from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
+from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.timers import Timers
 from sluicegate.schemas.records import ControlRow, record
-from sluicegate.streams.store import StoreTransaction
-from sluicegate.streams.timers import Timers
 from sluicegate.topology.topics import Topics
 
 # Kafka record headers, as the client gives and takes them: (name, value) in order.
