@@ -26,6 +26,7 @@ from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.store import PartitionStore, StoreTransaction
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import validate
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
@@ -35,7 +36,6 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.streams.payloads import validate
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 

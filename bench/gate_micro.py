@@ -30,15 +30,15 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from bench.records import InMemoryStage, StartMaker
+from sluicegate.admission.routing import Router
+from sluicegate.admission.stages.concurrency import ConcurrencyStage
+from sluicegate.admission.stages.identity import IdentityStage
+from sluicegate.admission.stages.runs import RunsStage
 from sluicegate.declare import App, Concurrency, Workflow
 from sluicegate.engine.stage import InputRecord
 from sluicegate.ops.worker import settle_garbage_collector
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stages.concurrency import ConcurrencyStage
-from sluicegate.streams.stages.identity import IdentityStage
-from sluicegate.streams.stages.runs import RunsStage
 
 
 class Job(BaseModel):

@@ -271,7 +271,7 @@ class SystemProcess:
             return True
         assert self.baseline_tree is not None
         found = subprocess.run(
-            [sys.executable, "-c", "import inspect, sluicegate.streams.decisions as d; "
+            [sys.executable, "-c", "import inspect, sluicegate.admission.decisions as d; "
              "print(len(inspect.signature(d.execution_id_for).parameters))"],
             cwd=self.baseline_tree, capture_output=True, text=True, check=True)
         return int(found.stdout) == 4

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from sluicegate.admission.routing import Router
+from sluicegate.admission.stages.identity import IdentityStage
+from sluicegate.admission.stages.runs import RunsStage, admitted_row
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App
@@ -13,9 +16,6 @@ from sluicegate.engine.store import PartitionStore, StoreTransaction
 from sluicegate.engine.timers import Timers
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stages.identity import IdentityStage
-from sluicegate.streams.stages.runs import RunsStage, admitted_row
 from sluicegate.topology.topics import Topics
 
 

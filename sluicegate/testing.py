@@ -43,6 +43,8 @@ from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel
 
+from sluicegate.admission.app import Pipeline, build_pipeline
+from sluicegate.admission.control import ControlTable
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
@@ -67,8 +69,6 @@ from sluicegate.schemas.records import (
     RunRow,
     StartRequest,
 )
-from sluicegate.streams.app import Pipeline, build_pipeline
-from sluicegate.streams.control import ControlTable
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from sluicegate.admission.control import ControlTable
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.clock import Clock, SystemClock
@@ -58,7 +59,6 @@ from sluicegate.engine.transactions import (
 from sluicegate.kafkautil import ClientErrors, KafkaAuthError, KafkaUnreachable, require_broker
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.registry import RegistryError
-from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import TopologyError, require_topics
 from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
@@ -267,7 +267,7 @@ class Worker:
     @classmethod
     def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
         """A worker running every stage for `app`'s declarations."""
-        from sluicegate.streams.app import build_pipeline
+        from sluicegate.admission.app import build_pipeline
 
         pipeline = build_pipeline(app, settings)
         return cls(pipeline.stages, settings, clock=clock, control=pipeline.control)

@@ -134,7 +134,7 @@ class Stage(ABC):
         `timer:<stage>` with offset -1, its timer key and value."""
         # The one place the runtime reaches the dead-letter topic; imported here because
         # decisions builds on this module.
-        from sluicegate.streams.decisions import dead_letter
+        from sluicegate.admission.decisions import dead_letter
 
         dead_letter(ctx, record, reason)
 

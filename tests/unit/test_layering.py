@@ -17,7 +17,7 @@ import sluicegate
 
 PACKAGE = Path(sluicegate.__file__).parent
 LAYERS = {"config": 0, "kafkautil": 0, "declare": 1, "schemas": 2, "topology": 3,
-          "engine": 4, "streams": 4, "client": 5, "ops": 6, "testing": 6, "__main__": 7}
+          "engine": 4, "admission": 4, "client": 5, "ops": 6, "testing": 6, "__main__": 7}
 
 
 def _layer(module: str) -> int | None:
@@ -59,7 +59,7 @@ def test_the_layering_test_sees_an_upward_import(tmp_path: Path) -> None:
 def test_a_producer_only_process_loads_no_stage_and_no_rocksdb() -> None:
     probe = ("import sys, sluicegate.client; "
              "print('rocksdict' in sys.modules, "
-             "any(m.startswith('sluicegate.streams.stages') for m in sys.modules))")
+             "any(m.startswith('sluicegate.admission.stages') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, cwd=PACKAGE.parent)
     assert out.stdout.split() == ["False", "False"]

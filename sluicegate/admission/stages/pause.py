@@ -10,20 +10,20 @@ priority-ordered queue and drain in one order, each going on from the hop it sto
 
 from __future__ import annotations
 
-from sluicegate.declare import App
-from sluicegate.engine.stage import InputRecord, StageContext
-from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
-from sluicegate.streams.pending import PendingQueue, priority_mode, queue_names
-from sluicegate.streams.routing import (
+from sluicegate.admission.pending import PendingQueue, priority_mode, queue_names
+from sluicegate.admission.routing import (
     DECLARED_ROW,
     PAUSE_STAGE,
     REMOVED,
     Router,
     declared_digest,
 )
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.queueing import QueueStage
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.queueing import QueueStage
+from sluicegate.declare import App
+from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
 
 
 def queue_name(workflow: str) -> bytes:

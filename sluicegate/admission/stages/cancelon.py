@@ -39,10 +39,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sluicegate.admission.decisions import describe_invalid, record_decision, reject
+from sluicegate.admission.routing import PAUSE_STAGE, Router
 from sluicegate.declare import App, CancelOn, Workflow
 from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import Payloads, validate
 from sluicegate.schemas.records import (
     LIVE,
     AdmittedKind,
@@ -54,9 +57,6 @@ from sluicegate.schemas.records import (
     PendingStart,
     RunRow,
 )
-from sluicegate.streams.decisions import describe_invalid, record_decision, reject
-from sluicegate.streams.payloads import Payloads, validate
-from sluicegate.streams.routing import PAUSE_STAGE, Router
 from sluicegate.topology.topics import Topics
 
 NAME = "cancelon"

@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sluicegate.admission.decisions import reject
+from sluicegate.admission.routing import Router, with_slot
 from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
@@ -36,8 +38,6 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
 )
-from sluicegate.streams.decisions import reject
-from sluicegate.streams.routing import Router, with_slot
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.topics import Topics
 

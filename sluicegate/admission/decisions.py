@@ -23,7 +23,7 @@ from sluicegate.schemas.records import (
 # the record came from, its framing); and the longest reason it carries.
 DEAD_LETTER_RESERVE_BYTES = 16 * 1024
 MAX_REASON_CHARS = 4000
-# The stage that keeps the runs table (streams/stages/runs.py).
+# The stage that keeps the runs table (admission/stages/runs.py).
 RUNS_STAGE = "runs"
 def request_id_for(record: InputRecord) -> str:
     """The id of a request too broken to carry one: where it was read."""

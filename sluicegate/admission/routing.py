@@ -13,10 +13,13 @@ import dataclasses
 import hashlib
 from typing import Any
 
+from sluicegate.admission.control import ControlTable
+from sluicegate.admission.decisions import admit, dead_letter, record_decision, reject
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
 from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import Payloads
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
@@ -31,9 +34,6 @@ from sluicegate.schemas.records import (
     StartRequest,
     changed,
 )
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.decisions import admit, dead_letter, record_decision, reject
-from sluicegate.streams.payloads import Payloads
 from sluicegate.topology.keys import ControlKey, identity_store_key, key_text
 from sluicegate.topology.route import DEPLOYMENT_CAP, Hop, Route, control_name, hop_key, route_for
 from sluicegate.topology.topics import Topics

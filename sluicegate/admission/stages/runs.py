@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
+from sluicegate.admission.routing import Router
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.engine.stage import InputRecord, Stage, StageContext, Table
 from sluicegate.engine.timers import STATE_PREFIX
@@ -50,8 +52,6 @@ from sluicegate.schemas.records import (
     StartRequest,
     changed,
 )
-from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
-from sluicegate.streams.routing import Router
 from sluicegate.topology.keys import identity_store_key, key_text
 from sluicegate.topology.topics import Topics
 

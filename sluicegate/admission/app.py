@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sluicegate.admission.control import ControlTable
+from sluicegate.admission.routing import Router
+from sluicegate.admission.stages.cancelon import CancelOnStage
+from sluicegate.admission.stages.concurrency import ConcurrencyStage
+from sluicegate.admission.stages.defer import DeferStage
+from sluicegate.admission.stages.identity import IdentityStage
+from sluicegate.admission.stages.pause import PauseStage
+from sluicegate.admission.stages.ratelimit import RateLimitStage
+from sluicegate.admission.stages.runs import RunsStage
+from sluicegate.admission.stages.singleton import SingletonStage
+from sluicegate.admission.stages.throttle import ThrottleStage
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.stage import Stage
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stages.cancelon import CancelOnStage
-from sluicegate.streams.stages.concurrency import ConcurrencyStage
-from sluicegate.streams.stages.defer import DeferStage
-from sluicegate.streams.stages.identity import IdentityStage
-from sluicegate.streams.stages.pause import PauseStage
-from sluicegate.streams.stages.ratelimit import RateLimitStage
-from sluicegate.streams.stages.runs import RunsStage
-from sluicegate.streams.stages.singleton import SingletonStage
-from sluicegate.streams.stages.throttle import ThrottleStage
 
 
 @dataclass(slots=True)

@@ -18,11 +18,25 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from sluicegate.admission.decisions import (
+    admit,
+    describe_invalid,
+    record_decision,
+    reject,
+)
+from sluicegate.admission.routing import (
+    DECLARED_ROW,
+    Router,
+    declared_digest,
+)
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.declare import App, Workflow
 from sluicegate.engine.stage import InputRecord, Stage, StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.payloads import SealError, validate
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
@@ -36,20 +50,6 @@ from sluicegate.schemas.records import (
     Slot,
     StartRequest,
 )
-from sluicegate.streams.decisions import (
-    admit,
-    describe_invalid,
-    record_decision,
-    reject,
-)
-from sluicegate.streams.payloads import SealError, validate
-from sluicegate.streams.routing import (
-    DECLARED_ROW,
-    Router,
-    declared_digest,
-)
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
 from sluicegate.topology.topics import Topics
 
