@@ -170,13 +170,13 @@ class TestDriver:
                     self.settings.max_record_bytes, stores.get(p))
             for p in range(self.settings.partitions)}
         # What the worker does once a task's stores are restored: `restored` in a
-        # transaction, then the control table caught up with.
+        # transaction, then every row of the control table told to its stages.
         for task in self.tasks.values():
             for state in task.stateful():
                 state.stage.restored(state.ctx)
             for row in list(self.control.rows.values()):
                 for state in task.states.values():
-                    state.stage.control_changed(state.ctx, row)
+                    state.stage.table_changed(state.ctx, self.control.name, row)
         self._settle()
 
     def _partition(self, key: bytes | None, partition: int | None) -> int:
@@ -335,7 +335,7 @@ class TestDriver:
             return
         for task in self.tasks.values():
             for state in task.states.values():
-                state.stage.control_changed(state.ctx, row)
+                state.stage.table_changed(state.ctx, self.control.name, row)
         self._settle()
 
     def commit(self) -> None:

@@ -33,20 +33,20 @@ import fcntl
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from sluicegate.admission.control import ControlTable
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.recovery import Restoration, RestoreError
 from sluicegate.engine.stage import Headers, InputRecord, Stage
 from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.topology import GlobalTable
 from sluicegate.engine.transactions import (
     MAX_BACKOFF_S,
     CallHung,
@@ -168,12 +168,12 @@ class Worker:
         stages: list[Stage],
         settings: Settings,
         clock: Clock | None = None,
-        control: ControlTable | None = None,
+        global_tables: Sequence[GlobalTable] = (),
     ) -> None:
         self.settings = settings
         self.topics = Topics(settings)
         self.stages = stages
-        self.control = control
+        self.global_tables = tuple(global_tables)
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
         self.stage_for_topic: dict[str, Stage] = {
@@ -270,7 +270,7 @@ class Worker:
         from sluicegate.admission.app import build_pipeline
 
         pipeline = build_pipeline(app, settings)
-        return cls(pipeline.stages, settings, clock=clock, control=pipeline.control)
+        return cls(pipeline.stages, settings, clock=clock, global_tables=[pipeline.control])
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -287,8 +287,8 @@ class Worker:
         self._until_kafka_answers("check the topics",
                                   lambda: require_topics(self.settings, 5.0))
         configure_codec(self.settings)
-        if self.control is not None:
-            self._until_kafka_answers("read the control table", self.control.catch_up)
+        for table in self.global_tables:
+            self._until_kafka_answers(f"read the {table.name} table", table.catch_up)
         # Joining the group takes a few round trips, done by the client in the background
         # meanwhile: a restarted worker then has its partitions as soon as it is ready.
         self._subscribe()
@@ -367,8 +367,8 @@ class Worker:
                 self.restorer.close()
             except (KafkaException, RuntimeError) as exc:
                 log.debug("restore consumer close: %s", describe(exc))
-            if self.control is not None:
-                self.control.close()
+            for table in self.global_tables:
+                table.close()
             self._txn.close()
             self._lock.close()  # releases the state directory for the next worker
 
@@ -412,9 +412,9 @@ class Worker:
             self._abort(exc, messages[committed:])
 
     def _end_cycle(self) -> None:
-        """What the cycle does before it may commit: control rows, due timers; then the
-        commit if it is due."""
-        self._apply_control()
+        """What the cycle does before it may commit: the global tables' changed rows, due
+        timers; then the commit if it is due."""
+        self._apply_tables()
         self._fire_timers()
         if self._in_txn and self._cycle_due():
             self._commit()
@@ -531,14 +531,13 @@ class Worker:
             Stage.unprocessable(stage, ctx, record, reason)
         return True
 
-    def _apply_control(self) -> None:
-        if self.control is None:
-            return
-        for row in self.control.poll():
-            self._begin()
-            for task in self.tasks.values():
-                for state in task.states.values():
-                    state.stage.control_changed(state.ctx, row)
+    def _apply_tables(self) -> None:
+        for table in self.global_tables:
+            for row in table.poll():
+                self._begin()
+                for task in self.tasks.values():
+                    for state in task.states.values():
+                        state.stage.table_changed(state.ctx, table.name, row)
 
     def _fire_timers(self) -> None:
         now = self.clock.now_ms()
@@ -796,14 +795,14 @@ class Worker:
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
                  restoration.replayed, time.monotonic() - self._restore_started)
         # In a transaction, so a stage can act on what it finds (fail the starts of a
-        # workflow that is no longer declared, say), and catch up with the control table.
+        # workflow that is no longer declared, say), and catch up with the global tables.
         self._begin()
         for state in task.stateful():
             state.stage.restored(state.ctx)
-        if self.control is not None:
-            for row in list(self.control.rows.values()):
+        for table in self.global_tables:
+            for row in list(table.rows.values()):
                 for state in task.states.values():
-                    state.stage.control_changed(state.ctx, row)
+                    state.stage.table_changed(state.ctx, table.name, row)
 
     def _restore_failed(self, partition: int, exc: BaseException) -> None:
         self._check_config(exc)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.timers import Timers
-from sluicegate.schemas.records import ControlRow, record
+from sluicegate.schemas.records import record
 from sluicegate.topology.topics import Topics
 
 # Kafka record headers, as the client gives and takes them: (name, value) in order.
@@ -145,5 +145,7 @@ class Stage(ABC):
         """The partition's store is restored and about to process; runs in the current
         transaction, so it may send (e.g. fail starts of a workflow no longer declared)."""
 
-    def control_changed(self, ctx: StageContext, row: ControlRow) -> None:  # noqa: B027
-        """A control row changed (a workflow paused or unpaused), seen by every task."""
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:  # noqa: B027
+        """A row of the global table `table` changed (`GlobalTable.poll`), seen by every
+        task; and once a task is restored, each of the table's rows (`GlobalTable.rows`).
+        Runs in the current transaction, so it may send."""

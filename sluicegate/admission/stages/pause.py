@@ -81,8 +81,11 @@ class PauseStage(QueueStage):
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         cancelon.forget(ctx, key)  # its only timers
 
-    def control_changed(self, ctx: StageContext, row: ControlRow) -> None:
-        if row.paused or partition_for(row.workflow.encode(), self.partitions) != ctx.partition:
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """A control row: an unpaused workflow's collected starts drain, on the partition
+        that owns the workflow's name."""
+        if (not isinstance(row, ControlRow) or row.paused
+                or partition_for(row.workflow.encode(), self.partitions) != ctx.partition):
             return
         queue = PendingQueue(ctx.store, queue_name(row.workflow))
         while not self.router.paused(row.workflow):
