@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from sluicegate.admission.app import node
 from sluicegate.admission.routing import Router
+from sluicegate.admission.stage import AdmissionStage
 from sluicegate.admission.stages.identity import IdentityStage
 from sluicegate.admission.stages.runs import RunsStage, admitted_row
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.engine.stage import Headers, InputRecord, StageContext
 from sluicegate.engine.store import PartitionStore, StoreTransaction
 from sluicegate.engine.timers import Timers
 from sluicegate.schemas import codec
@@ -50,10 +52,10 @@ def make_starts(app: App, workflow: str, n: int, note_bytes: int = 0,
 class InMemoryStage:
     """One of the worker's stages run in memory, without a broker: sends are collected as
     (topic, value), or handed over to the stage `hand_over` names for their topic, as the
-    worker does (`Stage.handed_over`); a stateful stage gets a real store (RocksDB in
+    worker does (`Node.handed_over`); a stateful stage gets a real store (RocksDB in
     `state_dir`), committed when the caller says, as the runtime would."""
 
-    def __init__(self, stage: Stage, settings: Settings | None = None,
+    def __init__(self, stage: AdmissionStage, settings: Settings | None = None,
                  state_dir: Path | None = None) -> None:
         settings = settings or Settings(namespace="bench.")
         self.topics = Topics(settings)
@@ -87,7 +89,7 @@ class InMemoryStage:
         the topic of a table the stage publishes), then the store."""
         if self.tx is None:
             return
-        tables = self.stage.tables(self.topics)
+        tables = node(self.stage, self.topics).tables
         for key, value in self.tx.changes.items():
             topic = next((t.topic for t in tables if key.startswith(t.prefix)), "changelog")
             self.sent.append((topic, value))

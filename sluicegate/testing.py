@@ -7,7 +7,7 @@ part around them:
 
 - a record written to a topic a stage reads is processed by that stage, in the order
   written (one queue for every topic); one sent to an input the stage takes handed over
-  (`Stage.handed_over`) is processed on the spot and never written, as the worker does
+  (`Node.handed_over`) is processed on the spot and never written, as the worker does
   when it owns the partition (docs/decisions/in-process-handover.md). The driver owns
   every partition, so every such record is handed over;
 - partitions are chosen as the producers choose them: the record's explicit partition,
@@ -53,6 +53,7 @@ from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.timers import Timers
+from sluicegate.engine.topology import Node
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -156,17 +157,19 @@ class TestDriver:
     def _open(self, app: App) -> None:
         self.app = app
         self.pipeline: Pipeline = build_pipeline(app, self.settings, self.control)
-        stages = self.pipeline.stages
+        topology = self.pipeline.topology
         self._builder = StartBuilder(app, self.settings)
-        self._stage_for_topic: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.inputs(self.topics)}
-        self._handed_over: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.handed_over(self.topics)}
+        self._node_for_topic: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.inputs}
+        self._handed_over: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.handed_over}
+        self._control_readers = [node.name for node in topology.nodes
+                                 if self.control.name in node.reads]
         # A restart takes the open stores over: what they hold is what was committed.
         stores = {p: {name: state.store for name, state in task.states.items()
                       if state.store is not None} for p, task in self.tasks.items()}
         self.tasks = {
-            p: Task(p, stages, self.topics, self.state_dir, self._send, self.clock.now_ms,
+            p: Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
                     self.settings.max_record_bytes, stores.get(p))
             for p in range(self.settings.partitions)}
         # What the worker does once a task's stores are restored: `restored` in a
@@ -175,8 +178,7 @@ class TestDriver:
             for state in task.stateful():
                 state.stage.restored(state.ctx)
             for row in list(self.control.rows.values()):
-                for state in task.states.values():
-                    state.stage.table_changed(state.ctx, self.control.name, row)
+                self._control_changed(task, row)
         self._settle()
 
     def _partition(self, key: bytes | None, partition: int | None) -> int:
@@ -188,10 +190,10 @@ class TestDriver:
               partition: int | None = None, headers: Headers | None = None,
               message: object | None = None) -> None:
         p = self._partition(key, partition)
-        stage = self._handed_over.get(topic)
-        if stage is not None and key is not None:
+        node = self._handed_over.get(topic)
+        if node is not None and key is not None:
             # Handed over: processed now, in the sender's cycle, and never written.
-            stage.process(self.tasks[p].states[stage.name].ctx, InputRecord(
+            node.stage.process(self.tasks[p].states[node.name].ctx, InputRecord(
                 topic, p, -1, key, value, self.clock.now_ms(), headers, message))
             return
         self._write(topic, p, key, value, headers)
@@ -203,7 +205,7 @@ class TestDriver:
         written = Written(topic, partition, offset, key, value, headers)
         self._all.append(written)
         self._log.setdefault(topic, []).append(written)
-        if topic in self._stage_for_topic:
+        if topic in self._node_for_topic:
             self._queue.append(written)
         return written
 
@@ -213,8 +215,8 @@ class TestDriver:
         while True:
             while self._queue:
                 written = self._queue.popleft()
-                stage = self._stage_for_topic[written.topic]
-                stage.process(self.tasks[written.partition].states[stage.name].ctx,
+                node = self._node_for_topic[written.topic]
+                node.stage.process(self.tasks[written.partition].states[node.name].ctx,
                               InputRecord(written.topic, written.partition, written.offset,
                                           written.key, written.value, self.clock.now_ms(),
                                           written.headers))
@@ -334,9 +336,13 @@ class TestDriver:
         if previous is not None and previous.paused == row.paused:
             return
         for task in self.tasks.values():
-            for state in task.states.values():
-                state.stage.table_changed(state.ctx, self.control.name, row)
+            self._control_changed(task, row)
         self._settle()
+
+    def _control_changed(self, task: Task, row: ControlRow) -> None:
+        for name in self._control_readers:
+            state = task.states[name]
+            state.stage.table_changed(state.ctx, self.control.name, row)
 
     def commit(self) -> None:
         """What the runtime does at commit: each store's writes of the cycle to its log (the

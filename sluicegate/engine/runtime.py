@@ -22,7 +22,7 @@ from goes back to where the cycle began, so each of its records is read again
 A task is restored from the loop, not in the assignment callback: its partitions stay
 paused until its stores have caught up with their changelogs.
 
-A record sent to a stage input that the stage takes handed over (`Stage.handed_over`) is
+A record sent to a stage input that the stage takes handed over (`Node.handed_over`) is
 processed on the spot when this worker owns its partition: the same transaction, no
 round trip through the broker (docs/decisions/in-process-handover.md).
 """
@@ -33,7 +33,7 @@ import fcntl
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,7 +46,7 @@ from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.recovery import Restoration, RestoreError
 from sluicegate.engine.stage import Headers, InputRecord, Stage
 from sluicegate.engine.task import StageState, Task
-from sluicegate.engine.topology import GlobalTable
+from sluicegate.engine.topology import Node, Topology
 from sluicegate.engine.transactions import (
     MAX_BACKOFF_S,
     CallHung,
@@ -61,7 +61,6 @@ from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.registry import RegistryError
 from sluicegate.topology.admin import TopologyError, require_topics
 from sluicegate.topology.framing import configure_codec
-from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -165,23 +164,22 @@ def _about_the_record(exc: BaseException) -> bool:
 class Worker:
     def __init__(
         self,
-        stages: list[Stage],
+        topology: Topology,
         settings: Settings,
         clock: Clock | None = None,
-        global_tables: Sequence[GlobalTable] = (),
     ) -> None:
         self.settings = settings
-        self.topics = Topics(settings)
-        self.stages = stages
-        self.global_tables = tuple(global_tables)
+        self.topology = topology
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
-        self.stage_for_topic: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.inputs(self.topics)
-        }
-        self._handed_over: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.handed_over(self.topics)
-        }
+        self._node_for_topic: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.inputs}
+        self._handed_over: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.handed_over}
+        # Global table -> the stages that read it.
+        self._readers: dict[str, list[str]] = {
+            table.name: [node.name for node in topology.nodes if table.name in node.reads]
+            for table in topology.global_tables}
         # Tasks that process, and tasks whose stores are being restored (their partitions
         # are paused meanwhile).
         self.tasks: dict[int, Task] = {}
@@ -225,7 +223,7 @@ class Worker:
         self.consumer = self._new_consumer()
         self.admin = self._new_admin()
         self.restorer = Consumer(settings.client_config(**{
-            "group.id": f"{self.topics.group}-restore",
+            "group.id": f"{topology.group}-restore",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -242,7 +240,7 @@ class Worker:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(self.settings.client_config(**{
-            "group.id": self.topics.group,
+            "group.id": self.topology.group,
             "client.id": f"worker-{self.worker_id}",
             # Static membership: a worker restarted with the same state directory takes
             # its partitions back at once, without a rebalance of the group
@@ -270,7 +268,7 @@ class Worker:
         from sluicegate.admission.app import build_pipeline
 
         pipeline = build_pipeline(app, settings)
-        return cls(pipeline.stages, settings, clock=clock, global_tables=[pipeline.control])
+        return cls(pipeline.topology, settings, clock=clock)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -287,7 +285,7 @@ class Worker:
         self._until_kafka_answers("check the topics",
                                   lambda: require_topics(self.settings, 5.0))
         configure_codec(self.settings)
-        for table in self.global_tables:
+        for table in self.topology.global_tables:
             self._until_kafka_answers(f"read the {table.name} table", table.catch_up)
         # Joining the group takes a few round trips, done by the client in the background
         # meanwhile: a restarted worker then has its partitions as soon as it is ready.
@@ -296,7 +294,7 @@ class Worker:
 
     def _subscribe(self) -> None:
         self.consumer.subscribe(
-            sorted(self.stage_for_topic),
+            sorted(self._node_for_topic),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -367,7 +365,7 @@ class Worker:
                 self.restorer.close()
             except (KafkaException, RuntimeError) as exc:
                 log.debug("restore consumer close: %s", describe(exc))
-            for table in self.global_tables:
+            for table in self.topology.global_tables:
                 table.close()
             self._txn.close()
             self._lock.close()  # releases the state directory for the next worker
@@ -480,17 +478,17 @@ class Worker:
             self._first[tp] = offset
         record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
                              msg.timestamp()[1], msg.headers())
-        stage = self.stage_for_topic[topic]
+        node = self._node_for_topic[topic]
         if not (self._suspects
-                and self._given_up(stage, task, (topic, partition, offset), record)):
-            self._handle(stage, task, record)
+                and self._given_up(node, task, (topic, partition, offset), record)):
+            self._handle(node, task, record)
         self._progress[tp] = offset + 1
         self._cycle_records += 1
         self.processed += 1
 
-    def _handle(self, stage: Stage, task: Task, record: InputRecord) -> None:
+    def _handle(self, node: Node, task: Task, record: InputRecord) -> None:
         try:
-            stage.process(task.states[stage.name].ctx, record)
+            node.stage.process(task.states[node.name].ctx, record)
         except RecordFailed:
             raise
         except Exception as exc:
@@ -500,7 +498,7 @@ class Worker:
                 raise
             raise RecordFailed(
                 (record.topic, record.partition, record.offset),
-                f"{stage.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
+                f"{node.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
                 f"{describe(exc)}") from exc
 
     def _suspect(self, failure: RecordFailed) -> None:
@@ -511,14 +509,14 @@ class Worker:
         else:
             log.warning("%s (retrying it once in a replayed cycle)", failure.reason)
 
-    def _given_up(self, stage: Stage, task: Task, unit: tuple[Any, ...],
+    def _given_up(self, node: Node, task: Task, unit: tuple[Any, ...],
                   record: InputRecord) -> bool:
         """Whether `record` failed too often to be processed again; if so, its stage's
         `unprocessable` hook has just recorded it instead."""
         suspect = self._suspects.get(unit)
         if suspect is None or suspect[0] < POISON_AFTER:
             return False
-        ctx = task.states[stage.name].ctx
+        stage, ctx = node.stage, task.states[node.name].ctx
         reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
         try:
             stage.unprocessable(ctx, record, reason)
@@ -532,11 +530,13 @@ class Worker:
         return True
 
     def _apply_tables(self) -> None:
-        for table in self.global_tables:
+        for table in self.topology.global_tables:
+            readers = self._readers[table.name]
             for row in table.poll():
                 self._begin()
                 for task in self.tasks.values():
-                    for state in task.states.values():
+                    for name in readers:
+                        state = task.states[name]
                         state.stage.table_changed(state.ctx, table.name, row)
 
     def _fire_timers(self) -> None:
@@ -556,31 +556,32 @@ class Worker:
 
     def _fire(self, state: StageState, partition: int, due_ms: int, key: bytes,
               value: bytes) -> None:
-        stage = state.stage
-        unit = ("timer", stage.name, partition, due_ms, key)
+        node = state.node
+        stage = node.stage
+        unit = ("timer", node.name, partition, due_ms, key)
         if self._suspects and unit in self._suspects:
-            timer = InputRecord(f"timer:{stage.name}", partition, -1, key, value, due_ms)
-            if self._given_up(stage, self.tasks[partition], unit, timer):
+            timer = InputRecord(f"timer:{node.name}", partition, -1, key, value, due_ms)
+            if self._given_up(node, self.tasks[partition], unit, timer):
                 return
         try:
             stage.fire(state.ctx, due_ms, key, value)
         except Exception as exc:
             if not _about_the_record(exc):
                 raise
-            raise RecordFailed(unit, f"{stage.name} failed on its timer due at {due_ms} "
+            raise RecordFailed(unit, f"{node.name} failed on its timer due at {due_ms} "
                                      f"({key!r}): {describe(exc)}") from exc
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, headers: Headers | None = None,
               message: object | None = None) -> None:
-        stage = self._handed_over.get(topic)
-        if stage is not None and key is not None:
+        node = self._handed_over.get(topic)
+        if node is not None and key is not None:
             p = partition_for(key, self.settings.partitions) if partition is None else partition
             task = self.tasks.get(p)
             if task is not None:
                 # Handed over: the stage processes it now, in this transaction; it is
                 # never written to its topic, so it has no offset.
-                self._handle(stage, task, InputRecord(topic, p, -1, key, value,
+                self._handle(node, task, InputRecord(topic, p, -1, key, value,
                                                       self.clock.now_ms(), headers, message))
                 return
         producer = self._txn.producer
@@ -799,9 +800,11 @@ class Worker:
         self._begin()
         for state in task.stateful():
             state.stage.restored(state.ctx)
-        for table in self.global_tables:
+        for table in self.topology.global_tables:
+            readers = self._readers[table.name]
             for row in list(table.rows.values()):
-                for state in task.states.values():
+                for name in readers:
+                    state = task.states[name]
                     state.stage.table_changed(state.ctx, table.name, row)
 
     def _restore_failed(self, partition: int, exc: BaseException) -> None:
@@ -833,7 +836,7 @@ class Worker:
         log.info("assigned partitions %s", sorted(self._partitions(tps)))
         for partition in new:
             self._restoring[partition] = Task(
-                partition, self.stages, self.topics, self.settings.state_dir, self._send,
+                partition, self.topology, self.settings.state_dir, self._send,
                 self.clock.now_ms, self.settings.max_record_bytes)
         consumer.pause([tp for tp in tps if tp.partition in self._restoring])
         self._restore_at = 0.0

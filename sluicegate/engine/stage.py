@@ -33,20 +33,8 @@ class InputRecord:
     # carry headers it reads (docs/decisions/record-headers.md).
     headers: Headers | None = None
     # The value decoded, when the record was handed over in-process by a stage that had
-    # it (`Stage.handed_over`): the receiving stage need not decode `value` again.
+    # it (`Node.handed_over`): the receiving stage need not decode `value` again.
     message: object | None = None
-
-
-@record
-class Table:
-    """Rows of a stage's store that the stage publishes as a table topic (the runs table):
-    the store rows under `prefix` are logged to `topic`, keyed by the rest of their key,
-    instead of to the changelog, and restored from it. The topic is their changelog, so a
-    row is written to Kafka once (Kafka Streams' source-topic changelog)."""
-
-    name: str
-    prefix: bytes
-    topic: str
 
 
 class Send(Protocol):
@@ -101,26 +89,10 @@ class StageContext:
 
 
 class Stage(ABC):
-    """One control (or the identity/runs bookkeeping) as a stream processor."""
-
-    name: str
-    stateful: bool = True
-
-    @abstractmethod
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        """The topics this stage consumes; all share the stage topics' partition count."""
-
-    def tables(self, topics: Topics) -> tuple[Table, ...]:
-        """The tables this stage publishes from its store (none by default)."""
-        return ()
-
-    def handed_over(self, topics: Topics) -> tuple[str, ...]:
-        """The inputs whose records a stage of the same worker hands over in-process when
-        the worker owns the partition they are for: the record is processed in the
-        sender's transaction and never written to its topic (offset -1). Only for an
-        input where no record's order against another's matters
-        (docs/decisions/in-process-handover.md); none by default."""
-        return ()
+    """A stage's processing: what it does with a record, a due timer, a restored partition
+    and a changed row of a global table. How it is wired (its name, the topics it reads,
+    its store and what it publishes from it) is the topology's (`engine.topology.Node`),
+    as Kafka Streams keeps a processor's wiring in its `Topology`."""
 
     @abstractmethod
     def process(self, ctx: StageContext, record: InputRecord) -> None:
@@ -147,5 +119,6 @@ class Stage(ABC):
 
     def table_changed(self, ctx: StageContext, table: str, row: object) -> None:  # noqa: B027
         """A row of the global table `table` changed (`GlobalTable.poll`), seen by every
-        task; and once a task is restored, each of the table's rows (`GlobalTable.rows`).
-        Runs in the current transaction, so it may send."""
+        task of a stage that reads the table (`Node.reads`); and once a task is restored,
+        each of the table's rows (`GlobalTable.rows`). Runs in the current transaction, so
+        it may send."""

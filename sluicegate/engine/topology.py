@@ -1,4 +1,7 @@
-"""What the engine runs, described apart from running it.
+"""What the engine runs, described apart from running it (Kafka Streams' `Topology`): the
+stages, each with its wiring (a `Node`: its name, the topics it reads, its store, what it
+publishes and hears of), and the global tables. Whoever assembles the stages builds one
+(`sluicegate/admission/app.py`); the worker (`runtime.Worker`) and the test driver run it.
 
 A global table is read in full by every worker, outside its consumer group (Kafka
 Streams' global tables); the engine catches up with it before it processes anything,
@@ -8,7 +11,24 @@ polls it from its loop, and tells the stages that read it of each row that chang
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from sluicegate.engine.stage import Stage
+from sluicegate.schemas.records import record
+from sluicegate.topology.topics import Topics
+
+
+@record
+class Table:
+    """Rows of a stage's store that the stage publishes as a table topic (the runs table):
+    the store rows under `prefix` are logged to `topic`, keyed by the rest of their key,
+    instead of to the changelog, and restored from it. The topic is their changelog, so a
+    row is written to Kafka once (Kafka Streams' source-topic changelog)."""
+
+    name: str
+    prefix: bytes
+    topic: str
 
 
 class GlobalTable(Protocol):
@@ -30,3 +50,36 @@ class GlobalTable(Protocol):
         """Read what arrived since the last call; the rows that changed."""
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One stage as the topology wires it: Kafka Streams' `addProcessor(name, supplier,
+    parents)` with the processor's store. The name names its store and its context."""
+
+    name: str
+    stage: Stage
+    # The topics whose records it processes; every input topic has the same partition count.
+    inputs: tuple[str, ...]
+    # The topic its store is logged to and restored from; None: no store, and no timers.
+    changelog: str | None = None
+    # The rows of its store it publishes as table topics instead of logging them.
+    tables: tuple[Table, ...] = ()
+    # The inputs whose records a stage of the same worker hands over in-process when the
+    # worker owns the partition they are for: processed in the sender's transaction and
+    # never written to the topic (offset -1). Only for an input where no record's order
+    # against another's matters (docs/decisions/in-process-handover.md).
+    handed_over: tuple[str, ...] = ()
+    # The global tables whose changed rows it is told of (`Stage.table_changed`).
+    reads: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """`group`: the consumer group every worker running it joins. `topics`: handed to
+    every stage's context (`StageContext.topics`)."""
+
+    group: str
+    nodes: tuple[Node, ...]
+    topics: Topics
+    global_tables: tuple[GlobalTable, ...] = ()

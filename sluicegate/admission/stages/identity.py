@@ -29,10 +29,11 @@ from sluicegate.admission.routing import (
     Router,
     declared_digest,
 )
+from sluicegate.admission.stage import AdmissionStage
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.stage import InputRecord, Stage, StageContext
+from sluicegate.engine.stage import InputRecord, StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
@@ -51,7 +52,6 @@ from sluicegate.schemas.records import (
     StartRequest,
 )
 from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
-from sluicegate.topology.topics import Topics
 
 NAME = "identity"
 _EXPIRE = b"X"
@@ -105,7 +105,7 @@ def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) ->
 # -- the stage -----------------------------------------------------------------------
 
 
-class IdentityStage(Stage):
+class IdentityStage(AdmissionStage):
     name = NAME
 
     def __init__(self, app: App, partitions: int, router: Router,
@@ -125,9 +125,6 @@ class IdentityStage(Stage):
                           or not router.routes[wf.name].passthrough)
             for wf in app.workflows.values()
         }
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.starts, topics.stage(self.name))
 
     def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         self.router.give_up(ctx, record, reason)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.admission.routing import Router
+from sluicegate.admission.stage import AdmissionStage
 from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.engine.stage import InputRecord, Stage, StageContext, Table
+from sluicegate.engine.stage import InputRecord, StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -53,12 +54,13 @@ from sluicegate.schemas.records import (
     changed,
 )
 from sluicegate.topology.keys import identity_store_key, key_text
-from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
 
 NAME = RUNS_STAGE
-_RUN = STATE_PREFIX + b"R"
+# + execution id -> the run's row: the runs table, which the worker publishes to sg.runs
+# (`admission.app.node`, docs/decisions/published-tables.md).
+RUN_ROWS = STATE_PREFIX + b"R"
 _EARLY = STATE_PREFIX + b"E"
 _EARLY_MARK = STATE_PREFIX + b"e"
 _BACKSTOP = STATE_PREFIX + b"B"
@@ -239,25 +241,12 @@ def lease_of(wf: Workflow | None) -> int:
 # -- the stage -----------------------------------------------------------------------
 
 
-class RunsStage(Stage):
+class RunsStage(AdmissionStage):
     name = NAME
 
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
         self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name), topics.run_events)
-
-    def handed_over(self, topics: Topics) -> tuple[str, ...]:
-        # One admitted start per run (a resume follows its run's own report), so no
-        # admission's order against another matters.
-        return (topics.stage(self.name),)
-
-    def tables(self, topics: Topics) -> tuple[Table, ...]:
-        # The runs table is this store's run rows: sg.runs is their log, so a row is
-        # written to Kafka once, and the store is restored from it.
-        return (Table("runs", _RUN, topics.runs),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
@@ -293,12 +282,12 @@ class RunsStage(Stage):
 
     @staticmethod
     def load(ctx: StageContext, execution_id: str) -> RunRow | None:
-        raw = ctx.store.get(_RUN + execution_id.encode())
+        raw = ctx.store.get(RUN_ROWS + execution_id.encode())
         return codec.decode(RunRow, raw) if raw is not None else None
 
     def save(self, ctx: StageContext, row: RunRow) -> None:
         """The run's row, in the store and (at commit) in the runs table."""
-        ctx.store.put(_RUN + row.execution_id.encode(), codec.encode(row))
+        ctx.store.put(RUN_ROWS + row.execution_id.encode(), codec.encode(row))
 
     def _admitted(self, ctx: StageContext, admitted: AdmittedStart,
                   reports_may_precede: bool) -> None:
