@@ -128,7 +128,7 @@ def _rocksdb(worker: Any) -> dict[str, Any]:
                 value = db.property_int_value(prop)
                 if value is not None:
                     props[prop.removeprefix("rocksdb.")] = int(value)
-            stores[f"{state.stage.name}/{task.partition}"] = props
+            stores[f"{state.node.name}/{task.partition}"] = props
 
     def total(prop: str) -> int:
         return sum(s.get(prop, 0) for s in stores.values())

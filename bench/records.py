@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from sluicegate.admission.app import node
+from sluicegate.admission.decisions import dead_letter
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage
 from sluicegate.admission.stages.identity import IdentityStage
@@ -79,7 +80,7 @@ class InMemoryStage:
                                                      message))
 
         self.ctx = StageContext(stage.name, 0, self.topics, self.tx, timers, send,
-                                lambda: int(time.time() * 1000))
+                                lambda: int(time.time() * 1000), dead_letter)
 
     def records(self, topic: str, values: list[bytes]) -> list[InputRecord]:
         return [InputRecord(topic, 0, i, None, v, 0) for i, v in enumerate(values)]

@@ -45,11 +45,12 @@ from pydantic import BaseModel
 
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
+from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
 from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
-from sluicegate.engine.stage import Headers, InputRecord, Stage, StageContext
+from sluicegate.engine.stage import Headers, InputRecord, Stage
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.timers import Timers

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluicegate.admission.control import CONTROL_TABLE, ControlTable
+from sluicegate.admission.decisions import dead_letter
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage
 from sluicegate.admission.stages.cancelon import CancelOnStage
@@ -19,7 +20,11 @@ from sluicegate.admission.stages.singleton import SingletonStage
 from sluicegate.admission.stages.throttle import ThrottleStage
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.engine.topology import Node, Table, Topology
+from sluicegate.engine.topology import Node, StartupStep, Table, Topology
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.registry import RegistryError
+from sluicegate.topology.admin import require_topics
+from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
 
 
@@ -48,8 +53,14 @@ def build_pipeline(app: App, settings: Settings, control: ControlTable | None = 
         RunsStage(app, router),
         CancelOnStage(app),
     ]
-    topology = Topology(topics.group, tuple(node(stage, topics) for stage in stages), topics,
-                        (control,))
+    topology = Topology(
+        topics.group, tuple(node(stage, topics) for stage in stages),
+        partitioner=partition_for, dead_letter=dead_letter, topics=topics,
+        global_tables=(control,),
+        startup=(StartupStep("check the topics", lambda: require_topics(settings, 5.0)),
+                 StartupStep("configure the codec", lambda: configure_codec(settings))),
+        # A registry that does not answer is no fault of the record being decoded.
+        service_errors=(RegistryError,))
     return Pipeline(topology, router, control)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.admission.stage import StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,

@@ -15,9 +15,9 @@ from typing import Any
 
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.decisions import admit, dead_letter, record_decision, reject
-from sluicegate.admission.stage import AdmissionStage
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
-from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.payloads import Payloads

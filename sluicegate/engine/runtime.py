@@ -1,4 +1,6 @@
-"""The worker: one consumer, one transactional producer, and the exactly-once loop.
+"""The worker: one consumer, one transactional producer, and the exactly-once loop, running
+a `Topology` (engine/topology.py): the stages and their wiring, the global tables, and
+what it is told of the application around them, of which it imports nothing.
 
 Per commit cycle: consume a batch, hand each record to its stage, fire due timers, then
 commit — produce the stores' changelog writes, flush, send the consumed offsets with the
@@ -41,10 +43,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.declare import App
 from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.recovery import Restoration, RestoreError
-from sluicegate.engine.stage import Headers, InputRecord, Stage
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.topology import Node, Topology
 from sluicegate.engine.transactions import (
@@ -56,11 +57,7 @@ from sluicegate.engine.transactions import (
     error_of,
     sleep_unless_stopping,
 )
-from sluicegate.kafkautil import ClientErrors, KafkaAuthError, KafkaUnreachable, require_broker
-from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.registry import RegistryError
-from sluicegate.topology.admin import TopologyError, require_topics
-from sluicegate.topology.framing import configure_codec
+from sluicegate.kafkautil import ClientErrors, KafkaUnreachable, require_broker
 
 log = logging.getLogger(__name__)
 
@@ -150,17 +147,6 @@ def _worker_identity(state_dir: Path) -> tuple[str, Any]:
     return id_file.read_text().strip(), lock
 
 
-def _about_the_record(exc: BaseException) -> bool:
-    """Whether a failure while processing a record is the record's (retry it, then give
-    up on it) rather than the broker's or the registry's (retry the cycle as it was)."""
-    if isinstance(exc, RegistryError | Stopping | CallHung):
-        return False
-    if isinstance(exc, KafkaException):
-        error = error_of(exc)
-        return error is not None and error.code() in _RECORD_ERRORS
-    return True
-
-
 class Worker:
     def __init__(
         self,
@@ -170,6 +156,12 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.topology = topology
+        # What aborts a cycle to read it again as it was, and what of it says nothing
+        # against the record being processed.
+        self._cycle_errors: tuple[type[Exception], ...] = (
+            KafkaException, *topology.service_errors)
+        self._not_the_records: tuple[type[Exception], ...] = (
+            Stopping, CallHung, *topology.service_errors)
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
         self._node_for_topic: dict[str, Node] = {
@@ -262,29 +254,21 @@ class Worker:
             **self._clients.config("consumer"),
         }))
 
-    @classmethod
-    def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
-        """A worker running every stage for `app`'s declarations."""
-        from sluicegate.admission.app import build_pipeline
-
-        pipeline = build_pipeline(app, settings)
-        return cls(pipeline.topology, settings, clock=clock)
-
     # -- lifecycle -------------------------------------------------------------------
 
     def _stopping(self) -> bool:
         return self._stop()
 
     def start(self) -> None:
-        """Get ready to process: a broker that is not there yet is waited for; a refused
-        login raises KafkaAuthError, missing topics TopologyError, another configuration
-        problem WorkerError."""
+        """Get ready to process: a broker that is not there yet is waited for, and so are
+        the topology's startup steps; a refused login raises KafkaAuthError, another
+        configuration problem WorkerError, a step what it raises (a missing topic,
+        TopologyError)."""
         # Short timeouts: a broker that is not there is said at once (one line, within
         # seconds), and tried again until it answers.
         self._until_kafka_answers("answer", lambda: require_broker(self.settings, 1.0))
-        self._until_kafka_answers("check the topics",
-                                  lambda: require_topics(self.settings, 5.0))
-        configure_codec(self.settings)
+        for step in self.topology.startup:
+            self._until_kafka_answers(step.what, step.run)
         for table in self.topology.global_tables:
             self._until_kafka_answers(f"read the {table.name} table", table.catch_up)
         # Joining the group takes a few round trips, done by the client in the background
@@ -300,15 +284,15 @@ class Worker:
             on_lost=self._on_lost,
         )
 
-    def _until_kafka_answers(self, what: str, step: Callable[[], None]) -> None:
+    def _until_kafka_answers(self, what: str, step: Callable[[], object]) -> None:
         backoff = 0.5
         said = False
         while True:
             try:
                 step()
                 return
-            except (KafkaAuthError, TopologyError):
-                raise  # no retry fixes these; each says what to do in one line
+            # Anything else (a refused login, a missing topic) no retry fixes: it raises,
+            # saying what to do in one line.
             except (KafkaException, KafkaUnreachable, TimeoutError) as exc:
                 self._check_config(exc)
                 if not said:
@@ -398,10 +382,10 @@ class Worker:
         except RecordFailed as failure:
             self._suspect(failure)
             self._abort(failure, messages[committed:])
-        except (KafkaException, RegistryError) as exc:
-            # The broker's or the registry's trouble, not the records': the cycle is
-            # aborted and read again (after a backoff, if it keeps failing). The same
-            # trouble again is said once.
+        except self._cycle_errors as exc:
+            # The broker's or a service's (a registry's) trouble, not the records': the
+            # cycle is aborted and read again (after a backoff, if it keeps failing). The
+            # same trouble again is said once.
             self._check_config(exc)
             said = describe(exc)
             log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
@@ -494,12 +478,22 @@ class Worker:
         except Exception as exc:
             # A record handed over in-process has no offset of its own: the record whose
             # processing sent it is the one to retry, and to give up on.
-            if record.offset < 0 or not _about_the_record(exc):
+            if record.offset < 0 or not self._about_the_record(exc):
                 raise
             raise RecordFailed(
                 (record.topic, record.partition, record.offset),
                 f"{node.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
                 f"{describe(exc)}") from exc
+
+    def _about_the_record(self, exc: BaseException) -> bool:
+        """Whether a failure while processing a record is the record's (retry it, then give
+        up on it) rather than the broker's or a service's (retry the cycle as it was)."""
+        if isinstance(exc, self._not_the_records):
+            return False
+        if isinstance(exc, KafkaException):
+            error = error_of(exc)
+            return error is not None and error.code() in _RECORD_ERRORS
+        return True
 
     def _suspect(self, failure: RecordFailed) -> None:
         failures = self._suspects.get(failure.unit, (0, ""))[0] + 1
@@ -521,12 +515,12 @@ class Worker:
         try:
             stage.unprocessable(ctx, record, reason)
         except Exception as exc:
-            if not _about_the_record(exc):
+            if not self._about_the_record(exc):
                 raise
             # The stage's own account of it cannot be written either: a bare dead letter.
             log.error("%s: its stage could not record it (%s); a bare dead letter instead",
                       reason, describe(exc))
-            Stage.unprocessable(stage, ctx, record, reason)
+            ctx.dead_letter(record, reason)
         return True
 
     def _apply_tables(self) -> None:
@@ -566,7 +560,7 @@ class Worker:
         try:
             stage.fire(state.ctx, due_ms, key, value)
         except Exception as exc:
-            if not _about_the_record(exc):
+            if not self._about_the_record(exc):
                 raise
             raise RecordFailed(unit, f"{node.name} failed on its timer due at {due_ms} "
                                      f"({key!r}): {describe(exc)}") from exc
@@ -576,7 +570,8 @@ class Worker:
               message: object | None = None) -> None:
         node = self._handed_over.get(topic)
         if node is not None and key is not None:
-            p = partition_for(key, self.settings.partitions) if partition is None else partition
+            p = (self.topology.partitioner(key, self.settings.partitions) if partition is None
+                 else partition)
             task = self.tasks.get(p)
             if task is not None:
                 # Handed over: the stage processes it now, in this transaction; it is

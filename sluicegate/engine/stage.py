@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.timers import Timers
-from sluicegate.schemas.records import record
-from sluicegate.topology.topics import Topics
+
+T = TypeVar("T")
 
 # Kafka record headers, as the client gives and takes them: (name, value) in order.
 Headers = list[tuple[str, str | bytes | None]]
 
 
-@record
+@dataclass(slots=True)
 class InputRecord:
     topic: str
     partition: int
@@ -39,28 +40,33 @@ class InputRecord:
 
 class Send(Protocol):
     """Produce one record in the current transaction: to `partition`, or (None) to the
-    key's murmur2 partition; with `headers` when given. `message` is the record `value`
-    encodes, for a stage the record may be handed over to (`InputRecord.message`)."""
+    key's partition as the producer's partitioner places it (`Topology.partitioner`); with
+    `headers` when given. `message` is the record `value` encodes, for a stage the record
+    may be handed over to (`InputRecord.message`)."""
 
     def __call__(self, topic: str, key: bytes | None, value: bytes | None,
                  partition: int | None = None, headers: Headers | None = None,
                  message: object | None = None, /) -> None: ...
 
 
-class StageContext:
-    """One stage's view of one partition during one commit cycle."""
+class StageContext(Generic[T]):
+    """One stage's view of one partition during one commit cycle. `topics` is what the
+    topology gives its stages to name the topics they send to (`Topology.topics`); the
+    engine passes it on and never reads it."""
 
-    __slots__ = ("_clock", "_store", "_timers", "partition", "send", "stage", "topics")
+    __slots__ = ("_clock", "_dead_letter", "_store", "_timers", "partition", "send", "stage",
+                 "topics")
 
     def __init__(
         self,
         stage: str,
         partition: int,
-        topics: Topics,
+        topics: T,
         store: StoreTransaction | None,
         timers: Timers | None,
         send: Send,
         clock: Callable[[], int],
+        dead_letter: DeadLetterHandler,
     ) -> None:
         self.stage = stage
         self.partition = partition
@@ -70,6 +76,12 @@ class StageContext:
         # The runtime's own function, called straight: it is on every output's path.
         self.send = send
         self._clock = clock
+        self._dead_letter = dead_letter
+
+    def dead_letter(self, record: InputRecord, reason: str) -> None:
+        """Tell where someone will look that `record` is not processed, and why: the
+        topology's dead-letter handler (`Topology.dead_letter`)."""
+        self._dead_letter(self, record, reason)
 
     @property
     def store(self) -> StoreTransaction:
@@ -95,30 +107,30 @@ class Stage(ABC):
     as Kafka Streams keeps a processor's wiring in its `Topology`."""
 
     @abstractmethod
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
+    def process(self, ctx: StageContext[Any], record: InputRecord) -> None:
         """Handle one input record. Bad input is the stage's to dead-letter and ledger."""
 
-    def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+    def unprocessable(self, ctx: StageContext[Any], record: InputRecord, reason: str) -> None:
         """`record` is not processed: it failed again when its cycle was replayed, or its
         outputs cannot be written. Say so where someone will look, and nothing more: a
         dead letter with `reason` by default; a stage whose records are requests adds the
         ledger row each needs. A timer given up on comes here too, as a record of topic
         `timer:<stage>` with offset -1, its timer key and value."""
-        # The one place the runtime reaches the dead-letter topic; imported here because
-        # decisions builds on this module.
-        from sluicegate.admission.decisions import dead_letter
+        ctx.dead_letter(record, reason)
 
-        dead_letter(ctx, record, reason)
-
-    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:  # noqa: B027 - optional
+    def fire(self, ctx: StageContext[Any], due_ms: int, key: bytes, value: bytes) -> None:  # noqa: B027 - optional
         """A timer this stage scheduled is due; the runtime has already removed it."""
 
-    def restored(self, ctx: StageContext) -> None:  # noqa: B027 - an optional hook
+    def restored(self, ctx: StageContext[Any]) -> None:  # noqa: B027 - an optional hook
         """The partition's store is restored and about to process; runs in the current
         transaction, so it may send (e.g. fail starts of a workflow no longer declared)."""
 
-    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:  # noqa: B027
+    def table_changed(self, ctx: StageContext[Any], table: str, row: object) -> None:  # noqa: B027
         """A row of the global table `table` changed (`GlobalTable.poll`), seen by every
         task of a stage that reads the table (`Node.reads`); and once a task is restored,
         each of the table's rows (`GlobalTable.rows`). Runs in the current transaction, so
         it may send."""
+
+
+# Where a record that is not processed is told: (its stage's context, the record, why).
+DeadLetterHandler = Callable[[StageContext[Any], InputRecord, str], None]

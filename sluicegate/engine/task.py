@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sluicegate.engine.stage import Send, Stage, StageContext
 from sluicegate.engine.store import PartitionStore, StoreTransaction
@@ -23,7 +24,7 @@ class StageState:
     the cycle's transaction over it and its timers."""
 
     node: Node
-    ctx: StageContext
+    ctx: StageContext[Any]
     store: PartitionStore | None = None
     tx: StoreTransaction | None = None
     timers: Timers | None = None
@@ -65,7 +66,8 @@ class Task:
                     state_dir / node.name / str(partition))
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
-            ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock)
+            ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
+                               topology.dead_letter)
             self.states[node.name] = StageState(node, ctx, store, tx, timers)
 
     def stateful(self) -> Iterator[StageState]:

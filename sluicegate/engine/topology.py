@@ -1,7 +1,11 @@
 """What the engine runs, described apart from running it (Kafka Streams' `Topology`): the
 stages, each with its wiring (a `Node`: its name, the topics it reads, its store, what it
-publishes and hears of), and the global tables. Whoever assembles the stages builds one
-(`sluicegate/admission/app.py`); the worker (`runtime.Worker`) and the test driver run it.
+publishes and hears of), the global tables, and what the engine must be told of the
+application around it: how keys are partitioned, where a record that cannot be processed
+goes, what to make sure of at start, which errors are not a record's fault. Whoever
+assembles the stages builds one (`sluicegate/admission/app.py`); the worker
+(`runtime.Worker`) and the test driver run it. The engine imports nothing of the
+application: what it knows of it is here.
 
 A global table is read in full by every worker, outside its consumer group (Kafka
 Streams' global tables); the engine catches up with it before it processes anything,
@@ -10,16 +14,14 @@ polls it from its loop, and tells the stages that read it of each row that chang
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sluicegate.engine.stage import Stage
-from sluicegate.schemas.records import record
-from sluicegate.topology.topics import Topics
+from sluicegate.engine.stage import DeadLetterHandler, Stage
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class Table:
     """Rows of a stage's store that the stage publishes as a table topic (the runs table):
     the store rows under `prefix` are logged to `topic`, keyed by the rest of their key,
@@ -75,11 +77,34 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
-class Topology:
-    """`group`: the consumer group every worker running it joins. `topics`: handed to
-    every stage's context (`StageContext.topics`)."""
+class StartupStep:
+    """Something a worker makes sure of at start, in order, before it joins its group
+    (the topics are there, the codec is configured): tried again while Kafka does not
+    answer (a Kafka error, `KafkaUnreachable`, a TimeoutError), said once as `waiting for
+    Kafka to <what>`. Any other error stops the worker, and should say in one line what
+    to do."""
 
+    what: str
+    run: Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    # The consumer group every worker running it joins.
     group: str
     nodes: tuple[Node, ...]
-    topics: Topics
+    # The partition of a key among n partitions, as the producer's partitioner
+    # (`murmur2_random`, Kafka's own) places it: where a record sent without a partition
+    # lands, so the worker knows whether it owns it (the handover).
+    partitioner: Callable[[bytes, int], int]
+    # Where a record that is not processed is told (`StageContext.dead_letter`): by
+    # default a stage's `unprocessable`, and the worker's last resort when that fails too.
+    dead_letter: DeadLetterHandler
+    # Handed to every stage's context, to name the topics it sends to (`StageContext.topics`).
+    topics: Any = None
     global_tables: tuple[GlobalTable, ...] = ()
+    startup: tuple[StartupStep, ...] = ()
+    # Errors of a service the stages call (a schema registry) that say nothing against the
+    # record: the cycle is aborted and read again as it was, as for the broker's errors,
+    # instead of the record being retried and then dead-lettered.
+    service_errors: tuple[type[Exception], ...] = ()

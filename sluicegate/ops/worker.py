@@ -14,10 +14,10 @@ import sys
 import threading
 from types import FrameType
 
+from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
 from sluicegate.engine.clock import clock_from_env
-from sluicegate.engine.runtime import Worker
 from sluicegate.schemas import native
 
 log = logging.getLogger(__name__)

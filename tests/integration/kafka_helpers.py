@@ -14,10 +14,10 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
+from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.clock import Clock, ManualClock
-from sluicegate.engine.runtime import Worker
 from sluicegate.schemas import codec
 
 T = TypeVar("T")

@@ -14,6 +14,7 @@ from sluicegate.engine.runtime import Worker
 from sluicegate.engine.stage import InputRecord, Stage, StageContext
 from sluicegate.engine.task import Task
 from sluicegate.engine.topology import Node, Topology
+from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import STATEFUL_STAGES, Topics
 
@@ -25,7 +26,7 @@ PARTITIONS = (0, 1)
 class _Kept(Stage):
     """A store and nothing else: what restore fills."""
 
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
+    def process(self, ctx: StageContext[None], record: InputRecord) -> None:
         raise AssertionError("a restore processes nothing")
 
 
@@ -34,7 +35,12 @@ def _kept(settings: Settings, names: tuple[str, ...]) -> Topology:
     changelog."""
     topics = Topics(settings)
     return Topology(topics.group, tuple(Node(name, _Kept(), (), topics.changelog(name))
-                                        for name in names), topics)
+                                        for name in names),
+                    partitioner=partition_for, dead_letter=_no_dead_letter)
+
+
+def _no_dead_letter(ctx: StageContext[None], record: InputRecord, reason: str) -> None:
+    raise AssertionError("a restore gives up on nothing")
 
 
 def _write_changelogs(settings: Settings, topics: Topics) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from sluicegate.admission.worker import Worker
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
-from sluicegate.engine.runtime import Worker
 from sluicegate.kafkautil import KafkaAuthError
 from sluicegate.ops.localkafka.broker import (
     LocalBroker,

@@ -11,9 +11,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
-from sluicegate.engine.runtime import Worker
 from sluicegate.kafkautil import watermarks
 from sluicegate.ops.cli import app as cli
 from sluicegate.schemas import RECORD_TYPES, codec

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from sluicegate.admission.decisions import describe_invalid
 from sluicegate.admission.pending import PendingQueue, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.groups import (
     BATCHED,
@@ -31,7 +32,6 @@ from sluicegate.admission.stages.groups import (
     wake,
 )
 from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.engine.stage import StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.payloads import is_sealed, validate
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart

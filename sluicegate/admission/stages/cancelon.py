@@ -41,9 +41,9 @@ from typing import Any
 
 from sluicegate.admission.decisions import describe_invalid, record_decision, reject
 from sluicegate.admission.routing import PAUSE_STAGE, Router
-from sluicegate.admission.stage import AdmissionStage
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, CancelOn, Workflow
-from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.payloads import Payloads, validate

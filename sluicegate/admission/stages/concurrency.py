@@ -26,10 +26,11 @@ from enum import StrEnum
 
 from sluicegate.admission.pending import FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
-from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sluicegate.admission.pending import priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.groups import (
     DEBOUNCE,
@@ -29,7 +30,6 @@ from sluicegate.admission.stages.groups import (
     wake,
 )
 from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.engine.stage import StageContext
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart

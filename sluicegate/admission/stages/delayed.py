@@ -13,9 +13,9 @@ import dataclasses
 
 from sluicegate.admission.pending import priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.stage import StageContext
 from sluicegate.engine.timers import TIMER_PREFIX, parse_timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart

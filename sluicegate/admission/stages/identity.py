@@ -29,11 +29,11 @@ from sluicegate.admission.routing import (
     Router,
     declared_digest,
 )
-from sluicegate.admission.stage import AdmissionStage
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for

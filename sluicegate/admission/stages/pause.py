@@ -18,10 +18,11 @@ from sluicegate.admission.routing import (
     Router,
     declared_digest,
 )
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App
-from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
 

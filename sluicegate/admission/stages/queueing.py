@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import ControlStage
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
-from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, PendingStart, Record, Release
 

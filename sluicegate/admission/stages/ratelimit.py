@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import ControlStage
+from sluicegate.admission.stage import StageContext
 from sluicegate.declare import RateLimit, format_duration
-from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, PendingStart

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.admission.routing import Router
-from sluicegate.admission.stage import AdmissionStage
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.engine.stage import InputRecord, StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (

@@ -25,8 +25,8 @@ from typing import Literal, Protocol
 
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import Router, with_slot
-from sluicegate.admission.stage import AdmissionStage
-from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.admission.stage import AdmissionStage, StageContext
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for

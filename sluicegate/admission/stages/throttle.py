@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.pending import Parked, PendingQueue, priority_mode
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
-from sluicegate.engine.stage import Headers, InputRecord, StageContext
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.topology.keys import key_text

@@ -32,6 +32,7 @@ from typing import Any
 
 from sluicegate.admission.pending import Parked, PendingQueue, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.throttle import (
     MANY_SWEEP,
@@ -46,7 +47,7 @@ from sluicegate.admission.stages.throttle import (
     take,
 )
 from sluicegate.declare import ExpressionError, Workflow, format_duration
-from sluicegate.engine.stage import Headers, StageContext
+from sluicegate.engine.stage import Headers
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 
