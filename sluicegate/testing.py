@@ -218,9 +218,9 @@ class TestDriver:
                 written = self._queue.popleft()
                 node = self._node_for_topic[written.topic]
                 node.stage.process(self.tasks[written.partition].states[node.name].ctx,
-                              InputRecord(written.topic, written.partition, written.offset,
-                                          written.key, written.value, self.clock.now_ms(),
-                                          written.headers))
+                                   InputRecord(written.topic, written.partition,
+                                               written.offset, written.key, written.value,
+                                               self.clock.now_ms(), written.headers))
             if not self._fire(self.clock.now_ms()):
                 return
 

@@ -30,9 +30,11 @@ from sluicegate.topology.topics import Topics
 
 @dataclass(slots=True)
 class Pipeline:
+    """What the worker runs, and the router its stages share (the test driver sends starts
+    on through it)."""
+
     topology: Topology
     router: Router
-    control: ControlTable
 
 
 def build_pipeline(app: App, settings: Settings, control: ControlTable | None = None) -> Pipeline:
@@ -61,7 +63,7 @@ def build_pipeline(app: App, settings: Settings, control: ControlTable | None = 
                  StartupStep("configure the codec", lambda: configure_codec(settings))),
         # A registry that does not answer is no fault of the record being decoded.
         service_errors=(RegistryError,))
-    return Pipeline(topology, router, control)
+    return Pipeline(topology, router)
 
 
 def node(stage: AdmissionStage, topics: Topics) -> Node:
