@@ -24,7 +24,9 @@ from pathlib import Path
 from bench.records import admission_sizes
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.store import PartitionStore, StoreTransaction
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import validate
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
@@ -34,8 +36,6 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.streams.payloads import validate
-from sluicegate.streams.store import PartitionStore, StoreTransaction
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 

@@ -101,7 +101,7 @@ def _trim() -> int | None:
 
 
 def _find_worker(frame: FrameType | None) -> Any:
-    from sluicegate.streams.runtime import Worker
+    from sluicegate.engine.runtime import Worker
 
     while frame is not None:
         candidate = frame.f_locals.get("self")
@@ -114,7 +114,7 @@ def _find_worker(frame: FrameType | None) -> Any:
 def _rocksdb(worker: Any) -> dict[str, Any]:
     from rocksdict import Rdict
 
-    from sluicegate.streams import store as store_module
+    from sluicegate.engine import store as store_module
 
     stores: dict[str, dict[str, int]] = {}
     tasks = [*worker.tasks.values(), *worker._restoring.values()]
@@ -128,7 +128,7 @@ def _rocksdb(worker: Any) -> dict[str, Any]:
                 value = db.property_int_value(prop)
                 if value is not None:
                     props[prop.removeprefix("rocksdb.")] = int(value)
-            stores[f"{state.stage.name}/{task.partition}"] = props
+            stores[f"{state.node.name}/{task.partition}"] = props
 
     def total(prop: str) -> int:
         return sum(s.get(prop, 0) for s in stores.values())

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from bench.apps import WORKFLOW, app
 from bench.records import make_starts
+from sluicegate.engine.stage import InputRecord
 from sluicegate.ops.worker import settle_garbage_collector
-from sluicegate.streams.stage import InputRecord
 from sluicegate.testing import TestDriver
 
 COMMIT_EVERY = 2000

@@ -270,10 +270,18 @@ class SystemProcess:
         if self.system != "worker-base":
             return True
         assert self.baseline_tree is not None
-        found = subprocess.run(
-            [sys.executable, "-c", "import inspect, sluicegate.streams.decisions as d; "
-             "print(len(inspect.signature(d.execution_id_for).parameters))"],
-            cwd=self.baseline_tree, capture_output=True, text=True, check=True)
+        # Wherever that tree keeps it: the module moved with the layout.
+        probe = ("import importlib, inspect\n"
+                 "for name in ('sluicegate.topology.keys', 'sluicegate.admission.decisions',"
+                 " 'sluicegate.streams.decisions'):\n"
+                 "    try:\n"
+                 "        f = importlib.import_module(name).execution_id_for\n"
+                 "    except (ImportError, AttributeError):\n"
+                 "        continue\n"
+                 "    print(len(inspect.signature(f).parameters))\n"
+                 "    break\n")
+        found = subprocess.run([sys.executable, "-c", probe], cwd=self.baseline_tree,
+                               capture_output=True, text=True, check=True)
         return int(found.stdout) == 4
 
 

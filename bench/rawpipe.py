@@ -2,7 +2,7 @@
 
 One read_committed consumer, one transactional producer, `send_offsets_to_transaction`,
 and the worker's own client settings, batch size and commit interval
-(`sluicegate.streams.runtime.Worker`). Nothing is decoded: this is the cost of
+(`sluicegate.engine.runtime.Worker`). Nothing is decoded: this is the cost of
 exactly-once transport alone. Runs until SIGTERM or SIGINT.
 
 By default each input record is copied unchanged to one output topic. With
@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from bench.floor import Bound, Floor, sized
 from sluicegate.config import Settings
-from sluicegate.streams.runtime import producer_tuning
+from sluicegate.engine.runtime import producer_tuning
 
 
 def run(bootstrap: str, input_topic: str, outputs: list[tuple[str, int | None]],

@@ -7,7 +7,7 @@ part around them:
 
 - a record written to a topic a stage reads is processed by that stage, in the order
   written (one queue for every topic); one sent to an input the stage takes handed over
-  (`Stage.handed_over`) is processed on the spot and never written, as the worker does
+  (`Node.handed_over`) is processed on the spot and never written, as the worker does
   when it owns the partition (docs/decisions/in-process-handover.md). The driver owns
   every partition, so every such record is handed over;
 - partitions are chosen as the producers choose them: the record's explicit partition,
@@ -52,7 +52,7 @@ import tempfile
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
@@ -60,9 +60,18 @@ from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel
 
+from sluicegate.admission.app import Pipeline, build_pipeline
+from sluicegate.admission.control import ControlTable
+from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
+from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
+from sluicegate.engine.stage import Headers, InputRecord, Stage
+from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.timers import Timers
+from sluicegate.engine.topology import Node
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -80,13 +89,6 @@ from sluicegate.schemas.records import (
     StartRequest,
     record,
 )
-from sluicegate.streams.app import Pipeline, build_pipeline
-from sluicegate.streams.clock import DEFAULT_START_MS, ManualClock
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.store import StoreTransaction
-from sluicegate.streams.task import StageState, Task
-from sluicegate.streams.timers import Timers
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 
@@ -188,33 +190,35 @@ class TestDriver:
     def _open(self, app: App) -> None:
         self.app = app
         self.pipeline: Pipeline = build_pipeline(app, self.settings, self.control)
-        stages = self.pipeline.stages
+        topology = self.pipeline.topology
         if self._run is not None:
-            unknown = self._run - {stage.name for stage in stages}
+            unknown = self._run - {node.name for node in topology.nodes}
             if unknown:
                 raise ValueError(f"no stage {', '.join(sorted(unknown))}: the worker runs "
-                                 f"{', '.join(stage.name for stage in stages)}")
-            stages = [stage for stage in stages if stage.name in self._run]
+                                 f"{', '.join(node.name for node in topology.nodes)}")
+            topology = replace(topology, nodes=tuple(
+                node for node in topology.nodes if node.name in self._run))
         self._builder = StartBuilder(app, self.settings)
-        self._stage_for_topic: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.inputs(self.topics)}
-        self._handed_over: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.handed_over(self.topics)}
+        self._node_for_topic: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.inputs}
+        self._handed_over: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.handed_over}
+        self._control_readers = [node.name for node in topology.nodes
+                                 if self.control.name in node.reads]
         # A restart takes the open stores over: what they hold is what was committed.
         stores = {p: {name: state.store for name, state in task.states.items()
                       if state.store is not None} for p, task in self.tasks.items()}
         self.tasks = {
-            p: Task(p, stages, self.topics, self.state_dir, self._send, self.clock.now_ms,
+            p: Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
                     self.settings.max_record_bytes, stores.get(p))
             for p in range(self.settings.partitions)}
         # What the worker does once a task's stores are restored: `restored` in a
-        # transaction, then the control table caught up with.
+        # transaction, then every row of the control table told to its stages.
         for task in self.tasks.values():
             for state in task.stateful():
                 state.stage.restored(state.ctx)
             for row in list(self.control.rows.values()):
-                for state in task.states.values():
-                    state.stage.control_changed(state.ctx, row)
+                self._control_changed(task, row)
         self._settle()
 
     def _partition(self, key: bytes | None, partition: int | None) -> int:
@@ -226,10 +230,10 @@ class TestDriver:
               partition: int | None = None, headers: Headers | None = None,
               message: object | None = None) -> None:
         p = self._partition(key, partition)
-        stage = self._handed_over.get(topic)
-        if stage is not None and key is not None:
+        node = self._handed_over.get(topic)
+        if node is not None and key is not None:
             # Handed over: processed now, in the sender's cycle, and never written.
-            stage.process(self.tasks[p].states[stage.name].ctx, InputRecord(
+            node.stage.process(self.tasks[p].states[node.name].ctx, InputRecord(
                 topic, p, -1, key, value, self.clock.now_ms(), headers, message))
             return
         self._write(topic, p, key, value, headers)
@@ -242,7 +246,7 @@ class TestDriver:
         offset = self._offsets.get(tp, 0)
         self._offsets[tp] = offset + 1
         kept = self._keep is None or topic in self._keep
-        read = topic in self._stage_for_topic
+        read = topic in self._node_for_topic
         if kept or read or piped:
             written = Written(topic, partition, offset, key, value, headers)
             if kept:
@@ -257,7 +261,7 @@ class TestDriver:
     def _counted(self, topic: str) -> bool:
         """Whether `topic`'s records are only counted: neither kept nor read."""
         return self._keep is not None and topic not in self._keep \
-            and topic not in self._stage_for_topic
+            and topic not in self._node_for_topic
 
     def _count(self, last: dict[str, int], topic: str, partition: int, n: int) -> None:
         """`n` records written to `topic` and only counted; `last`: the last one's offset."""
@@ -273,11 +277,11 @@ class TestDriver:
         while True:
             while self._queue:
                 written = self._queue.popleft()
-                stage = self._stage_for_topic[written.topic]
-                stage.process(self.tasks[written.partition].states[stage.name].ctx,
-                              InputRecord(written.topic, written.partition, written.offset,
-                                          written.key, written.value, self.clock.now_ms(),
-                                          written.headers))
+                node = self._node_for_topic[written.topic]
+                node.stage.process(self.tasks[written.partition].states[node.name].ctx,
+                                   InputRecord(written.topic, written.partition,
+                                               written.offset, written.key, written.value,
+                                               self.clock.now_ms(), written.headers))
             if self._in_cycle or not self._fire(self.clock.now_ms()):
                 return
 
@@ -427,9 +431,13 @@ class TestDriver:
         if previous is not None and previous.paused == row.paused:
             return
         for task in self.tasks.values():
-            for state in task.states.values():
-                state.stage.control_changed(state.ctx, row)
+            self._control_changed(task, row)
         self._settle()
+
+    def _control_changed(self, task: Task, row: ControlRow) -> None:
+        for name in self._control_readers:
+            state = task.states[name]
+            state.stage.table_changed(state.ctx, self.control.name, row)
 
     def commit(self) -> None:
         """What the runtime does at commit: each store's writes of the cycle to its log (the

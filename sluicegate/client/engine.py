@@ -22,8 +22,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from sluicegate.config import Settings
 from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import Payloads
 from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
-from sluicegate.streams.payloads import Payloads
 from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
 

@@ -37,8 +37,8 @@ from sluicegate.declare import App, Origin, load_app
 from sluicegate.kafkautil import check_access, watermarks
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.payloads import Payloads, validate
 from sluicegate.schemas.records import ENDED, Outcome, Reply, RunRow, StartRequest
-from sluicegate.streams.payloads import Payloads, validate
 from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
 from sluicegate.topology.topics import Topics

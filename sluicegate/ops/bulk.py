@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from sluicegate.admission.decisions import RUNS_STAGE
+from sluicegate.admission.stages.runs import ELIGIBLE
 from sluicegate.config import Settings
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import RunOperation, RunRow, RunStatus
-from sluicegate.streams.decisions import RUNS_STAGE
-from sluicegate.streams.stages.runs import ELIGIBLE
 from sluicegate.topology.topics import Topics
 
 Verb = Literal["cancel", "redrive", "retry"]

@@ -197,11 +197,11 @@ def _one_line(exc: BaseException) -> tuple[str, int] | None:
     from confluent_kafka import KafkaException
 
     from sluicegate.declare import DeclarationError
+    from sluicegate.engine.runtime import WorkerError
     from sluicegate.kafkautil import BootstrapError, KafkaAuthError, KafkaUnreachable
     from sluicegate.ops.ledger import LedgerSqlError
     from sluicegate.ops.names import UnknownName
     from sluicegate.schemas.registry import RegistryError
-    from sluicegate.streams.runtime import WorkerError
     from sluicegate.topology.admin import TopologyError
 
     if isinstance(exc, UnknownName | BootstrapError | KafkaAuthError | TopologyError

@@ -28,6 +28,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from sluicegate.admission.control import ControlTable
+from sluicegate.admission.stages.concurrency import NAME as CONCURRENCY
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.kafkautil import watermarks
@@ -35,8 +37,6 @@ from sluicegate.ops.ledger import _LATEST, LedgerDb, ledger_consumer, refresh
 from sluicegate.ops.ledger_cli import _duration
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import ENDED, ControlRow, RunRow
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.stages.concurrency import NAME as CONCURRENCY
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.topics import Topics
 

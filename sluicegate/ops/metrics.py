@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from sluicegate.ops.flow import FlowView
 
 if TYPE_CHECKING:
-    from sluicegate.streams.runtime import Worker
+    from sluicegate.engine.runtime import Worker
 
 # Lag needs a call per assigned partition: done at most this often, after a commit.
 LAG_EVERY_S = 1.0

@@ -78,9 +78,9 @@ def known_workflows(settings: Settings, app: App | None = None, *,
     at `db` or the default one, the runs table and the control table)."""
     if app is not None:
         return set(app.workflows)
+    from sluicegate.admission.control import ControlTable
     from sluicegate.ops.flow import RunsTable
     from sluicegate.ops.ledger import LedgerDb, default_db_path, refresh
-    from sluicegate.streams.control import ControlTable
 
     with LedgerDb(db or default_db_path(settings)) as ledger:
         refresh(ledger, settings, timeout_s=timeout_s)

@@ -14,11 +14,11 @@ import sys
 import threading
 from types import FrameType
 
+from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
+from sluicegate.engine.clock import clock_from_env
 from sluicegate.schemas import native
-from sluicegate.streams.clock import clock_from_env
-from sluicegate.streams.runtime import Worker
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from confluent_kafka import KafkaError, Producer
 
+from sluicegate.admission.control import ControlTable, pause_key
 from sluicegate.config import Settings
 from sluicegate.ops import bulk
 from sluicegate.ops.names import check_workflow, known_workflows, where_known
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import ControlRow, RunStatus
-from sluicegate.streams.control import ControlTable, pause_key
 from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
 """The wire contract: Avro schemas (``avro/*.avsc``), the records they describe,
-and the codec that frames them. See docs/wire-format.md.
+and the codec that frames them (docs/wire-format.md); and payloads as sluicegate keeps
+them, sealed where a workflow declares it (`payloads`).
 
 Encode and decode through the module, `codec.encode(...)`: the process's codec is
 chosen at process start (`sluicegate.topology.framing.configure_codec`), so a name

@@ -50,7 +50,7 @@ class RegistryError(RuntimeError):
     """The schema registry refused a request or did not answer: not the record's fault.
 
     A worker that meets it while decoding aborts the cycle and tries it again, rather
-    than dead-lettering a record that may be fine (streams/runtime.py)."""
+    than dead-lettering a record that may be fine (engine/runtime.py)."""
 
 
 class SchemaStore(Protocol):

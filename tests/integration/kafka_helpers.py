@@ -14,11 +14,11 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
+from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.clock import Clock, ManualClock
 from sluicegate.schemas import codec
-from sluicegate.streams.clock import Clock, ManualClock
-from sluicegate.streams.runtime import Worker
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]

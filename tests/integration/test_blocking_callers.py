@@ -19,8 +19,8 @@ from sluicegate.client import (
     SingletonHeld,
 )
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas.records import RunStatus
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from tests.apps.lifecycle import app
 from tests.integration.kafka_helpers import WorkerThread

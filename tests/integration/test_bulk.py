@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.ops import bulk
 from sluicegate.ops.workflows import app as workflows_cli
 from sluicegate.schemas import codec
@@ -25,7 +26,6 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.operations import app

@@ -11,6 +11,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from sluicegate.admission.routing import Router
+from sluicegate.admission.stages.cancelon import KEPT, SWEEP_GRACE_MS, decode_for
 from sluicegate.client import Client, Handle
 from sluicegate.config import Settings
 from sluicegate.ops.workflows import write_control
@@ -27,8 +29,6 @@ from sluicegate.schemas.records import (
     RunEvent,
     RunEventKind,
 )
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stages.cancelon import KEPT, SWEEP_GRACE_MS, decode_for
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
 from tests.apps.operations import ISSUE_DELETED

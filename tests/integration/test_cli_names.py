@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from sluicegate.admission.control import ControlTable
 from sluicegate.config import Settings
 from sluicegate.ops.workflows import write_control
 from sluicegate.schemas.records import ControlRow
-from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import create_topics
 from tests.integration.cli import on
 

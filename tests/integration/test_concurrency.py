@@ -21,6 +21,7 @@ from sluicegate.client import Client, Engine
 from sluicegate.client.engine import Delivery
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -32,7 +33,6 @@ from sluicegate.schemas.records import (
     RunEventKind,
     StartRequest,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import TopicReader, WorkerProcess, WorkerThread

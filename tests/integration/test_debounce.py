@@ -9,8 +9,8 @@ import pytest
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import FailureReport
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, Outcome
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.defer import app, without_tour

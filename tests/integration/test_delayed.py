@@ -10,9 +10,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sluicegate.client import BlockingCallerRefused, Client
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.kafkautil import watermarks
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, Outcome
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.defer import app

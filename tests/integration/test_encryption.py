@@ -12,7 +12,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from sluicegate.client import Client, Delivery, Engine
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import MARKER, Payloads
 from sluicegate.schemas.records import (
     AdmittedStart,
     DeadLetter,
@@ -21,8 +23,6 @@ from sluicegate.schemas.records import (
     Outcome,
     StartRequest,
 )
-from sluicegate.streams.clock import ManualClock
-from sluicegate.streams.payloads import MARKER, Payloads
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.sealed import KEY_A, KEY_B, app

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.clock import ManualClock
 from sluicegate.ops.cli import app as cli
 from sluicegate.ops.inspect import FLOW_PATH, open_server
 from sluicegate.ops.metrics import WorkerMetrics
 from sluicegate.ops.workflows import write_control
 from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome, RunRow
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.concurrency import per_tenant

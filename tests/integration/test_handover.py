@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 
+from sluicegate.admission.routing import Router
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
 from sluicegate.schemas import codec
@@ -26,7 +27,6 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
 )
-from sluicegate.streams.routing import Router
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics

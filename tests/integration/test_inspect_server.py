@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from sluicegate.admission.control import ControlTable
 from sluicegate.config import Settings
 from sluicegate.ops.inspect import TOKEN_ENV, InspectServer, open_server
 from sluicegate.ops.metrics import serve_worker_metrics
-from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import create_topics
 
 pytestmark = pytest.mark.broker

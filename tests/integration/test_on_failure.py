@@ -11,8 +11,8 @@ import pytest
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas.records import AdmittedStart, LedgerRecord, Outcome, RunRow, RunStatus
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.lifecycle import app as lifecycle_app

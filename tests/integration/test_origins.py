@@ -12,8 +12,8 @@ import pytest
 
 from sluicegate.client import Client, Handle
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas.records import AdmittedStart
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.lifecycle import app

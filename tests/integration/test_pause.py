@@ -9,12 +9,12 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from sluicegate.admission.control import ControlTable
 from sluicegate.client import Client
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.ops.cli import app as cli
 from sluicegate.schemas.records import AdmittedStart, ControlRow, LedgerRecord, Outcome
-from sluicegate.streams.clock import ManualClock
-from sluicegate.streams.control import ControlTable
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.lifecycle import app, without_flaky

@@ -9,8 +9,8 @@ import pytest
 
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas.records import LedgerRecord, Outcome, RunEventKind
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import TopicReader, WorkerThread

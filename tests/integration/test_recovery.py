@@ -9,10 +9,12 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.streams.recovery import Restoration, log_ranges, restore_task
-from sluicegate.streams.runtime import Worker
-from sluicegate.streams.stage import InputRecord, Stage, StageContext
-from sluicegate.streams.task import Task
+from sluicegate.engine.recovery import Restoration, log_ranges, restore_task
+from sluicegate.engine.runtime import Worker
+from sluicegate.engine.stage import InputRecord, Stage, StageContext
+from sluicegate.engine.task import Task
+from sluicegate.engine.topology import Node, Topology
+from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import STATEFUL_STAGES, Topics
 
@@ -24,14 +26,21 @@ PARTITIONS = (0, 1)
 class _Kept(Stage):
     """A store and nothing else: what restore fills."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return ()
-
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
+    def process(self, ctx: StageContext[None], record: InputRecord) -> None:
         raise AssertionError("a restore processes nothing")
+
+
+def _kept(settings: Settings, names: tuple[str, ...]) -> Topology:
+    """A topology of stages that read nothing and keep a store each, logged to the stage's
+    changelog."""
+    topics = Topics(settings)
+    return Topology(topics.group, tuple(Node(name, _Kept(), (), topics.changelog(name))
+                                        for name in names),
+                    partitioner=partition_for, dead_letter=_no_dead_letter)
+
+
+def _no_dead_letter(ctx: StageContext[None], record: InputRecord, reason: str) -> None:
+    raise AssertionError("a restore gives up on nothing")
 
 
 def _write_changelogs(settings: Settings, topics: Topics) -> None:
@@ -58,16 +67,16 @@ def _write_changelogs(settings: Settings, topics: Topics) -> None:
         time.sleep(0.05)
 
 
-def _restore(worker: Worker, stages: list[Stage], settings: Settings) -> tuple[int, float]:
+def _restore(worker: Worker, settings: Settings) -> tuple[int, float]:
     replayed, started = 0, time.monotonic()
     for partition in PARTITIONS:
-        task = Task(partition, stages, worker.topics, settings.state_dir, lambda *a: None,
+        task = Task(partition, worker.topology, settings.state_dir, lambda *a: None,
                     lambda: 0)
         try:
-            replayed += restore_task(task, worker.restorer, worker.admin, worker.topics)
+            replayed += restore_task(task, worker.restorer, worker.admin)
             for state in task.stateful():
                 assert state.store is not None
-                assert dict(state.store.items(b"")) == {b"b": b"2", b"c": b"3"}, state.stage.name
+                assert dict(state.store.items(b"")) == {b"b": b"2", b"c": b"3"}, state.node.name
         finally:
             task.close()
     return replayed, time.monotonic() - started
@@ -78,14 +87,13 @@ def test_one_consumer_restores_many_small_stores_without_waiting_on_each(
     create_topics(settings)
     topics = Topics(settings)
     _write_changelogs(settings, topics)
-    stages: list[Stage] = [_Kept(name) for name in STATEFUL_STAGES]
-    stores = len(stages) * len(PARTITIONS)
-    worker = Worker(stages, settings)
+    stores = len(STATEFUL_STAGES) * len(PARTITIONS)
+    worker = Worker(_kept(settings, STATEFUL_STAGES), settings)
     try:
-        replayed, first = _restore(worker, stages, settings)
+        replayed, first = _restore(worker, settings)
         # Again on the same state: every store is current but for its changelog's last
         # transaction marker.
-        again, second = _restore(worker, stages, settings)
+        again, second = _restore(worker, settings)
     finally:
         worker.close()
 
@@ -120,10 +128,9 @@ def test_a_long_changelog_is_restored_a_step_at_a_time_and_goes_on_after_a_stop(
     while log_ranges(admin, [tp])[(tp.topic, 0)][1] <= n:
         assert time.monotonic() < deadline, "the transaction never completed"
         time.sleep(0.05)
-    stages: list[Stage] = [_Kept(stage)]
-    worker = Worker(stages, settings)
+    worker = Worker(_kept(settings, (stage,)), settings)
     try:
-        task = Task(0, stages, worker.topics, settings.state_dir, lambda *a: None, lambda: 0)
+        task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0)
         try:
             first = Restoration(task, worker.restorer, worker.admin)
             assert not first.step(0.0)  # one fetch: not all of it

@@ -7,6 +7,7 @@ import pytest
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
+from sluicegate.engine.clock import ManualClock
 from sluicegate.ops import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -18,7 +19,6 @@ from sluicegate.schemas.records import (
     RunRow,
     RunStatus,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.operations import app

@@ -27,6 +27,7 @@ from fastavro.schema import to_parsing_canonical_form
 
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
+from sluicegate.engine.clock import CLOCK_FILE_ENV, FileClock
 from sluicegate.schemas import codec
 from sluicegate.schemas.codec import (
     RECORD_TYPES,
@@ -45,7 +46,6 @@ from sluicegate.schemas.records import (
     Record,
     StartRequest,
 )
-from sluicegate.streams.clock import CLOCK_FILE_ENV, FileClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import ROOT, TopicReader, WorkerProcess

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from sluicegate.admission.worker import Worker
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
@@ -30,7 +31,6 @@ from sluicegate.ops.localkafka.broker import (
 from sluicegate.ops.localkafka.cli import app as kafka_cli
 from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.schemas.records import LedgerRecord, Outcome
-from sluicegate.streams.runtime import Worker
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.cli import sluicegate

@@ -11,6 +11,7 @@ from confluent_kafka import Producer
 from sluicegate.client import Client, SingletonHeld
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     CommandKind,
@@ -22,7 +23,6 @@ from sluicegate.schemas.records import (
     RunRow,
     RunStatus,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import TopicReader, WorkerThread

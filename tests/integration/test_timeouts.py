@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App
+from sluicegate.engine.clock import ManualClock
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,
@@ -26,7 +27,6 @@ from sluicegate.schemas.records import (
     RunRow,
     RunStatus,
 )
-from sluicegate.streams.clock import ManualClock
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.lifecycle import app as lifecycle_app

@@ -11,12 +11,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
 from sluicegate.kafkautil import watermarks
 from sluicegate.ops.cli import app as cli
 from sluicegate.schemas import RECORD_TYPES, codec
-from sluicegate.streams.runtime import Worker
 from sluicegate.topology.admin import TopologyError, create_topics
 from sluicegate.topology.topics import Topics
 from tests.unit.test_codec import records_of

@@ -12,6 +12,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pydantic import BaseModel
 
+from sluicegate.admission.stages.batch import OpenBatch, add_item, batch_payload, batch_rule
+from sluicegate.admission.stages.cancelon import SWEEP_GRACE_MS, in_window
+from sluicegate.admission.stages.debounce import Burst, arrive, debounce_rule
+from sluicegate.admission.stages.identity import IdentityRow, Spent
+from sluicegate.admission.stages.identity import decide as identity_decide
+from sluicegate.admission.stages.identity import ended as identity_ended
+from sluicegate.admission.stages.ratelimit import Admit, Window
+from sluicegate.admission.stages.ratelimit import decide as rate_decide
 from sluicegate.declare import (
     App,
     Batch,
@@ -21,17 +29,9 @@ from sluicegate.declare import (
     RateLimit,
     Workflow,
 )
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, RunEventKind
-from sluicegate.streams.stages.batch import OpenBatch, add_item, batch_payload, batch_rule
-from sluicegate.streams.stages.cancelon import SWEEP_GRACE_MS, in_window
-from sluicegate.streams.stages.debounce import Burst, arrive, debounce_rule
-from sluicegate.streams.stages.identity import IdentityRow, Spent
-from sluicegate.streams.stages.identity import decide as identity_decide
-from sluicegate.streams.stages.identity import ended as identity_ended
-from sluicegate.streams.stages.ratelimit import Admit, Window
-from sluicegate.streams.stages.ratelimit import decide as rate_decide
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.testing import TestDriver
 
 KEYS = ("a", "b")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.streams.stages.batch import (
+from sluicegate.admission.stages.batch import (
     EMPTY_BATCH_BYTES,
     BatchRule,
     OpenBatch,

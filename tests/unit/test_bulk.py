@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.admission.stages.runs import retry_id
 from sluicegate.ops.bulk import ELIGIBLE, Verb, ineligible, plan, selected
 from sluicegate.schemas.records import RunRow, RunStatus
-from sluicegate.streams.stages.runs import retry_id
 
 
 def _row(i: int, status: RunStatus, workflow: str = "w") -> RunRow:

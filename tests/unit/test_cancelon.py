@@ -11,6 +11,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.admission.routing import Router
+from sluicegate.admission.stages.cancelon import (
+    GROUP_HEADER,
+    QUEUE_STAGES,
+    SWEEP_GRACE_MS,
+    Group,
+    cancel_reason,
+    decode_for,
+    group_headers,
+    group_reason,
+    in_window,
+    judge,
+    let_go_by_defer,
+    queued_reason,
+    reason_for,
+)
 from sluicegate.config import Settings
 from sluicegate.declare import (
     App,
@@ -30,22 +46,6 @@ from sluicegate.schemas.records import (
     Outcome,
     PendingStart,
     Slot,
-)
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stages.cancelon import (
-    GROUP_HEADER,
-    QUEUE_STAGES,
-    SWEEP_GRACE_MS,
-    Group,
-    cancel_reason,
-    decode_for,
-    group_headers,
-    group_reason,
-    in_window,
-    judge,
-    let_go_by_defer,
-    queued_reason,
-    reason_for,
 )
 from sluicegate.testing import TestDriver
 from tests.apps.operations import ISSUE_DELETED, JiraIssueDeleted, Tour, app, tour

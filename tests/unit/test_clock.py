@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.streams.clock import (
+from sluicegate.engine.clock import (
     CLOCK_FILE_ENV,
     FileClock,
     ManualClock,
@@ -72,7 +72,7 @@ def test_file_clock_reads_the_time_another_process_wrote(tmp_path: Path) -> None
             [
                 sys.executable,
                 "-c",
-                "import sys; from sluicegate.streams.clock import FileClock; "
+                "import sys; from sluicegate.engine.clock import FileClock; "
                 "FileClock.write(sys.argv[1], int(sys.argv[2]))",
                 str(path),
                 str(ms),

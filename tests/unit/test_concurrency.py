@@ -16,6 +16,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from pydantic import BaseModel
 
+from sluicegate.admission.stages.concurrency import (
+    NAME,
+    REMOVED,
+    ConcurrencyStage,
+    Limit,
+    Occupancy,
+    Verdict,
+    arrive,
+    expires_at,
+    frees,
+    lane_hop,
+)
 from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Priority, Throttle, Timeouts, Workflow
 from sluicegate.schemas import codec
@@ -28,18 +40,6 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
     Slot,
-)
-from sluicegate.streams.stages.concurrency import (
-    NAME,
-    REMOVED,
-    ConcurrencyStage,
-    Limit,
-    Occupancy,
-    Verdict,
-    arrive,
-    expires_at,
-    frees,
-    lane_hop,
 )
 from sluicegate.testing import TestDriver
 from sluicegate.topology.keys import key_text

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.streams.stages.debounce import Burst, DebounceRule, arrive
+from sluicegate.admission.stages.debounce import Burst, DebounceRule, arrive
 
 MINUTE = 60_000
 

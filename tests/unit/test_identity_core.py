@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from sluicegate.admission.stages.identity import IdentityRow, Spent, decide, ended
 from sluicegate.declare import App, Idempotency, Workflow
 from sluicegate.schemas.records import Origin, StartRequest
-from sluicegate.streams.stages.identity import IdentityRow, Spent, decide, ended
 from sluicegate.topology.keys import identity_key
 
 

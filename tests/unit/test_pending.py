@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from sluicegate.schemas.records import AdmittedKind, Origin, PendingStart
-from sluicegate.streams.pending import (
+from sluicegate.admission.pending import (
     FairQueue,
     Parked,
     PendingQueue,
     pack_headers,
     unpack_headers,
 )
-from sluicegate.streams.stage import Headers
-from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.engine.stage import Headers
+from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.schemas.records import AdmittedKind, Origin, PendingStart
 
 HEADERS: Headers = [("sluicegate.cancelOn.group", b'{"batch":false}'), ("other", b"")]
 HEADER_ROWS = b"\x00SP"  # where a parked start's headers are kept

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sluicegate.streams.stages.ratelimit import Admit, Drop, Window, decide
+from sluicegate.admission.stages.ratelimit import Admit, Drop, Window, decide
 
 HOUR = 3_600_000
 

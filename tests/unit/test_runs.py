@@ -7,22 +7,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.declare import Concurrency, Workflow
-from sluicegate.schemas import codec
-from sluicegate.schemas.records import (
-    AdmittedKind,
-    AdmittedStart,
-    LedgerRecord,
-    Origin,
-    Outcome,
-    RunEvent,
-    RunEventKind,
-    RunOperation,
-    RunRow,
-    RunStatus,
-    Slot,
-)
-from sluicegate.streams.stages.runs import (
+from sluicegate.admission.stages.runs import (
     _CANCELLING,
     DEFAULT_LEASE_MS,
     ENDED,
@@ -38,6 +23,21 @@ from sluicegate.streams.stages.runs import (
     lease_lapsed,
     lease_of,
     redriven,
+)
+from sluicegate.declare import Concurrency, Workflow
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    LedgerRecord,
+    Origin,
+    Outcome,
+    RunEvent,
+    RunEventKind,
+    RunOperation,
+    RunRow,
+    RunStatus,
+    Slot,
 )
 from sluicegate.testing import TestDriver, Written
 from tests.apps.lifecycle import Job

@@ -1,4 +1,4 @@
-"""Sealing payloads (sluicegate/streams/payloads.py): keys, rotation, refusals."""
+"""Sealing payloads (sluicegate/schemas/payloads.py): keys, rotation, refusals."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from sluicegate.declare import Workflow
-from sluicegate.streams.payloads import (
+from sluicegate.schemas.payloads import (
     MARKER,
     Keyring,
     KeyringError,

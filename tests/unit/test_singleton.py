@@ -9,6 +9,18 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from sluicegate.admission.stages.singleton import (
+    Cancel,
+    Claim,
+    Hold,
+    Mode,
+    Skip,
+    admitted,
+    arrive,
+    hold_key,
+    holder,
+    released,
+)
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -20,18 +32,6 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
     Slot,
-)
-from sluicegate.streams.stages.singleton import (
-    Cancel,
-    Claim,
-    Hold,
-    Mode,
-    Skip,
-    admitted,
-    arrive,
-    hold_key,
-    holder,
-    released,
 )
 from sluicegate.testing import TestDriver
 from tests.apps.singleton import app as singleton_app

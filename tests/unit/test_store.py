@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from sluicegate.streams.store import PartitionStore, StoreTransaction
+from sluicegate.engine.store import PartitionStore, StoreTransaction
 
 
 @pytest.fixture
@@ -385,7 +385,7 @@ test_transaction_behaves_like_a_dict_over_a_dict = TransactionMachine.TestCase
 _KILLED_AFTER_WRITING = """
 import os, sys
 from pathlib import Path
-from sluicegate.streams.store import PartitionStore
+from sluicegate.engine.store import PartitionStore
 store = PartitionStore(Path(sys.argv[1]))
 store.write({b"a": b"2", b"b": b"2"}, 8, {"runs": 4})
 assert store.get(b"b") == b"2" and store.changelog_offset == 8

@@ -12,10 +12,10 @@ from pydantic import BaseModel
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Debounce, Workflow
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import AdmittedStart, Outcome, RunEventKind, RunStatus
-from sluicegate.streams.stage import InputRecord
 from sluicegate.testing import TestDriver
 from sluicegate.topology.keys import identity_store_key
 from sluicegate.topology.topics import Topics

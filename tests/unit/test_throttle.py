@@ -16,6 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from sluicegate.admission.stages.throttle import (
+    REMOVED,
+    Pace,
+    Rate,
+    due_ms,
+    forget_ms,
+    take,
+)
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -25,14 +33,6 @@ from sluicegate.schemas.records import (
     Outcome,
     PendingStart,
     Record,
-)
-from sluicegate.streams.stages.throttle import (
-    REMOVED,
-    Pace,
-    Rate,
-    due_ms,
-    forget_ms,
-    take,
 )
 from sluicegate.testing import TestDriver
 from sluicegate.topology.route import route_for

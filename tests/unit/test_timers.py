@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import (
+from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.engine.timers import (
     STATE_PREFIX,
     TIMER_PREFIX,
     Timers,

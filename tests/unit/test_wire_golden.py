@@ -17,7 +17,7 @@ import pytest
 
 from sluicegate.schemas import codec
 from sluicegate.schemas.codec import NAMED_TYPES, RECORD_TYPES, parse_writer_schema
-from sluicegate.streams.payloads import Keyring
+from sluicegate.schemas.payloads import Keyring
 from tests.unit.test_codec import PINNED_FINGERPRINTS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
+from sluicegate.admission.routing import Router
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     ENDED,
@@ -48,17 +53,14 @@ from sluicegate.schemas.records import (
     StartRequest,
     changed,
 )
-from sluicegate.streams.decisions import RUNS_STAGE, record_decision, reject
-from sluicegate.streams.routing import Router
-from sluicegate.streams.stage import InputRecord, Stage, StageContext, Table
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import identity_store_key, key_text
-from sluicegate.topology.topics import Topics
 
 log = logging.getLogger(__name__)
 
 NAME = RUNS_STAGE
-_RUN = STATE_PREFIX + b"R"
+# + execution id -> the run's row: the runs table, which the worker publishes to sg.runs
+# (`admission.app.node`, docs/decisions/published-tables.md).
+RUN_ROWS = STATE_PREFIX + b"R"
 _EARLY = STATE_PREFIX + b"E"
 _EARLY_MARK = STATE_PREFIX + b"e"
 _BACKSTOP = STATE_PREFIX + b"B"
@@ -99,12 +101,13 @@ _STATUS_OF = {
 
 
 def admitted_row(admitted: AdmittedStart) -> RunRow:
+    # Positional: every admission builds one, and a keyword call costs twice as much
+    # (records-built-in-python.md).
+    slots = admitted.slots
     return RunRow(
-        execution_id=admitted.execution_id, workflow=admitted.workflow,
-        status=RunStatus.admitted, payload=admitted.payload,
-        declaration_version=admitted.declaration_version,
-        admitted_at_ms=admitted.admitted_at_ms, updated_at_ms=admitted.admitted_at_ms,
-        slots=list(admitted.slots), keys={slot.stage: slot.key for slot in admitted.slots},
+        admitted.execution_id, admitted.workflow, RunStatus.admitted, admitted.payload,
+        admitted.declaration_version, admitted.admitted_at_ms, admitted.admitted_at_ms,
+        list(slots), {slot.stage: slot.key for slot in slots} if slots else {},
     )
 
 
@@ -238,25 +241,12 @@ def lease_of(wf: Workflow | None) -> int:
 # -- the stage -----------------------------------------------------------------------
 
 
-class RunsStage(Stage):
+class RunsStage(AdmissionStage):
     name = NAME
 
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
         self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name), topics.run_events)
-
-    def handed_over(self, topics: Topics) -> tuple[str, ...]:
-        # One admitted start per run (a resume follows its run's own report), so no
-        # admission's order against another matters.
-        return (topics.stage(self.name),)
-
-    def tables(self, topics: Topics) -> tuple[Table, ...]:
-        # The runs table is this store's run rows: sg.runs is their log, so a row is
-        # written to Kafka once, and the store is restored from it.
-        return (Table("runs", _RUN, topics.runs),)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
@@ -292,12 +282,12 @@ class RunsStage(Stage):
 
     @staticmethod
     def load(ctx: StageContext, execution_id: str) -> RunRow | None:
-        raw = ctx.store.get(_RUN + execution_id.encode())
+        raw = ctx.store.get(RUN_ROWS + execution_id.encode())
         return codec.decode(RunRow, raw) if raw is not None else None
 
     def save(self, ctx: StageContext, row: RunRow) -> None:
         """The run's row, in the store and (at commit) in the runs table."""
-        ctx.store.put(_RUN + row.execution_id.encode(), codec.encode(row))
+        ctx.store.put(RUN_ROWS + row.execution_id.encode(), codec.encode(row))
 
     def _admitted(self, ctx: StageContext, admitted: AdmittedStart,
                   reports_may_precede: bool) -> None:

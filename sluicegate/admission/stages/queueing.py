@@ -6,12 +6,13 @@ arrival (docs/decisions/cancelon-correlator.md)."""
 
 from __future__ import annotations
 
+from sluicegate.admission.decisions import reject
+from sluicegate.admission.routing import ControlStage
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, PendingStart, Record, Release
-from sluicegate.streams.decisions import reject
-from sluicegate.streams.routing import ControlStage
-from sluicegate.streams.stage import InputRecord, StageContext
-from sluicegate.streams.stages import cancelon
 
 
 class QueueStage(ControlStage):

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
-from sluicegate.schemas.records import ControlRow, record
-from sluicegate.streams.store import StoreTransaction
-from sluicegate.streams.timers import Timers
-from sluicegate.topology.topics import Topics
+from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.timers import Timers
+
+T = TypeVar("T")
 
 # Kafka record headers, as the client gives and takes them: (name, value) in order.
 Headers = list[tuple[str, str | bytes | None]]
 
 
-@record
+@dataclass(slots=True)
 class InputRecord:
     topic: str
     partition: int
@@ -33,46 +34,39 @@ class InputRecord:
     # carry headers it reads (docs/decisions/record-headers.md).
     headers: Headers | None = None
     # The value decoded, when the record was handed over in-process by a stage that had
-    # it (`Stage.handed_over`): the receiving stage need not decode `value` again.
+    # it (`Node.handed_over`): the receiving stage need not decode `value` again.
     message: object | None = None
-
-
-@record
-class Table:
-    """Rows of a stage's store that the stage publishes as a table topic (the runs table):
-    the store rows under `prefix` are logged to `topic`, keyed by the rest of their key,
-    instead of to the changelog, and restored from it. The topic is their changelog, so a
-    row is written to Kafka once (Kafka Streams' source-topic changelog)."""
-
-    name: str
-    prefix: bytes
-    topic: str
 
 
 class Send(Protocol):
     """Produce one record in the current transaction: to `partition`, or (None) to the
-    key's murmur2 partition; with `headers` when given. `message` is the record `value`
-    encodes, for a stage the record may be handed over to (`InputRecord.message`)."""
+    key's partition as the producer's partitioner places it (`Topology.partitioner`); with
+    `headers` when given. `message` is the record `value` encodes, for a stage the record
+    may be handed over to (`InputRecord.message`)."""
 
     def __call__(self, topic: str, key: bytes | None, value: bytes | None,
                  partition: int | None = None, headers: Headers | None = None,
                  message: object | None = None, /) -> None: ...
 
 
-class StageContext:
-    """One stage's view of one partition during one commit cycle."""
+class StageContext(Generic[T]):
+    """One stage's view of one partition during one commit cycle. `topics` is what the
+    topology gives its stages to name the topics they send to (`Topology.topics`); the
+    engine passes it on and never reads it."""
 
-    __slots__ = ("_clock", "_store", "_timers", "partition", "send", "stage", "topics")
+    __slots__ = ("_clock", "_dead_letter", "_store", "_timers", "partition", "send", "stage",
+                 "topics")
 
     def __init__(
         self,
         stage: str,
         partition: int,
-        topics: Topics,
+        topics: T,
         store: StoreTransaction | None,
         timers: Timers | None,
         send: Send,
         clock: Callable[[], int],
+        dead_letter: DeadLetterHandler,
     ) -> None:
         self.stage = stage
         self.partition = partition
@@ -82,6 +76,12 @@ class StageContext:
         # The runtime's own function, called straight: it is on every output's path.
         self.send = send
         self._clock = clock
+        self._dead_letter = dead_letter
+
+    def dead_letter(self, record: InputRecord, reason: str) -> None:
+        """Tell where someone will look that `record` is not processed, and why: the
+        topology's dead-letter handler (`Topology.dead_letter`)."""
+        self._dead_letter(self, record, reason)
 
     @property
     def store(self) -> StoreTransaction:
@@ -101,49 +101,36 @@ class StageContext:
 
 
 class Stage(ABC):
-    """One control (or the identity/runs bookkeeping) as a stream processor."""
-
-    name: str
-    stateful: bool = True
-
-    @abstractmethod
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        """The topics this stage consumes; all share the stage topics' partition count."""
-
-    def tables(self, topics: Topics) -> tuple[Table, ...]:
-        """The tables this stage publishes from its store (none by default)."""
-        return ()
-
-    def handed_over(self, topics: Topics) -> tuple[str, ...]:
-        """The inputs whose records a stage of the same worker hands over in-process when
-        the worker owns the partition they are for: the record is processed in the
-        sender's transaction and never written to its topic (offset -1). Only for an
-        input where no record's order against another's matters
-        (docs/decisions/in-process-handover.md); none by default."""
-        return ()
+    """A stage's processing: what it does with a record, a due timer, a restored partition
+    and a changed row of a global table. How it is wired (its name, the topics it reads,
+    its store and what it publishes from it) is the topology's (`engine.topology.Node`),
+    as Kafka Streams keeps a processor's wiring in its `Topology`."""
 
     @abstractmethod
-    def process(self, ctx: StageContext, record: InputRecord) -> None:
+    def process(self, ctx: StageContext[Any], record: InputRecord) -> None:
         """Handle one input record. Bad input is the stage's to dead-letter and ledger."""
 
-    def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+    def unprocessable(self, ctx: StageContext[Any], record: InputRecord, reason: str) -> None:
         """`record` is not processed: it failed again when its cycle was replayed, or its
         outputs cannot be written. Say so where someone will look, and nothing more: a
         dead letter with `reason` by default; a stage whose records are requests adds the
         ledger row each needs. A timer given up on comes here too, as a record of topic
         `timer:<stage>` with offset -1, its timer key and value."""
-        # The one place the runtime reaches the dead-letter topic; imported here because
-        # decisions builds on this module.
-        from sluicegate.streams.decisions import dead_letter
+        ctx.dead_letter(record, reason)
 
-        dead_letter(ctx, record, reason)
-
-    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:  # noqa: B027 - optional
+    def fire(self, ctx: StageContext[Any], due_ms: int, key: bytes, value: bytes) -> None:  # noqa: B027 - optional
         """A timer this stage scheduled is due; the runtime has already removed it."""
 
-    def restored(self, ctx: StageContext) -> None:  # noqa: B027 - an optional hook
+    def restored(self, ctx: StageContext[Any]) -> None:  # noqa: B027 - an optional hook
         """The partition's store is restored and about to process; runs in the current
         transaction, so it may send (e.g. fail starts of a workflow no longer declared)."""
 
-    def control_changed(self, ctx: StageContext, row: ControlRow) -> None:  # noqa: B027
-        """A control row changed (a workflow paused or unpaused), seen by every task."""
+    def table_changed(self, ctx: StageContext[Any], table: str, row: object) -> None:  # noqa: B027
+        """A row of the global table `table` changed (`GlobalTable.poll`), seen by every
+        task of a stage that reads the table (`Node.reads`); and once a task is restored,
+        each of the table's rows (`GlobalTable.rows`). Runs in the current transaction, so
+        it may send."""
+
+
+# Where a record that is not processed is told: (its stage's context, the record, why).
+DeadLetterHandler = Callable[[StageContext[Any], InputRecord, str], None]

@@ -10,30 +10,45 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sluicegate.streams.stage import Send, Stage, StageContext, Table
-from sluicegate.streams.store import PartitionStore, StoreTransaction
-from sluicegate.streams.timers import Timers
-from sluicegate.topology.topics import Topics
+from sluicegate.engine.stage import Send, Stage, StageContext
+from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.engine.timers import Timers
+from sluicegate.engine.topology import Node, Table, Topology
 
 
 @dataclass(slots=True)
 class StageState:
-    stage: Stage
-    store: PartitionStore | None
-    tx: StoreTransaction | None
-    timers: Timers | None
-    ctx: StageContext
-    changelog: str
-    tables: tuple[Table, ...]
+    """One stage's part of a task: its context, and for a stage with a store, the store,
+    the cycle's transaction over it and its timers."""
+
+    node: Node
+    ctx: StageContext[Any]
+    store: PartitionStore | None = None
+    tx: StoreTransaction | None = None
+    timers: Timers | None = None
+
+    @property
+    def stage(self) -> Stage:
+        return self.node.stage
+
+    @property
+    def changelog(self) -> str:
+        changelog = self.node.changelog
+        assert changelog is not None, f"stage {self.node.name} has no store"
+        return changelog
+
+    @property
+    def tables(self) -> tuple[Table, ...]:
+        return self.node.tables
 
 
 class Task:
     def __init__(
         self,
         partition: int,
-        stages: list[Stage],
-        topics: Topics,
+        topology: Topology,
         state_dir: Path,
         send: Send,
         clock: Callable[[], int],
@@ -44,17 +59,16 @@ class Task:
         them (the test driver's restart keeps its stores open)."""
         self.partition = partition
         self.states: dict[str, StageState] = {}
-        for stage in stages:
+        for node in topology.nodes:
             store = tx = timers = None
-            if stage.stateful:
-                store = (stores or {}).get(stage.name) or PartitionStore(
-                    state_dir / stage.name / str(partition))
+            if node.changelog is not None:
+                store = (stores or {}).get(node.name) or PartitionStore(
+                    state_dir / node.name / str(partition))
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
-            ctx = StageContext(stage.name, partition, topics, tx, timers, send, clock)
-            self.states[stage.name] = StageState(stage, store, tx, timers, ctx,
-                                                 topics.changelog(stage.name),
-                                                 stage.tables(topics))
+            ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
+                               topology.dead_letter)
+            self.states[node.name] = StageState(node, ctx, store, tx, timers)
 
     def stateful(self) -> Iterator[StageState]:
         return (s for s in self.states.values() if s.store is not None)

@@ -19,6 +19,9 @@ from sluicegate.schemas.records import ControlRow
 from sluicegate.topology.topics import Topics
 
 PAUSE_PREFIX = "pause:"
+# Its name as a global table of the engine (`GlobalTable.name`), which the stages that
+# read it are told.
+CONTROL_TABLE = "control"
 
 
 def pause_key(workflow: str) -> bytes:
@@ -26,6 +29,10 @@ def pause_key(workflow: str) -> bytes:
 
 
 class ControlTable:
+    """The engine's global table of pause rows, by workflow (`engine.topology.GlobalTable`)."""
+
+    name = CONTROL_TABLE
+
     def __init__(self, settings: Settings) -> None:
         self.topic = Topics(settings).control
         self.rows: dict[str, ControlRow] = {}

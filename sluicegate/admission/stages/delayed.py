@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from sluicegate.admission.pending import priority_mode, rank_key
+from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
 from sluicegate.declare import App, Workflow
+from sluicegate.engine.timers import TIMER_PREFIX, parse_timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.pending import priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.timers import TIMER_PREFIX, parse_timer_key
 
 # Timer keys of delayed starts: this, the start's rank, its request id.
 _DELAYED = b"D"

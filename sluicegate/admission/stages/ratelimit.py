@@ -13,13 +13,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from sluicegate.admission.decisions import reject
+from sluicegate.admission.routing import ControlStage
+from sluicegate.admission.stage import StageContext
 from sluicegate.declare import RateLimit, format_duration
+from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, PendingStart
-from sluicegate.streams.decisions import reject
-from sluicegate.streams.routing import ControlStage
-from sluicegate.streams.stage import InputRecord, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, key_text
 
 NAME = "ratelimit"

@@ -1,4 +1,6 @@
-"""The worker: one consumer, one transactional producer, and the exactly-once loop.
+"""The worker: one consumer, one transactional producer, and the exactly-once loop, running
+a `Topology` (engine/topology.py): the stages and their wiring, the global tables, and
+what it is told of the application around them, of which it imports nothing.
 
 Per commit cycle: consume a batch, hand each record to its stage, fire due timers, then
 commit — produce the stores' changelog writes, flush, send the consumed offsets with the
@@ -15,14 +17,14 @@ from goes back to where the cycle began, so each of its records is read again
   stage's `unprocessable` hook (a dead letter with the reason, and the ledger row its
   request needs) instead of `process`, and the partition moves on;
 - a broker that is away, or a transaction that fails, aborts the cycle the same way; a
-  producer that turns fatal or hangs is replaced (streams/transactions.py); when the
+  producer that turns fatal or hangs is replaced (engine/transactions.py); when the
   commit's own outcome is unknown, every task is restored from its changelogs and every
   partition rewound to the offsets the broker has, so nothing is applied twice.
 
 A task is restored from the loop, not in the assignment callback: its partitions stay
 paused until its stores have caught up with their changelogs.
 
-A record sent to a stage input that the stage takes handed over (`Stage.handed_over`) is
+A record sent to a stage input that the stage takes handed over (`Node.handed_over`) is
 processed on the spot when this worker owns its partition: the same transaction, no
 round trip through the broker (docs/decisions/in-process-handover.md).
 """
@@ -41,16 +43,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.declare import App
-from sluicegate.kafkautil import ClientErrors, KafkaAuthError, KafkaUnreachable, require_broker
-from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.registry import RegistryError
-from sluicegate.streams.clock import Clock, SystemClock
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.recovery import Restoration, RestoreError
-from sluicegate.streams.stage import Headers, InputRecord, Stage
-from sluicegate.streams.task import StageState, Task
-from sluicegate.streams.transactions import (
+from sluicegate.engine.clock import Clock, SystemClock
+from sluicegate.engine.recovery import Restoration, RestoreError
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.topology import Node, Topology
+from sluicegate.engine.transactions import (
     MAX_BACKOFF_S,
     CallHung,
     Stopping,
@@ -59,9 +57,7 @@ from sluicegate.streams.transactions import (
     error_of,
     sleep_unless_stopping,
 )
-from sluicegate.topology.admin import TopologyError, require_topics
-from sluicegate.topology.framing import configure_codec
-from sluicegate.topology.topics import Topics
+from sluicegate.kafkautil import ClientErrors, KafkaUnreachable, require_broker
 
 log = logging.getLogger(__name__)
 
@@ -151,37 +147,31 @@ def _worker_identity(state_dir: Path) -> tuple[str, Any]:
     return id_file.read_text().strip(), lock
 
 
-def _about_the_record(exc: BaseException) -> bool:
-    """Whether a failure while processing a record is the record's (retry it, then give
-    up on it) rather than the broker's or the registry's (retry the cycle as it was)."""
-    if isinstance(exc, RegistryError | Stopping | CallHung):
-        return False
-    if isinstance(exc, KafkaException):
-        error = error_of(exc)
-        return error is not None and error.code() in _RECORD_ERRORS
-    return True
-
-
 class Worker:
     def __init__(
         self,
-        stages: list[Stage],
+        topology: Topology,
         settings: Settings,
         clock: Clock | None = None,
-        control: ControlTable | None = None,
     ) -> None:
         self.settings = settings
-        self.topics = Topics(settings)
-        self.stages = stages
-        self.control = control
+        self.topology = topology
+        # What aborts a cycle to read it again as it was, and what of it says nothing
+        # against the record being processed.
+        self._cycle_errors: tuple[type[Exception], ...] = (
+            KafkaException, *topology.service_errors)
+        self._not_the_records: tuple[type[Exception], ...] = (
+            Stopping, CallHung, *topology.service_errors)
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
-        self.stage_for_topic: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.inputs(self.topics)
-        }
-        self._handed_over: dict[str, Stage] = {
-            topic: stage for stage in stages for topic in stage.handed_over(self.topics)
-        }
+        self._node_for_topic: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.inputs}
+        self._handed_over: dict[str, Node] = {
+            topic: node for node in topology.nodes for topic in node.handed_over}
+        # Global table -> the stages that read it.
+        self._readers: dict[str, list[str]] = {
+            table.name: [node.name for node in topology.nodes if table.name in node.reads]
+            for table in topology.global_tables}
         # Tasks that process, and tasks whose stores are being restored (their partitions
         # are paused meanwhile).
         self.tasks: dict[int, Task] = {}
@@ -225,7 +215,7 @@ class Worker:
         self.consumer = self._new_consumer()
         self.admin = self._new_admin()
         self.restorer = Consumer(settings.client_config(**{
-            "group.id": f"{self.topics.group}-restore",
+            "group.id": f"{topology.group}-restore",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -242,7 +232,7 @@ class Worker:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(self.settings.client_config(**{
-            "group.id": self.topics.group,
+            "group.id": self.topology.group,
             "client.id": f"worker-{self.worker_id}",
             # Static membership: a worker restarted with the same state directory takes
             # its partitions back at once, without a rebalance of the group
@@ -264,31 +254,23 @@ class Worker:
             **self._clients.config("consumer"),
         }))
 
-    @classmethod
-    def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
-        """A worker running every stage for `app`'s declarations."""
-        from sluicegate.streams.app import build_pipeline
-
-        pipeline = build_pipeline(app, settings)
-        return cls(pipeline.stages, settings, clock=clock, control=pipeline.control)
-
     # -- lifecycle -------------------------------------------------------------------
 
     def _stopping(self) -> bool:
         return self._stop()
 
     def start(self) -> None:
-        """Get ready to process: a broker that is not there yet is waited for; a refused
-        login raises KafkaAuthError, missing topics TopologyError, another configuration
-        problem WorkerError."""
+        """Get ready to process: a broker that is not there yet is waited for, and so are
+        the topology's startup steps; a refused login raises KafkaAuthError, another
+        configuration problem WorkerError, a step what it raises (a missing topic,
+        TopologyError)."""
         # Short timeouts: a broker that is not there is said at once (one line, within
         # seconds), and tried again until it answers.
         self._until_kafka_answers("answer", lambda: require_broker(self.settings, 1.0))
-        self._until_kafka_answers("check the topics",
-                                  lambda: require_topics(self.settings, 5.0))
-        configure_codec(self.settings)
-        if self.control is not None:
-            self._until_kafka_answers("read the control table", self.control.catch_up)
+        for step in self.topology.startup:
+            self._until_kafka_answers(step.what, step.run)
+        for table in self.topology.global_tables:
+            self._until_kafka_answers(f"read the {table.name} table", table.catch_up)
         # Joining the group takes a few round trips, done by the client in the background
         # meanwhile: a restarted worker then has its partitions as soon as it is ready.
         self._subscribe()
@@ -296,21 +278,21 @@ class Worker:
 
     def _subscribe(self) -> None:
         self.consumer.subscribe(
-            sorted(self.stage_for_topic),
+            sorted(self._node_for_topic),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
 
-    def _until_kafka_answers(self, what: str, step: Callable[[], None]) -> None:
+    def _until_kafka_answers(self, what: str, step: Callable[[], object]) -> None:
         backoff = 0.5
         said = False
         while True:
             try:
                 step()
                 return
-            except (KafkaAuthError, TopologyError):
-                raise  # no retry fixes these; each says what to do in one line
+            # Anything else (a refused login, a missing topic) no retry fixes: it raises,
+            # saying what to do in one line.
             except (KafkaException, KafkaUnreachable, TimeoutError) as exc:
                 self._check_config(exc)
                 if not said:
@@ -367,8 +349,8 @@ class Worker:
                 self.restorer.close()
             except (KafkaException, RuntimeError) as exc:
                 log.debug("restore consumer close: %s", describe(exc))
-            if self.control is not None:
-                self.control.close()
+            for table in self.topology.global_tables:
+                table.close()
             self._txn.close()
             self._lock.close()  # releases the state directory for the next worker
 
@@ -400,10 +382,10 @@ class Worker:
         except RecordFailed as failure:
             self._suspect(failure)
             self._abort(failure, messages[committed:])
-        except (KafkaException, RegistryError) as exc:
-            # The broker's or the registry's trouble, not the records': the cycle is
-            # aborted and read again (after a backoff, if it keeps failing). The same
-            # trouble again is said once.
+        except self._cycle_errors as exc:
+            # The broker's or a service's (a registry's) trouble, not the records': the
+            # cycle is aborted and read again (after a backoff, if it keeps failing). The
+            # same trouble again is said once.
             self._check_config(exc)
             said = describe(exc)
             log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
@@ -412,9 +394,9 @@ class Worker:
             self._abort(exc, messages[committed:])
 
     def _end_cycle(self) -> None:
-        """What the cycle does before it may commit: control rows, due timers; then the
-        commit if it is due."""
-        self._apply_control()
+        """What the cycle does before it may commit: the global tables' changed rows, due
+        timers; then the commit if it is due."""
+        self._apply_tables()
         self._fire_timers()
         if self._in_txn and self._cycle_due():
             self._commit()
@@ -480,28 +462,38 @@ class Worker:
             self._first[tp] = offset
         record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
                              msg.timestamp()[1], msg.headers())
-        stage = self.stage_for_topic[topic]
+        node = self._node_for_topic[topic]
         if not (self._suspects
-                and self._given_up(stage, task, (topic, partition, offset), record)):
-            self._handle(stage, task, record)
+                and self._given_up(node, task, (topic, partition, offset), record)):
+            self._handle(node, task, record)
         self._progress[tp] = offset + 1
         self._cycle_records += 1
         self.processed += 1
 
-    def _handle(self, stage: Stage, task: Task, record: InputRecord) -> None:
+    def _handle(self, node: Node, task: Task, record: InputRecord) -> None:
         try:
-            stage.process(task.states[stage.name].ctx, record)
+            node.stage.process(task.states[node.name].ctx, record)
         except RecordFailed:
             raise
         except Exception as exc:
             # A record handed over in-process has no offset of its own: the record whose
             # processing sent it is the one to retry, and to give up on.
-            if record.offset < 0 or not _about_the_record(exc):
+            if record.offset < 0 or not self._about_the_record(exc):
                 raise
             raise RecordFailed(
                 (record.topic, record.partition, record.offset),
-                f"{stage.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
+                f"{node.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
                 f"{describe(exc)}") from exc
+
+    def _about_the_record(self, exc: BaseException) -> bool:
+        """Whether a failure while processing a record is the record's (retry it, then give
+        up on it) rather than the broker's or a service's (retry the cycle as it was)."""
+        if isinstance(exc, self._not_the_records):
+            return False
+        if isinstance(exc, KafkaException):
+            error = error_of(exc)
+            return error is not None and error.code() in _RECORD_ERRORS
+        return True
 
     def _suspect(self, failure: RecordFailed) -> None:
         failures = self._suspects.get(failure.unit, (0, ""))[0] + 1
@@ -511,34 +503,35 @@ class Worker:
         else:
             log.warning("%s (retrying it once in a replayed cycle)", failure.reason)
 
-    def _given_up(self, stage: Stage, task: Task, unit: tuple[Any, ...],
+    def _given_up(self, node: Node, task: Task, unit: tuple[Any, ...],
                   record: InputRecord) -> bool:
         """Whether `record` failed too often to be processed again; if so, its stage's
         `unprocessable` hook has just recorded it instead."""
         suspect = self._suspects.get(unit)
         if suspect is None or suspect[0] < POISON_AFTER:
             return False
-        ctx = task.states[stage.name].ctx
+        stage, ctx = node.stage, task.states[node.name].ctx
         reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
         try:
             stage.unprocessable(ctx, record, reason)
         except Exception as exc:
-            if not _about_the_record(exc):
+            if not self._about_the_record(exc):
                 raise
             # The stage's own account of it cannot be written either: a bare dead letter.
             log.error("%s: its stage could not record it (%s); a bare dead letter instead",
                       reason, describe(exc))
-            Stage.unprocessable(stage, ctx, record, reason)
+            ctx.dead_letter(record, reason)
         return True
 
-    def _apply_control(self) -> None:
-        if self.control is None:
-            return
-        for row in self.control.poll():
-            self._begin()
-            for task in self.tasks.values():
-                for state in task.states.values():
-                    state.stage.control_changed(state.ctx, row)
+    def _apply_tables(self) -> None:
+        for table in self.topology.global_tables:
+            readers = self._readers[table.name]
+            for row in table.poll():
+                self._begin()
+                for task in self.tasks.values():
+                    for name in readers:
+                        state = task.states[name]
+                        state.stage.table_changed(state.ctx, table.name, row)
 
     def _fire_timers(self) -> None:
         now = self.clock.now_ms()
@@ -557,31 +550,33 @@ class Worker:
 
     def _fire(self, state: StageState, partition: int, due_ms: int, key: bytes,
               value: bytes) -> None:
-        stage = state.stage
-        unit = ("timer", stage.name, partition, due_ms, key)
+        node = state.node
+        stage = node.stage
+        unit = ("timer", node.name, partition, due_ms, key)
         if self._suspects and unit in self._suspects:
-            timer = InputRecord(f"timer:{stage.name}", partition, -1, key, value, due_ms)
-            if self._given_up(stage, self.tasks[partition], unit, timer):
+            timer = InputRecord(f"timer:{node.name}", partition, -1, key, value, due_ms)
+            if self._given_up(node, self.tasks[partition], unit, timer):
                 return
         try:
             stage.fire(state.ctx, due_ms, key, value)
         except Exception as exc:
-            if not _about_the_record(exc):
+            if not self._about_the_record(exc):
                 raise
-            raise RecordFailed(unit, f"{stage.name} failed on its timer due at {due_ms} "
+            raise RecordFailed(unit, f"{node.name} failed on its timer due at {due_ms} "
                                      f"({key!r}): {describe(exc)}") from exc
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, headers: Headers | None = None,
               message: object | None = None) -> None:
-        stage = self._handed_over.get(topic)
-        if stage is not None and key is not None:
-            p = partition_for(key, self.settings.partitions) if partition is None else partition
+        node = self._handed_over.get(topic)
+        if node is not None and key is not None:
+            p = (self.topology.partitioner(key, self.settings.partitions) if partition is None
+                 else partition)
             task = self.tasks.get(p)
             if task is not None:
                 # Handed over: the stage processes it now, in this transaction; it is
                 # never written to its topic, so it has no offset.
-                self._handle(stage, task, InputRecord(topic, p, -1, key, value,
+                self._handle(node, task, InputRecord(topic, p, -1, key, value,
                                                       self.clock.now_ms(), headers, message))
                 return
         producer = self._txn.producer
@@ -796,14 +791,16 @@ class Worker:
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
                  restoration.replayed, time.monotonic() - self._restore_started)
         # In a transaction, so a stage can act on what it finds (fail the starts of a
-        # workflow that is no longer declared, say), and catch up with the control table.
+        # workflow that is no longer declared, say), and catch up with the global tables.
         self._begin()
         for state in task.stateful():
             state.stage.restored(state.ctx)
-        if self.control is not None:
-            for row in list(self.control.rows.values()):
-                for state in task.states.values():
-                    state.stage.control_changed(state.ctx, row)
+        for table in self.topology.global_tables:
+            readers = self._readers[table.name]
+            for row in list(table.rows.values()):
+                for name in readers:
+                    state = task.states[name]
+                    state.stage.table_changed(state.ctx, table.name, row)
 
     def _restore_failed(self, partition: int, exc: BaseException) -> None:
         self._check_config(exc)
@@ -834,7 +831,7 @@ class Worker:
         log.info("assigned partitions %s", sorted(self._partitions(tps)))
         for partition in new:
             self._restoring[partition] = Task(
-                partition, self.stages, self.topics, self.settings.state_dir, self._send,
+                partition, self.topology, self.settings.state_dir, self._send,
                 self.clock.now_ms, self.settings.max_record_bytes)
         consumer.pause([tp for tp in tps if tp.partition in self._restoring])
         self._restore_at = 0.0

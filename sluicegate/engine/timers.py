@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-from sluicegate.streams.store import StoreTransaction
+from sluicegate.engine.store import StoreTransaction
 
 TIMER_PREFIX = b"\x00T"
 STATE_PREFIX = b"\x00S"

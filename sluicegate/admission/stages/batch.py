@@ -18,15 +18,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.decisions import describe_invalid
-from sluicegate.streams.payloads import is_sealed, validate
-from sluicegate.streams.pending import PendingQueue, priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.groups import (
+from sluicegate.admission.decisions import describe_invalid
+from sluicegate.admission.pending import PendingQueue, priority_mode, rank_key
+from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.groups import (
     BATCHED,
     Verdict,
     merged_slots,
@@ -34,7 +31,10 @@ from sluicegate.streams.stages.groups import (
     verdict,
     wake,
 )
-from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.timers import STATE_PREFIX
+from sluicegate.schemas.payloads import is_sealed, validate
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.topology.keys import key_text
 
 # -- the pure core -------------------------------------------------------------------

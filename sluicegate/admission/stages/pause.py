@@ -10,20 +10,21 @@ priority-ordered queue and drain in one order, each going on from the hop it sto
 
 from __future__ import annotations
 
-from sluicegate.declare import App
-from sluicegate.schemas.murmur2 import partition_for
-from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
-from sluicegate.streams.pending import PendingQueue, priority_mode, queue_names
-from sluicegate.streams.routing import (
+from sluicegate.admission.pending import PendingQueue, priority_mode, queue_names
+from sluicegate.admission.routing import (
     DECLARED_ROW,
     PAUSE_STAGE,
     REMOVED,
     Router,
     declared_digest,
 )
-from sluicegate.streams.stage import InputRecord, StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.queueing import QueueStage
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.queueing import QueueStage
+from sluicegate.declare import App
+from sluicegate.engine.stage import InputRecord
+from sluicegate.schemas.murmur2 import partition_for
+from sluicegate.schemas.records import CancelSweep, ControlRow, Outcome, PendingStart
 
 
 def queue_name(workflow: str) -> bytes:
@@ -81,8 +82,11 @@ class PauseStage(QueueStage):
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         cancelon.forget(ctx, key)  # its only timers
 
-    def control_changed(self, ctx: StageContext, row: ControlRow) -> None:
-        if row.paused or partition_for(row.workflow.encode(), self.partitions) != ctx.partition:
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """A control row: an unpaused workflow's collected starts drain, on the partition
+        that owns the workflow's name."""
+        if (not isinstance(row, ControlRow) or row.paused
+                or partition_for(row.workflow.encode(), self.partitions) != ctx.partition):
             return
         queue = PendingQueue(ctx.store, queue_name(row.workflow))
         while not self.router.paused(row.workflow):

@@ -13,8 +13,14 @@ import dataclasses
 import hashlib
 from typing import Any
 
+from sluicegate.admission.control import ControlTable
+from sluicegate.admission.decisions import admit, dead_letter, record_decision, reject
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import Payloads
 from sluicegate.schemas.records import (
     AdmittedKind,
     AdmittedStart,
@@ -29,14 +35,8 @@ from sluicegate.schemas.records import (
     StartRequest,
     changed,
 )
-from sluicegate.streams.control import ControlTable
-from sluicegate.streams.decisions import admit, dead_letter, record_decision, reject
-from sluicegate.streams.payloads import Payloads
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, identity_store_key, key_text
 from sluicegate.topology.route import DEPLOYMENT_CAP, Hop, Route, control_name, hop_key, route_for
-from sluicegate.topology.topics import Topics
 
 PAUSE_STAGE = "pause"
 REMOVED = "workflow removed from the declarations"
@@ -328,16 +328,13 @@ class Router:
         return any(wf.on_failure == workflow for wf in self.app.workflows.values())
 
 
-class ControlStage(Stage):
+class ControlStage(AdmissionStage):
     """A stage fed by its own topic (`sg.stage.<name>`) that moves starts on through the
     router: what every control stage shares."""
 
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
         self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         self.router.give_up(ctx, record, reason)

@@ -17,14 +17,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.schemas import codec
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.pending import priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.groups import (
+from sluicegate.admission.pending import priority_mode, rank_key
+from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.groups import (
     DEBOUNCE,
     Verdict,
     merged_slots,
@@ -32,7 +29,10 @@ from sluicegate.streams.stages.groups import (
     verdict,
     wake,
 )
-from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.timers import STATE_PREFIX
+from sluicegate.schemas import codec
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.topology.keys import key_text
 
 # -- the pure core -------------------------------------------------------------------

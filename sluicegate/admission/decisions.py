@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from sluicegate.admission.stage import StageContext
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,
@@ -17,13 +19,12 @@ from sluicegate.schemas.records import (
     Reply,
     StartRequest,
 )
-from sluicegate.streams.stage import InputRecord, StageContext
 
 # Room a dead letter keeps for what is not the record's key and value (its reason, where
 # the record came from, its framing); and the longest reason it carries.
 DEAD_LETTER_RESERVE_BYTES = 16 * 1024
 MAX_REASON_CHARS = 4000
-# The stage that keeps the runs table (streams/stages/runs.py).
+# The stage that keeps the runs table (admission/stages/runs.py).
 RUNS_STAGE = "runs"
 def request_id_for(record: InputRecord) -> str:
     """The id of a request too broken to carry one: where it was read."""

@@ -23,6 +23,11 @@ import json
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sluicegate.admission.decisions import reject
+from sluicegate.admission.routing import Router, with_slot
+from sluicegate.admission.stage import AdmissionStage, StageContext
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
@@ -34,12 +39,7 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
 )
-from sluicegate.streams.decisions import reject
-from sluicegate.streams.routing import Router, with_slot
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, key_text
-from sluicegate.topology.topics import Topics
 
 NAME = "singleton"
 _HOLD = STATE_PREFIX + b"H"
@@ -169,14 +169,11 @@ def holder(store: Readable, workflow: str, key: str) -> str | None:
 # -- the stage -----------------------------------------------------------------------
 
 
-class SingletonStage(Stage):
+class SingletonStage(AdmissionStage):
     name = NAME
 
     def __init__(self, router: Router) -> None:
         self.router = router
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        return (topics.stage(self.name),)
 
     def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         self.router.give_up(ctx, record, reason)

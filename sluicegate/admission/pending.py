@@ -24,11 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sluicegate.declare import Workflow
+from sluicegate.engine.stage import Headers
+from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import PendingStart
-from sluicegate.streams.stage import Headers
-from sluicegate.streams.store import StoreTransaction
-from sluicegate.streams.timers import STATE_PREFIX
 
 _QUEUE = STATE_PREFIX + b"Q"
 _COUNT = STATE_PREFIX + b"N"

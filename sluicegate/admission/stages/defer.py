@@ -14,16 +14,17 @@ docs/decisions/debounce-and-batch.md records the choices the spec leaves open.
 
 from __future__ import annotations
 
+from sluicegate.admission.routing import REMOVED, Router, declared_digest
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.batch import Batches, batch_rule
+from sluicegate.admission.stages.debounce import Debounces, debounce_rule
+from sluicegate.admission.stages.groups import BATCHED, DEBOUNCE, RANK
+from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App
+from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.routing import REMOVED, Router, declared_digest
-from sluicegate.streams.stage import InputRecord, StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.batch import Batches, batch_rule
-from sluicegate.streams.stages.debounce import Debounces, debounce_rule
-from sluicegate.streams.stages.groups import BATCHED, DEBOUNCE, RANK
-from sluicegate.streams.stages.queueing import QueueStage
-from sluicegate.streams.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key
 from sluicegate.topology.keys import ControlKey, key_text
 
 NAME = "defer"

@@ -102,7 +102,7 @@ def _decode_key(encoded: str, where: str) -> bytes:
         raise KeyringError(f"{where}: the key is not base64") from None
     if len(raw) != _KEY_BYTES:
         raise KeyringError(f"{where}: the key is {len(raw)} bytes, it must be {_KEY_BYTES} "
-                           "(make one with sluicegate.streams.payloads.generate_key)")
+                           "(make one with sluicegate.schemas.payloads.generate_key)")
     return raw
 
 

@@ -24,7 +24,14 @@ import struct
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sluicegate.admission.pending import FairQueue, Parked, priority_mode
+from sluicegate.admission.routing import REMOVED, Router, with_slot
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -34,18 +41,12 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
 )
-from sluicegate.streams.pending import FairQueue, Parked, priority_mode
-from sluicegate.streams.routing import REMOVED, Router, with_slot
-from sluicegate.streams.stage import Headers, InputRecord, StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.queueing import QueueStage
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 
 NAME = "concurrency"
 
-# Rows of this stage (the FairQueue rows have letters of their own in streams/pending.py).
+# Rows of this stage (the FairQueue rows have letters of their own in admission/pending.py).
 _HOLDER = STATE_PREFIX + b"H"   # + key + execution id -> workflow \x1f limit index
 _HELD = STATE_PREFIX + b"C"     # + key -> number of slots held
 _WAITING = STATE_PREFIX + b"W"  # + key + execution id -> lane + queue row

@@ -3,7 +3,7 @@
 A store is trusted up to the changelog offset written in the same WriteBatch as its
 state; replay goes from there to the end of the committed changelog (read_committed, so
 writes of aborted transactions never arrive). The rows of a table the stage publishes
-(`Stage.tables`) are replayed the same way from the table's topic, which is their log. A
+(`Node.tables`) are replayed the same way from the table's topic, which is their log. A
 store whose offset is outside one of its logs' range (the topic was recreated, or
 truncated) is wiped and rebuilt from all of them.
 
@@ -24,10 +24,9 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from sluicegate.streams.store import PartitionStore
-from sluicegate.streams.task import StageState, Task
-from sluicegate.streams.transactions import Stopping
-from sluicegate.topology.topics import Topics
+from sluicegate.engine.store import PartitionStore
+from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.transactions import Stopping
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ class Restoration:
                 at = store.changelog_offset if table is None else store.table_offset(table)
                 if not low <= at + 1 <= high:
                     log.warning("store %s/%d at offset %d is outside %s [%d, %d): rebuilding",
-                                state.stage.name, task.partition, at, topic, low, high)
+                                state.node.name, task.partition, at, topic, low, high)
                     store.wipe()
                     break
             for topic, prefix, table, (low, high) in mine:
@@ -172,7 +171,7 @@ class Restoration:
         return done or consumer.position([tp])[0].offset >= high
 
 
-def restore_task(task: Task, consumer: Consumer, admin: AdminClient, topics: Topics,
+def restore_task(task: Task, consumer: Consumer, admin: AdminClient,
                  stopping: Callable[[], bool] = lambda: False,
                  timeout_s: float = 120.0) -> int:
     """Bring every store of `task` to the end of its logs at once; returns records

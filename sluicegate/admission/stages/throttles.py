@@ -30,13 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sluicegate.declare import ExpressionError, Workflow, format_duration
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.pending import Parked, PendingQueue, priority_mode, rank_key
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import Headers, StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.throttle import (
+from sluicegate.admission.pending import Parked, PendingQueue, priority_mode, rank_key
+from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.throttle import (
     MANY_SWEEP,
     MANY_TURN,
     Pace,
@@ -48,7 +46,10 @@ from sluicegate.streams.stages.throttle import (
     several,
     take,
 )
-from sluicegate.streams.timers import STATE_PREFIX
+from sluicegate.declare import ExpressionError, Workflow, format_duration
+from sluicegate.engine.stage import Headers
+from sluicegate.engine.timers import STATE_PREFIX
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 
 _ROW = STATE_PREFIX + b"tW"     # + key -> the workflow's row (Row)
 _PACE = STATE_PREFIX + b"tA"    # + key + throttle index + key text -> PaceRow

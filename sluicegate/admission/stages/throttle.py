@@ -23,15 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sluicegate.admission.decisions import reject
+from sluicegate.admission.pending import Parked, PendingQueue, priority_mode
+from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.stage import StageContext
+from sluicegate.admission.stages import cancelon
+from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.streams.decisions import reject
-from sluicegate.streams.pending import Parked, PendingQueue, priority_mode
-from sluicegate.streams.routing import REMOVED, Router
-from sluicegate.streams.stage import Headers, InputRecord, StageContext
-from sluicegate.streams.stages import cancelon
-from sluicegate.streams.stages.queueing import QueueStage
-from sluicegate.streams.timers import STATE_PREFIX
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.route import hop_key
 
@@ -153,7 +154,7 @@ class ThrottleStage(QueueStage):
     def __init__(self, app: App, router: Router) -> None:
         super().__init__(app, router)
         # Imported here: the several-throttles half builds on this module's pure core.
-        from sluicegate.streams.stages.throttles import Throttles
+        from sluicegate.admission.stages.throttles import Throttles
 
         self.many = Throttles(router)
 

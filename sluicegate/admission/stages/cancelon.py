@@ -39,8 +39,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sluicegate.admission.decisions import describe_invalid, record_decision, reject
+from sluicegate.admission.routing import PAUSE_STAGE, Router
+from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, CancelOn, Workflow
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
+from sluicegate.schemas.payloads import Payloads, validate
 from sluicegate.schemas.records import (
     LIVE,
     AdmittedKind,
@@ -52,12 +58,6 @@ from sluicegate.schemas.records import (
     PendingStart,
     RunRow,
 )
-from sluicegate.streams.decisions import describe_invalid, record_decision, reject
-from sluicegate.streams.payloads import Payloads, validate
-from sluicegate.streams.routing import PAUSE_STAGE, Router
-from sluicegate.streams.stage import Headers, InputRecord, Stage, StageContext
-from sluicegate.streams.timers import STATE_PREFIX
-from sluicegate.topology.topics import Topics
 
 NAME = "cancelon"
 # How long a sweep waits for run rows still on their way from the runs stage.
@@ -361,7 +361,7 @@ def _live_key(workflow: str, execution_id: str) -> bytes:
     return _LIVE + workflow.encode() + b"\x1f" + execution_id.encode()
 
 
-class CancelOnStage(Stage):
+class CancelOnStage(AdmissionStage):
     name = NAME
 
     def __init__(self, app: App) -> None:
@@ -369,11 +369,6 @@ class CancelOnStage(Stage):
         self.events = sorted({entry.event for wf in app.workflows.values()
                               for entry in wf.cancel_on})
         self.declaring = {wf.name for wf in app.workflows.values() if wf.cancel_on}
-
-    def inputs(self, topics: Topics) -> tuple[str, ...]:
-        if not self.events:
-            return ()
-        return (*(topics.event(e) for e in self.events), topics.stage(NAME), topics.runs)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic == ctx.topics.runs:
