@@ -171,6 +171,9 @@ class TestDriver:
         self._committed: dict[str, int] = {}
         self._committed_all = 0
         self._committed_offsets: dict[tuple[str, int], int] = {}
+        # Per topic only counted (`keep`), the records stages sent to it; at the last commit.
+        self._dropped: dict[str, int] = {}
+        self._committed_dropped: dict[str, int] = {}
         # Per topic, how many of its records `take` has returned.
         self._taken: dict[str, int] = {}
         self._piped: list[Written] = []
@@ -229,14 +232,20 @@ class TestDriver:
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               partition: int | None = None, headers: Headers | None = None,
               message: object | None = None) -> None:
-        p = self._partition(key, partition)
         node = self._handed_over.get(topic)
         if node is not None and key is not None:
             # Handed over: processed now, in the sender's cycle, and never written.
+            p = self._partition(key, partition)
             node.stage.process(self.tasks[p].states[node.name].ctx, InputRecord(
                 topic, p, -1, key, value, self.clock.now_ms(), headers, message))
             return
-        self._write(topic, p, key, value, headers)
+        keep = self._keep
+        if keep is not None and topic not in keep and topic not in self._node_for_topic:
+            # Only counted (`_counted`, inlined on every output's path): no partition or
+            # offset, which nothing would see.
+            self._dropped[topic] = self._dropped.get(topic, 0) + 1
+            return
+        self._write(topic, self._partition(key, partition), key, value, headers)
 
     def _write(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                headers: Headers | None = None, piped: bool = False) -> int:
@@ -452,6 +461,7 @@ class TestDriver:
         self._committed = {topic: len(written) for topic, written in self._log.items()}
         self._committed_all = len(self._all)
         self._committed_offsets = dict(self._offsets)
+        self._committed_dropped = dict(self._dropped)
         self._piped.clear()
         self._settle()
 
@@ -492,6 +502,7 @@ class TestDriver:
             del log[self._committed.get(topic, 0):]
         del self._all[self._committed_all:]
         self._offsets = dict(self._committed_offsets)
+        self._dropped = dict(self._committed_dropped)
         self._taken = {topic: min(n, len(self._log.get(topic, ())))
                        for topic, n in self._taken.items()}
         self._queue.clear()
@@ -553,7 +564,8 @@ class TestDriver:
     def count(self, topic: str) -> int:
         """How many records were written to `topic`, kept or not (those dropped by a
         `restart` left out)."""
-        return sum(n for (t, _partition), n in self._offsets.items() if t == topic)
+        return self._dropped.get(topic, 0) + sum(
+            n for (t, _partition), n in self._offsets.items() if t == topic)
 
     def _kept(self, topic: str) -> list[Written]:
         if self._keep is not None and topic not in self._keep:

@@ -142,6 +142,8 @@ def _one_ends_and_the_next_goes(driver: TestDriver) -> None:
     driver.start("one", {"rowId": "r2"})
     driver.report(first.execution_id, RunEventKind.completed, workflow="one")
     driver.commit()
+    driver.start("one", {"rowId": "r3"})
+    driver.restart()  # what r3 led to is dropped, and r3 read again
 
 
 def test_a_driver_keeping_some_topics_counts_the_others_as_one_keeping_all_lists_them(
