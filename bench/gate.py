@@ -131,6 +131,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -160,6 +161,7 @@ from bench.passthrough import (
 from bench.records import StartMaker, admission_sizes
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
+from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.ops.workflows import write_control
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
@@ -403,6 +405,21 @@ class GateProcess(SystemProcess):
                          baseline_tree, sizes, processes, cpus)
         self.apps_dir = apps_dir
         self.scenario = scenario
+        # A worker serves its metrics: its commit-time histogram is read around each phase.
+        self.metrics_ports = free_ports(processes) if system.startswith("worker") else []
+
+    def process_args(self, i: int) -> list[str]:
+        return ["--metrics-port", str(self.metrics_ports[i])] if self.metrics_ports else []
+
+    def commit_times(self) -> CommitTimes:
+        """Every process's commits so far, and how long they took (the worker's own
+        `sluicegate_worker_commit_seconds`: changelog records, flush, offsets, commit, store
+        write)."""
+        total = CommitTimes()
+        for port in self.metrics_ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as rsp:
+                total = total + CommitTimes.parse(rsp.read().decode())
+        return total
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         cmd, env = super().command()
@@ -689,6 +706,61 @@ def worker_outputs(counts: dict[str, int], topics: Topics) -> int:
     return sum(n for t, n in counts.items() if t not in (topics.starts, topics.run_events))
 
 
+@dataclass(frozen=True)
+class CommitTimes:
+    """A commit-time histogram (`sluicegate_worker_commit_seconds`) as of one moment:
+    commits, their total seconds, and the commits within each bucket's bound (cumulative,
+    as Prometheus keeps them). Two of them subtract to the commits between."""
+
+    count: float = 0.0
+    seconds: float = 0.0
+    within: tuple[tuple[float, float], ...] = ()
+
+    _LINE = re.compile(r'^sluicegate_worker_commit_seconds_(bucket\{le="([^"]+)"\}|count|sum)'
+                       r" (\S+)$")
+
+    @classmethod
+    def parse(cls, text: str) -> CommitTimes:
+        count = seconds = 0.0
+        within: list[tuple[float, float]] = []
+        for line in text.splitlines():
+            found = cls._LINE.match(line)
+            if found is None:
+                continue
+            kind, bound, value = found.groups()
+            if kind == "count":
+                count = float(value)
+            elif kind == "sum":
+                seconds = float(value)
+            else:
+                within.append((float(bound), float(value)))
+        return cls(count, seconds, tuple(within))
+
+    def __add__(self, other: CommitTimes) -> CommitTimes:
+        if not self.within:
+            return other
+        return CommitTimes(self.count + other.count, self.seconds + other.seconds,
+                           tuple((b, n + m) for (b, n), (_, m)
+                                 in zip(self.within, other.within, strict=True)))
+
+    def since(self, before: CommitTimes) -> CommitTimes:
+        if not before.within:
+            return self
+        return CommitTimes(self.count - before.count, self.seconds - before.seconds,
+                           tuple((b, n - m) for (b, n), (_, m)
+                                 in zip(self.within, before.within, strict=True)))
+
+    def summary(self) -> dict[str, float]:
+        """Commits, their mean in ms, how many took over 250 ms, and the bucket bound the
+        99th percentile is within (ms; inf past the last bound)."""
+        if self.count <= 0:
+            return {}
+        over = self.count - dict(self.within).get(0.25, self.count)
+        p99 = next((b for b, n in self.within if n >= 0.99 * self.count), math.inf)
+        return {"commits": self.count, "commit_mean_ms": self.seconds / self.count * 1000,
+                "commits_over_250ms": over, "commit_p99_within_ms": p99 * 1000}
+
+
 class Usage(NamedTuple):
     """CPU seconds so far: `shares` of a phase from two of them."""
 
@@ -928,6 +1000,10 @@ def set_latency(r: Measurement, rate: float, produced: dict[str, int],
 # -- the worker's scenarios --------------------------------------------------------------------
 
 
+def commit_summary(r: Measurement, phase: str, commits: CommitTimes) -> None:
+    r.extra.update({f"{phase}_{k}": v for k, v in commits.summary().items()})
+
+
 def warm_up(run: Run, inputs: Inputs, producer: Producer) -> None:
     """`--warmup` starts, committed, and some from the latency phase's producer (its first
     records would otherwise wait for its producer id), all decided."""
@@ -974,6 +1050,7 @@ def steady(run: Run) -> None:
     r.loadavg = loadavg()
     cpu0, engine0 = run.cpu()
     usage0 = run.usage()
+    commits0 = run.system.commit_times()
     t_commit = time.monotonic()
     producer.commit_transaction(60.0)
     try:
@@ -981,6 +1058,7 @@ def steady(run: Run) -> None:
                                      "throughput")
         r.extra.update(shares(usage0, run.usage()))
         cpu1, engine1 = run.quiet()
+        commit_summary(r, "throughput", run.system.commit_times().since(commits0))
         after = topic_ends(settings)
     finally:
         reader.close()
@@ -1009,12 +1087,14 @@ def steady(run: Run) -> None:
     reader = DecisionReader(settings, {s.request_id for s in lat})
     try:
         cpu0, _ = run.cpu()
+        commits0 = run.system.commit_times()
         t0 = time.monotonic()
         produced, rate = produce_paced(latency_producer, run.topics.starts, lat, rate)
         r.extra["latency_decided_s"] = reader.wait_decided(n, records, opts.timeout,
                                                            run.procs, "latency") - t0
         cpu1, _ = run.quiet()
         r.extra["latency_quiet_s"] = time.monotonic() - t0
+        commit_summary(r, "latency", run.system.commit_times().since(commits0))
     finally:
         reader.close()
     r.steady_cpu_us_per_start = (cpu1 - cpu0) / n * 1e6
@@ -1290,6 +1370,12 @@ def outcome_text(row: dict[str, Any]) -> str:
         text += f"; idle worker {fmt(extra['idle_cpu_pct'])}% CPU"
         if "idle_after_cpu_pct" in extra:
             text += f" ({fmt(extra['idle_after_cpu_pct'])}% after the phase)"
+    commits = [f"{phase} {fmt(extra[f'{phase}_commits'])} at "
+               f"{fmt(extra[f'{phase}_commit_mean_ms'])} ms mean, "
+               f"{fmt(extra[f'{phase}_commits_over_250ms'])} over 250 ms"
+               for phase in ("throughput", "latency") if f"{phase}_commits" in extra]
+    if commits:
+        text += "; commits: " + ", ".join(commits)
     workers = [extra[f"cpu_pct_worker{i}"] for i in range(row["processes"])
                if f"cpu_pct_worker{i}" in extra]
     if workers:

@@ -217,8 +217,13 @@ class SystemProcess:
             if self.system.startswith("worker"):
                 env = {**env, "SLUICEGATE_STATE_DIR": str(self.workdir / f"state-{i}")}
             with open(self.logs[i], "ab") as log:
-                self.procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
+                self.procs.append(subprocess.Popen([*cmd, *self.process_args(i)], cwd=cwd,
+                                                   env=env, stdout=log,
                                                    stderr=subprocess.STDOUT))
+
+    def process_args(self, i: int) -> list[str]:
+        """Arguments of the system's process `i` beside the command's."""
+        return []
 
     @property
     def pids(self) -> list[int]:
