@@ -361,7 +361,7 @@ class Worker:
             self._restore_step()
         # Wait for one record, then take what is already fetched: consume(n, timeout) alone
         # would hold a lone record for the whole timeout waiting for n of them.
-        first = self.consumer.poll(timeout_s)
+        first = self.consumer.poll(self._wait_s(timeout_s))
         messages = [] if first is None else [
             first, *self.consumer.consume(self.settings.commit_max_records - 1, timeout=0)]
         # The records before this index were committed by a slice of this batch.
@@ -392,6 +392,15 @@ class Worker:
                     "aborting the cycle after: %s", said)
             self._last_trouble = said
             self._abort(exc, messages[committed:])
+
+    def _wait_s(self, most_s: float) -> float:
+        """How long the loop may wait for a record: `most_s`, or until the open cycle is
+        due if that is sooner. A cycle commits when it is due, not a poll's timeout later:
+        every record in it waits for that commit (docs/decisions/cycle-slices.md)."""
+        if not self._in_txn:
+            return most_s
+        due = self._cycle_started + self.settings.commit_interval_ms / 1000
+        return min(most_s, max(0.0, due - time.monotonic()))
 
     def _end_cycle(self) -> None:
         """What the cycle does before it may commit: the global tables' changed rows, due
