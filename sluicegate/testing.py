@@ -236,8 +236,8 @@ class TestDriver:
         if node is not None and key is not None:
             # Handed over: processed now, in the sender's cycle, and never written.
             p = self._partition(key, partition)
-            node.stage.process(self.tasks[p].states[node.name].ctx, InputRecord(
-                topic, p, -1, key, value, self.clock.now_ms(), headers, message))
+            node.stage.process_handed_over(self.tasks[p].states[node.name].ctx, topic, key,
+                                           value, headers, message)
             return
         keep = self._keep
         if keep is not None and topic not in keep and topic not in self._node_for_topic:

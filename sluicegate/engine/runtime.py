@@ -485,9 +485,7 @@ class Worker:
         except RecordFailed:
             raise
         except Exception as exc:
-            # A record handed over in-process has no offset of its own: the record whose
-            # processing sent it is the one to retry, and to give up on.
-            if record.offset < 0 or not self._about_the_record(exc):
+            if not self._about_the_record(exc):
                 raise
             raise RecordFailed(
                 (record.topic, record.partition, record.offset),
@@ -583,10 +581,11 @@ class Worker:
                  else partition)
             task = self.tasks.get(p)
             if task is not None:
-                # Handed over: the stage processes it now, in this transaction; it is
-                # never written to its topic, so it has no offset.
-                self._handle(node, task, InputRecord(topic, p, -1, key, value,
-                                                      self.clock.now_ms(), headers, message))
+                # Handed over: the stage takes it now, in this transaction, and it is never
+                # written to its topic. It has no offset of its own: a failure is the
+                # failure of the record (or timer) whose processing sent it.
+                node.stage.process_handed_over(task.states[node.name].ctx, topic, key, value,
+                                               headers, message)
                 return
         producer = self._txn.producer
         deadline = None

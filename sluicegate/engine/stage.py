@@ -42,7 +42,7 @@ class Send(Protocol):
     """Produce one record in the current transaction: to `partition`, or (None) to the
     key's partition as the producer's partitioner places it (`Topology.partitioner`); with
     `headers` when given. `message` is the record `value` encodes, for a stage the record
-    may be handed over to (`InputRecord.message`)."""
+    may be handed over to (`Stage.process_handed_over`)."""
 
     def __call__(self, topic: str, key: bytes | None, value: bytes | None,
                  partition: int | None = None, headers: Headers | None = None,
@@ -109,6 +109,19 @@ class Stage(ABC):
     @abstractmethod
     def process(self, ctx: StageContext[Any], record: InputRecord) -> None:
         """Handle one input record. Bad input is the stage's to dead-letter and ledger."""
+
+    def process_handed_over(self, ctx: StageContext[Any], topic: str, key: bytes,
+                            value: bytes | None, headers: Headers | None,
+                            message: object | None) -> None:
+        """Handle a record another stage of this worker sent to `topic`, an input this stage
+        takes handed over (`Node.handed_over`), on this partition, in the sender's
+        transaction: what was sent, `message` the record `value` encodes if the sender
+        passed it. By default it is processed as the record read from the topic would be,
+        with offset -1 (it is never written there) and the current time; a stage that can
+        take `message` as it is overrides this and skips the record
+        (docs/decisions/in-process-handover.md)."""
+        self.process(ctx, InputRecord(topic, ctx.partition, -1, key, value, ctx.now_ms,
+                                      headers, message))
 
     def unprocessable(self, ctx: StageContext[Any], record: InputRecord, reason: str) -> None:
         """`record` is not processed: it failed again when its cycle was replayed, or its

@@ -260,6 +260,17 @@ def test_an_admission_handed_over_is_taken_as_the_record_it_carries() -> None:
         assert _stage_sent(d) == []  # nothing dead-lettered or rejected
 
 
+def test_an_admission_handed_over_without_its_record_is_decoded_as_if_read() -> None:
+    with TestDriver(lifecycle_app, start_ms=ADMITTED_AT) as d:
+        admitted = _admitted("e-bytes")
+        # A sender that passes no record: the stage's hook processes the bytes as the
+        # record read from the topic would be, and it is still never written there.
+        d.context("identity").send(d.topics.stage("runs"), b"e-bytes", codec.encode(admitted))
+        assert RunsStage.load(d.context("runs"), "e-bytes") == admitted_row(admitted)
+        assert d.sent(d.topics.stage("runs")) == []
+        assert _stage_sent(d) == []
+
+
 def test_a_report_read_before_its_admission_is_applied_when_the_admission_arrives() -> None:
     with TestDriver(lifecycle_app, start_ms=ADMITTED_AT) as d:
         started = RunEvent(execution_id="e-early", workflow="flakyJob",

@@ -29,7 +29,7 @@ from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Workflow, format_duration
-from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -250,11 +250,6 @@ class RunsStage(AdmissionStage):
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
-            if isinstance(record.message, AdmittedStart):
-                # Handed over: it commits with its run's row, and an engine reads an
-                # admission once it commits, so no report of the run came before the row.
-                self._admitted(ctx, record.message, reports_may_precede=False)
-                return
             try:
                 message = codec.decode_one_of((AdmittedStart, RunOperation), record.value)
             except codec.DecodeError as exc:
@@ -279,6 +274,17 @@ class RunsStage(AdmissionStage):
             ctx.store.put(_EARLY_MARK + event.execution_id.encode(), b"")
             return
         self._event(ctx, row, event)
+
+    def process_handed_over(self, ctx: StageContext, topic: str, key: bytes,
+                            value: bytes | None, headers: Headers | None,
+                            message: object | None) -> None:
+        if isinstance(message, AdmittedStart):
+            # Taken as it is, not decoded again. It commits with its run's row, and an
+            # engine reads an admission once it commits, so no report of the run came
+            # before the row.
+            self._admitted(ctx, message, reports_may_precede=False)
+            return
+        super().process_handed_over(ctx, topic, key, value, headers, message)
 
     @staticmethod
     def load(ctx: StageContext, execution_id: str) -> RunRow | None:
