@@ -116,13 +116,16 @@ class IdentityStage(AdmissionStage):
         self.max_payload_bytes = max_payload_bytes
         self._declared = declared_digest(app)
         self.delayed = DelayedStarts(app, router)
+        # The workflows with no control after identity, admitted on the spot.
+        self._passthrough = frozenset(
+            name for name, route in router.routes.items() if route.passthrough)
         # Whether this stage needs a workflow's payload as data: for its idempotency
         # expression, its priority, or a key of a later hop. A passthrough with none of
         # these never parses it.
         self._reads_payload = {
             wf.name: bool((wf.idempotency is not None and wf.idempotency.key_expr is not None)
                           or wf.priority is not None
-                          or not router.routes[wf.name].passthrough)
+                          or wf.name not in self._passthrough)
             for wf in app.workflows.values()
         }
 
@@ -160,6 +163,8 @@ class IdentityStage(AdmissionStage):
         if wf is None:
             reject(ctx, record, f"unknown workflow {start.workflow!r}", start)
             return
+        # Read once: each read of a declaration's field is a call (pydantic's __getattr__).
+        name = wf.name
         payloads = self.router.payloads
         kept = payloads.seal_bytes(wf, start.payload)
         if kept is not start.payload:
@@ -170,7 +175,7 @@ class IdentityStage(AdmissionStage):
         if len(start.payload) > self.max_payload_bytes:
             # It could be taken, but not admitted: the admitted start carries it whole.
             reject(ctx, record,
-                   f"workflow {wf.name}: payload of {len(start.payload):,} bytes is over the "
+                   f"workflow {name}: payload of {len(start.payload):,} bytes is over the "
                    f"{self.max_payload_bytes:,}-byte limit of a start's payload (message.max"
                    ".bytes less room for the admitted start's other fields)", start)
             return
@@ -178,24 +183,24 @@ class IdentityStage(AdmissionStage):
             plain = payloads.open_bytes(start.payload)
             validate(wf.start_model, plain)
             # Parsed into data only when something here reads it.
-            payload = json.loads(plain) if self._reads_payload[wf.name] else None
+            payload = json.loads(plain) if self._reads_payload[name] else None
         except SealError as exc:
-            reject(ctx, record, f"workflow {wf.name}: payload cannot be opened: {exc}", start)
+            reject(ctx, record, f"workflow {name}: payload cannot be opened: {exc}", start)
             return
         except ValueError as exc:  # pydantic's ValidationError is one
             reject(ctx, record,
-                   f"workflow {wf.name}: payload does not validate: {describe_invalid(exc)}",
+                   f"workflow {name}: payload does not validate: {describe_invalid(exc)}",
                    start)
             return
 
         key = identity_key(wf, start, payload)
         now = ctx.now_ms
         # Placed on this partition: a passthrough's run row is written in this task.
-        execution_id = execution_id_for(wf.name, start.request_id, ctx.partition,
+        execution_id = execution_id_for(name, start.request_id, ctx.partition,
                                         self.partitions)
         slots: list[Slot] = []
         if key is not None:
-            skey = identity_store_key(wf.name, key)
+            skey = identity_store_key(name, key)
             if partition_for(skey, self.partitions) != ctx.partition:
                 # Produced under another key: re-key it so this key's state has one owner.
                 ctx.send(ctx.topics.stage(self.name), skey, record.value)
@@ -210,12 +215,11 @@ class IdentityStage(AdmissionStage):
             if wf.idempotency is not None and wf.idempotency.ttl is not None:
                 slots.append(Slot(self.name, skey.decode()))
 
-        route = self.router.routes[wf.name]
-        if route.passthrough and start.at_ms is None and not self.router.paused(wf.name):
+        if name in self._passthrough and start.at_ms is None and not self.router.paused(name):
             # The do-nothing path: straight to the engine.
             # Positional: a keyword call costs twice as much (records-built-in-python.md).
             admit(ctx, AdmittedStart(
-                execution_id, wf.name, start.payload, wf.version, start.origin,
+                execution_id, name, start.payload, wf.version, start.origin,
                 AdmittedKind.start, slots, [start.request_id], start.requested_at_ms, now,
                 start.retry_of,
             ))
@@ -223,7 +227,7 @@ class IdentityStage(AdmissionStage):
             return
 
         pending = PendingStart(
-            execution_id=execution_id, workflow=wf.name, payload=start.payload,
+            execution_id=execution_id, workflow=name, payload=start.payload,
             origin=start.origin, kind=AdmittedKind.start, declaration_version=wf.version,
             hop=0, request_id=start.request_id, request_ids=[start.request_id],
             requested_at_ms=start.requested_at_ms, arrived_at_ms=now,

@@ -247,6 +247,9 @@ class RunsStage(AdmissionStage):
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
         self.router = router
+        # What every admission asks of its workflow's declaration, answered once.
+        self._finish_ms = {wf.name: wf.timeouts.finish_ms for wf in app.workflows.values()
+                           if wf.timeouts is not None}
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
@@ -502,10 +505,10 @@ class RunsStage(AdmissionStage):
     # -- deadlines: a row and its timers ------------------------------------------------
 
     def _arm(self, ctx: StageContext, row: RunRow) -> None:
-        wf = self.app.get(row.workflow)
-        finish_ms = wf.timeouts.finish_ms if wf is not None and wf.timeouts else None
+        finish_ms = self._finish_ms.get(row.workflow)
         if finish_ms is None and not row.slots:
             return  # no deadline and nothing to lease: most runs, and every passthrough
+        wf = self.app.get(row.workflow)
         holding = holds_lease(row, self._needs_readmission(row))
         self._store_backstop(ctx, row.execution_id, None,
                              backstop_for(row.admitted_at_ms, finish_ms, lease_of(wf), holding))
