@@ -247,6 +247,11 @@ class Worker:
             # A killed worker's partitions move after this long (the broker's minimum).
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1000,
+            # The broker answers a fetch once it holds this much for it, or after
+            # fetch.wait.max.ms: at steady arrivals, a fetch every 20 ms per broker rather
+            # than one per few records, each answered, decoded and queued by librdkafka on
+            # the worker's CPU (docs/decisions/consumer-fetch-batching.md).
+            "fetch.min.bytes": 65536,
             "fetch.wait.max.ms": 20,
             # An input topic created after the worker started (a cancelOn event topic)
             # is noticed within seconds, not at the default five minutes.
