@@ -157,6 +157,7 @@ from bench.passthrough import (
     produce_committed,
     sdk_producer_config,
     wait_committed,
+    wait_reached,
 )
 from bench.records import StartMaker, admission_sizes
 from sluicegate.client.producer import StartBuilder
@@ -283,10 +284,14 @@ class DecisionReader:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 5,
+            # Said once per partition reached: `wait_live` knows the reader fetches.
+            "enable.partition.eof": True,
         }))
-        self.consumer.assign([
-            TopicPartition(topic, p, o) for topic in (self.ledger, self.admitted)
-            for p, o in high_watermarks(settings, topic).items()])
+        assigned = [TopicPartition(topic, p, o) for topic in (self.ledger, self.admitted)
+                    for p, o in high_watermarks(settings, topic).items()]
+        self.consumer.assign(assigned)
+        self.partitions = len(assigned)
+        self.reached: set[tuple[str | None, int | None]] = set()
         self.wanted = wanted
         self.final: dict[str, tuple[str, int, float]] = {}
         self.admitted_at: dict[str, tuple[int, float]] = {}
@@ -311,8 +316,16 @@ class DecisionReader:
             now = time.time() * 1000
             for msg in [first, *self.consumer.consume(10_000, timeout=0)]:
                 value = msg.value()
-                if msg.error() is None and value is not None:
+                error = msg.error()
+                if error is None and value is not None:
                     self._take(msg.topic(), value, msg.timestamp()[1], now)
+                elif error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    self.reached.add((msg.topic(), msg.partition()))
+
+    def wait_live(self, timeout: float) -> None:
+        """Until the reader has fetched to the end of every partition once (see
+        `OutputReader.wait_live`): a latency phase starts only then."""
+        wait_reached(self.reached, self.partitions, timeout)
 
     def _take(self, topic: str | None, value: bytes, ts: int, now: float) -> None:
         if topic == self.ledger:
@@ -969,6 +982,7 @@ def raw_io(run: Run) -> None:
     out = OutputReader(settings, system.output, high_watermarks(settings, system.output))
     out.wanted = {s.key for s in lat}
     out.start()
+    out.wait_live(opts.timeout)
     cpu0 = system.cpu_s()
     produced, rate = produce_paced(latency_producer, run.topics.starts, lat, rate)
     out.until_complete(opts.timeout, system)
@@ -1086,6 +1100,7 @@ def steady(run: Run) -> None:
     want, records = expected(scenario, "l", n)
     reader = DecisionReader(settings, {s.request_id for s in lat})
     try:
+        reader.wait_live(opts.timeout)
         cpu0, _ = run.cpu()
         commits0 = run.system.commit_times()
         t0 = time.monotonic()

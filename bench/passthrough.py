@@ -396,6 +396,18 @@ def data_ends(settings: Settings, topic: str, timeout: float = 30.0) -> dict[int
         consumer.close()
 
 
+def wait_reached(reached: set[tuple[str | None, int | None]], partitions: int,
+                 timeout: float) -> None:
+    """Until `reached` (filled by a reader's thread with each partition whose end it
+    reached) holds `partitions` partitions."""
+    deadline = time.monotonic() + timeout
+    while len(reached) < partitions:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"a reader reached the end of {len(reached)} of {partitions} "
+                               f"partitions in {timeout:.0f}s")
+        time.sleep(0.01)
+
+
 class OutputReader:
     """Reads a topic read_committed from given offsets, keeping (CreateTime, receive time)
     of the records whose key is wanted. Runs in a thread when `start()`ed."""
@@ -407,11 +419,15 @@ class OutputReader:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 5,
+            # Said once per partition reached: `wait_live` knows the reader fetches.
+            "enable.partition.eof": True,
         }))
         meta = self.consumer.list_topics(topic, timeout=10).topics[topic]
         if offsets is None:
             offsets = {p: 0 for p in meta.partitions}
         self.consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+        self.partitions = len(offsets)
+        self.reached: set[tuple[str | None, int | None]] = set()
         self.seen: dict[bytes, tuple[int, float]] = {}
         self.duplicates = 0
         # Every record is kept; completion waits for these keys (None: for `expected` records)
@@ -444,7 +460,10 @@ class OutputReader:
         now = time.time() * 1000
         messages = [first, *self.consumer.consume(10_000, timeout=0)]
         for msg in messages:
-            if msg.error() is not None:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self.reached.add((msg.topic(), msg.partition()))
                 continue
             key = msg.key() or b""
             if key in self.seen:
@@ -458,6 +477,12 @@ class OutputReader:
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_live(self, timeout: float) -> None:
+        """Until the reader has fetched to the end of every partition once: a consumer made a
+        moment ago is still connecting and fetching its metadata, and a latency phase
+        shorter than that would have every record's receive time late by the rest of it."""
+        wait_reached(self.reached, self.partitions, timeout)
 
     def missing(self) -> int:
         if self.wanted is None:
@@ -543,6 +568,7 @@ def measure(system_name: str, repeat: int, base: Settings, opts: Options, workdi
                                   OutputReader.high_watermarks(settings, system.output))
             reader.expected = opts.latency_starts  # everything after the warm-up
             reader.start()
+            reader.wait_live(opts.timeout)
             produced: dict[bytes, int] = {}
 
             def delivered(err: KafkaError | None, msg: Any) -> None:
