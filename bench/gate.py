@@ -750,18 +750,23 @@ class CommitTimes:
         return cls(count, seconds, tuple(within))
 
     def __add__(self, other: CommitTimes) -> CommitTimes:
-        if not self.within:
-            return other
-        return CommitTimes(self.count + other.count, self.seconds + other.seconds,
-                           tuple((b, n + m) for (b, n), (_, m)
-                                 in zip(self.within, other.within, strict=True)))
+        return self._combined(other, 1)
 
     def since(self, before: CommitTimes) -> CommitTimes:
-        if not before.within:
+        return self._combined(before, -1)
+
+    def _combined(self, other: CommitTimes, sign: int) -> CommitTimes:
+        """This histogram with `other`'s counts added (`sign` 1) or taken away (-1); an
+        empty one (no metrics read yet) changes nothing."""
+        if not other.within:
             return self
-        return CommitTimes(self.count - before.count, self.seconds - before.seconds,
-                           tuple((b, n - m) for (b, n), (_, m)
-                                 in zip(self.within, before.within, strict=True)))
+        if not self.within:
+            return CommitTimes(sign * other.count, sign * other.seconds,
+                               tuple((b, sign * n) for b, n in other.within))
+        return CommitTimes(self.count + sign * other.count,
+                           self.seconds + sign * other.seconds,
+                           tuple((b, n + sign * m) for (b, n), (_, m)
+                                 in zip(self.within, other.within, strict=True)))
 
     def summary(self) -> dict[str, float]:
         """Commits, their mean in ms, how many took over 250 ms, and the bucket bound the

@@ -28,7 +28,7 @@ import time
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench.passthrough import broker
+from bench.passthrough import broker, percentiles
 from sluicegate.config import Settings
 from sluicegate.engine.runtime import producer_tuning
 
@@ -46,11 +46,6 @@ class Refusals(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if REFUSED in record.getMessage():
             self.count += 1
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def probe(settings: Settings, topics: list[str], partitions: int, records: int,
@@ -90,9 +85,10 @@ def probe(settings: Settings, topics: list[str], partitions: int, records: int,
             commits.append((t2 - t1) * 1000)
             refused_in.append(refusals.count - before)
     producer.flush(10)
+    flush, commit = percentiles(flushes), percentiles(commits)
     return {
-        "flush_p50": percentile(flushes, 0.5), "flush_p99": percentile(flushes, 0.99),
-        "commit_p50": percentile(commits, 0.5), "commit_p99": percentile(commits, 0.99),
+        "flush_p50": flush["p50"], "flush_p99": flush["p99"],
+        "commit_p50": commit["p50"], "commit_p99": commit["p99"],
         "refused_share": sum(1 for r in refused_in if r) / len(refused_in),
         "refusals_max": max(refused_in),
     }
