@@ -75,9 +75,11 @@ def node(stage: AdmissionStage, topics: Topics) -> Node:
         case IdentityStage():
             # The start requests as producers key them, and the starts re-keyed by their
             # idempotency key.
-            return Node(stage.name, stage, (topics.starts, own), changelog)
+            return Node(stage.name, stage, (topics.starts, own), changelog,
+                        handed_over_in_order=(own,))
         case PauseStage():
-            return Node(stage.name, stage, (own,), changelog, reads=(CONTROL_TABLE,))
+            return Node(stage.name, stage, (own,), changelog, reads=(CONTROL_TABLE,),
+                        handed_over_in_order=(own,))
         case RunsStage():
             return Node(
                 stage.name, stage, (own, topics.run_events), changelog,
@@ -92,4 +94,5 @@ def node(stage: AdmissionStage, topics: Topics) -> Node:
             # table; nothing at all when no workflow declares cancelOn.
             inputs = (*(topics.event(e) for e in stage.events), own, topics.runs)
             return Node(stage.name, stage, inputs if stage.events else (), changelog)
-    return Node(stage.name, stage, (own,), changelog)
+    # A control: what reaches it in order is what it decides in order.
+    return Node(stage.name, stage, (own,), changelog, handed_over_in_order=(own,))

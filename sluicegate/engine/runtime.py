@@ -26,7 +26,11 @@ paused until its stores have caught up with their changelogs.
 
 A record sent to a stage input that the stage takes handed over (`Node.handed_over`) is
 processed on the spot when this worker owns its partition: the same transaction, no
-round trip through the broker (docs/decisions/in-process-handover.md).
+round trip through the broker. One sent to an input handed over in order
+(`Node.handed_over_in_order`: a control's, where order is the point) is processed once
+the record or timer that sent it is done, and only once the worker has read everything
+sent to that partition before it; until then it goes through the topic
+(docs/decisions/in-process-handover.md).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import fcntl
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -128,6 +134,33 @@ class RecordFailed(Exception):
         self.reason = reason
 
 
+@dataclass(slots=True)
+class _CatchUp:
+    """An in-order input's partition this worker owns but does not hand over to yet: the
+    consumer must first read past `target` (the partition's last stable offset when its
+    tasks had joined; None until then) and past what this worker wrote to it
+    (`own_end`). Records sent to it meanwhile are `held` until then, or until the cycle
+    commits, when they are written to the topic behind the rest."""
+
+    target: int | None = None
+    own_end: int = 0
+    held: list[tuple[bytes, bytes | None, Headers | None, object | None]] = field(
+        default_factory=list)
+
+
+class _HandoverFailed(Exception):
+    """A stage failed on a record held for an in-order input and handed over at catch-up,
+    outside the processing of the record that sent it."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+# A handed-over record waiting for the record that sent it to be done.
+_Handoff = tuple[Node, Task, str, bytes, bytes | None, Headers | None, object | None]
+
+
 def _worker_identity(state_dir: Path) -> tuple[str, Any]:
     """A stable id per state directory, and a lock so one process uses it at a time.
 
@@ -167,7 +200,20 @@ class Worker:
         self._node_for_topic: dict[str, Node] = {
             topic: node for node in topology.nodes for topic in node.inputs}
         self._handed_over: dict[str, Node] = {
-            topic: node for node in topology.nodes for topic in node.handed_over}
+            topic: node for node in topology.nodes
+            for topic in (*node.handed_over, *node.handed_over_in_order)}
+        # The inputs handed over in order, and the state of each partition of them this
+        # worker owns: handed over (`_drained`), catching up, or through the topic only
+        # (a stage failed on a record it was handed at catch-up).
+        self._in_order = frozenset(
+            topic for node in topology.nodes for topic in node.handed_over_in_order)
+        self._drained: set[tuple[str, int]] = set()
+        self._catching: dict[tuple[str, int], _CatchUp] = {}
+        self._topic_only: set[tuple[str, int]] = set()
+        # The offset each of them began reading at when its task joined.
+        self._joined_at: dict[tuple[str, int], int] = {}
+        # Records handed over in order, processed once the record that sent them is done.
+        self._handoffs: deque[_Handoff] = deque()
         # Global table -> the stages that read it.
         self._readers: dict[str, list[str]] = {
             table.name: [node.name for node in topology.nodes if table.name in node.reads]
@@ -383,10 +429,14 @@ class Worker:
                     # is due, not when the batch is done (docs/decisions/cycle-slices.md).
                     self._end_cycle()
                     committed = i + 1
+            if self._catching:
+                self._caught_up()
             self._end_cycle()
         except RecordFailed as failure:
             self._suspect(failure)
             self._abort(failure, messages[committed:])
+        except _HandoverFailed as failure:
+            self._abort(failure.cause, messages[committed:])
         except self._cycle_errors as exc:
             # The broker's or a service's (a registry's) trouble, not the records': the
             # cycle is aborted and read again (after a backoff, if it keeps failing). The
@@ -487,6 +537,8 @@ class Worker:
     def _handle(self, node: Node, task: Task, record: InputRecord) -> None:
         try:
             node.stage.process(task.states[node.name].ctx, record)
+            if self._handoffs:
+                self._hand_over_queued()
         except RecordFailed:
             raise
         except Exception as exc:
@@ -526,6 +578,8 @@ class Worker:
         reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
         try:
             stage.unprocessable(ctx, record, reason)
+            if self._handoffs:
+                self._hand_over_queued()
         except Exception as exc:
             if not self._about_the_record(exc):
                 raise
@@ -544,6 +598,8 @@ class Worker:
                     for name in readers:
                         state = task.states[name]
                         state.stage.table_changed(state.ctx, table.name, row)
+            if self._handoffs:
+                self._hand_over_queued()
 
     def _fire_timers(self) -> None:
         now = self.clock.now_ms()
@@ -571,6 +627,8 @@ class Worker:
                 return
         try:
             stage.fire(state.ctx, due_ms, key, value)
+            if self._handoffs:
+                self._hand_over_queued()
         except Exception as exc:
             if not self._about_the_record(exc):
                 raise
@@ -586,12 +644,23 @@ class Worker:
                  else partition)
             task = self.tasks.get(p)
             if task is not None:
-                # Handed over: the stage takes it now, in this transaction, and it is never
-                # written to its topic. It has no offset of its own: a failure is the
-                # failure of the record (or timer) whose processing sent it.
-                node.stage.process_handed_over(task.states[node.name].ctx, topic, key, value,
-                                               headers, message)
-                return
+                if topic not in self._in_order:
+                    # Handed over: the stage takes it now, in this transaction, and it is
+                    # never written to its topic. It has no offset of its own: a failure
+                    # is the failure of the record (or timer) whose processing sent it.
+                    node.stage.process_handed_over(task.states[node.name].ctx, topic, key,
+                                                   value, headers, message)
+                    return
+                tp = (topic, p)
+                if tp in self._drained:
+                    # In order: after the record that sent it, so no stage is ever called
+                    # again while it is still processing one.
+                    self._handoffs.append((node, task, topic, key, value, headers, message))
+                    return
+                catching = self._catching.get(tp)
+                if catching is not None:
+                    catching.held.append((key, value, headers, message))
+                    return
         producer = self._txn.producer
         deadline = None
         while True:
@@ -607,6 +676,128 @@ class Worker:
                 return
             except BufferError:
                 deadline = self._wait_for_room(deadline)
+
+    def _hand_over_queued(self) -> None:
+        """Process the records handed over in order, and those they send in turn."""
+        handoffs = self._handoffs
+        while handoffs:
+            node, task, topic, key, value, headers, message = handoffs.popleft()
+            node.stage.process_handed_over(task.states[node.name].ctx, topic, key, value,
+                                           headers, message)
+
+    def _caught_up(self) -> None:
+        """After a batch: the in-order inputs whose consumer has now read past everything
+        sent to them before are handed over from here on, beginning with the records held
+        for them. Only after the whole batch, since a consumer's position counts what it
+        returned, processed or not. A stage that fails on a held record fails the cycle
+        (`_HandoverFailed`): it is read again, with those partitions' records going
+        through their topics for as long as the worker owns them, where a record that
+        fails is retried and given up on as any is."""
+        if not self._restoring and any(c.target is None for c in self._catching.values()):
+            self._learn_ends()
+        waiting = [TopicPartition(topic, p) for (topic, p), catching in self._catching.items()
+                   if catching.target is not None]
+        if not waiting:
+            return
+        released = []
+        for tp in self.consumer.position(waiting):
+            key = (tp.topic, tp.partition)
+            catching = self._catching[key]
+            assert catching.target is not None
+            # No position: nothing returned since the task joined, where it began reading.
+            at = tp.offset if tp.offset >= 0 else self._joined_at.get(key, -1)
+            needed = max(catching.target, catching.own_end)
+            if needed > 0 and at < needed:
+                continue
+            del self._catching[key]
+            self._drained.add(key)
+            released.append(key)
+            if catching.held:
+                node, task = self._handed_over[tp.topic], self.tasks[tp.partition]
+                self._handoffs.extend((node, task, tp.topic, *held) for held in catching.held)
+        try:
+            self._hand_over_queued()
+        except Exception as exc:
+            if not self._about_the_record(exc):
+                raise
+            self._drained.difference_update(released)
+            self._topic_only.update(released)
+            log.warning("a stage failed on a record handed over at catch-up (%s): the cycle "
+                        "is read again, and %s go through their topics", describe(exc),
+                        ", ".join(f"{t}[{p}]" for t, p in released))
+            raise _HandoverFailed(exc) from exc
+
+    def _hold_in_order(self) -> None:
+        """New tasks are joining: what they read may have been sent to the in-order inputs
+        this worker hands over to, so every such partition catches up again, to an end
+        read once they have all joined."""
+        for tp in self._drained:
+            self._catching[tp] = _CatchUp()
+        self._drained.clear()
+        for catching in self._catching.values():
+            catching.target = None
+
+    def _join_in_order(self, partition: int) -> None:
+        """A task joined: its in-order inputs catch up, from the offsets it begins at."""
+        begins = {tp.topic: tp.offset for tp in self._restore_offsets}
+        for topic in self._in_order:
+            tp = (topic, partition)
+            self._joined_at[tp] = begins.get(topic, -1)
+            if tp not in self._topic_only and tp not in self._catching:
+                self._catching[tp] = _CatchUp()
+
+    def _learn_ends(self) -> None:
+        """No task is left restoring: each catching partition's end is its last stable
+        offset now, which holds whatever the joined tasks' inputs' previous owners
+        committed (a restoration waits for their transactions to end). Where the broker
+        does not say, the partition goes through its topic only."""
+        for tp, catching in list(self._catching.items()):
+            if catching.target is not None:
+                continue
+            topic, partition = tp
+            try:
+                low, end = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=5.0)
+            except KafkaException as exc:
+                log.debug("the end of %s[%d] is not known (%s): through the topic only",
+                          topic, partition, describe(exc))
+                del self._catching[tp]
+                self._topic_only.add(tp)
+                self._produce_held(tp, catching)
+                continue
+            # -1: nothing was ever there, or nothing is left; nothing to read first.
+            catching.target = -1 if end <= low else end
+
+    def _forget_in_order(self, partitions: set[int]) -> None:
+        for states in (self._drained, self._topic_only):
+            states.difference_update([tp for tp in states if tp[1] in partitions])
+        for held in (self._catching, self._joined_at):
+            for tp in [tp for tp in held if tp[1] in partitions]:
+                del held[tp]
+
+    def _produce_held(self, tp: tuple[str, int], catching: _CatchUp) -> None:
+        """The records held for a catching-up partition go to its topic, in the order they
+        were sent; the worker hands over to it only once it has read them back."""
+        topic, partition = tp
+        produce = self._txn.producer.produce
+        for key, value, headers, _ in catching.held:
+            deadline = None
+            while True:
+                try:
+                    if headers is None:
+                        produce(topic, value, key, partition, on_delivery=self._sent_in_order)
+                    else:
+                        produce(topic, value, key, partition, headers=headers,
+                                on_delivery=self._sent_in_order)
+                    break
+                except BufferError:
+                    deadline = self._wait_for_room(deadline)
+        catching.held.clear()
+
+    def _sent_in_order(self, err: KafkaError | None, msg: Any) -> None:
+        catching = self._catching.get((msg.topic(), msg.partition()))
+        if err is None and catching is not None:
+            catching.own_end = max(catching.own_end, msg.offset() + 1)
 
     def _wait_for_room(self, deadline: float | None) -> float:
         """The producer's queue is full: serve deliveries for a moment, and give up (the
@@ -627,6 +818,11 @@ class Worker:
 
     def _commit(self) -> None:
         started = time.monotonic()
+        if self._handoffs:
+            self._hand_over_queued()
+        for tp, catching in self._catching.items():
+            if catching.held:
+                self._produce_held(tp, catching)
         self._log_offsets.clear()
         for task in self.tasks.values():
             for state in task.stateful():
@@ -714,6 +910,14 @@ class Worker:
         self._commit_asked = False
         for task in self.tasks.values():
             task.discard()
+        self._handoffs.clear()
+        for catching in self._catching.values():
+            catching.held.clear()
+        # An in-order input read this cycle is read again from where the cycle began: the
+        # worker hands over to it once it has read back as far as it had.
+        for tp in [tp for tp in self._drained if tp in self._progress]:
+            self._drained.discard(tp)
+            self._catching[tp] = _CatchUp(self._progress[tp])
         targets = dict(self._first)
         for msg in batch:
             if msg.error() is None:
@@ -753,6 +957,7 @@ class Worker:
         its partitions are rewound to the offsets the broker has."""
         for partition in list(self.tasks):
             self._restoring[partition] = self.tasks.pop(partition)
+        self._forget_in_order(set(self._restoring))
         self.consumer.pause([tp for tp in self.consumer.assignment()
                              if tp.partition in self._restoring])
         self._restore_at = 0.0
@@ -801,6 +1006,7 @@ class Worker:
             self._seek(TopicPartition(tp.topic, tp.partition, offset))
         self.consumer.resume([tp for tp in self.consumer.assignment()
                               if tp.partition == partition])
+        self._join_in_order(partition)
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
                  restoration.replayed, time.monotonic() - self._restore_started)
         # In a transaction, so a stage can act on what it finds (fail the starts of a
@@ -814,6 +1020,8 @@ class Worker:
                 for name in readers:
                     state = task.states[name]
                     state.stage.table_changed(state.ctx, table.name, row)
+        if self._handoffs:
+            self._hand_over_queued()
 
     def _restore_failed(self, partition: int, exc: BaseException) -> None:
         self._check_config(exc)
@@ -842,6 +1050,8 @@ class Worker:
             return  # a replaced consumer's last word
         new = sorted(self._partitions(tps) - set(self.tasks) - set(self._restoring))
         log.info("assigned partitions %s", sorted(self._partitions(tps)))
+        if new:
+            self._hold_in_order()
         for partition in new:
             self._restoring[partition] = Task(
                 partition, self.topology, self.settings.state_dir, self._send,
@@ -881,9 +1091,12 @@ class Worker:
             task.close()
         self.tasks.clear()
         self._restoring.clear()
+        self._forget_in_order({tp[1] for tp in (*self._drained, *self._catching,
+                                                *self._topic_only, *self._joined_at)})
 
     def _drop(self, tps: list[TopicPartition]) -> None:
         self._stop_restoring(self._partitions(tps))
+        self._forget_in_order(self._partitions(tps))
         for partition in self._partitions(tps):
             task = self.tasks.pop(partition, None) or self._restoring.pop(partition, None)
             if task is not None:

@@ -72,6 +72,13 @@ class Node:
     # never written to the topic (offset -1). Only for an input where no record's order
     # against another's matters (docs/decisions/in-process-handover.md).
     handed_over: tuple[str, ...] = ()
+    # The inputs whose records are handed over in the order they were sent: once the
+    # worker has read everything sent to that partition before (all of it committed
+    # before its tasks joined, and whatever this worker itself wrote there), a record for
+    # a partition it owns is processed once the record (or timer) that sent it is done,
+    # in the same transaction, and never written to the topic. Until then they go through
+    # the topic, behind the records already in it (docs/decisions/in-process-handover.md).
+    handed_over_in_order: tuple[str, ...] = ()
     # The global tables whose changed rows it is told of (`Stage.table_changed`).
     reads: tuple[str, ...] = ()
 

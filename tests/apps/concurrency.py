@@ -63,5 +63,9 @@ bounded = Workflow(name="bounded", payload=TenantJob,
                    concurrency=Concurrency(limit=1, max_queued=2),
                    timeouts=Timeouts(start="1 minute"))
 
+# One in flight per tenant: which start of a tenant came first decides which one runs.
+one_per_tenant = Workflow(name="soloJob", payload=TenantJob,
+                          concurrency=Concurrency(limit=1, key="tenant"))
+
 app = App([per_tenant, embed, summarize, fair_job, fair_by_tenant, report, plain, by_account,
-           stepper, runner, bounded])
+           stepper, runner, bounded, one_per_tenant])

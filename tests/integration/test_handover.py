@@ -4,6 +4,7 @@ partition, and through the runs stage's topic when another worker does
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -23,10 +24,12 @@ from sluicegate.schemas.records import (
     LedgerRecord,
     Origin,
     Outcome,
+    PendingStart,
     RunRow,
     RunStatus,
     StartRequest,
 )
+from sluicegate.testing import TestDriver
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
@@ -151,3 +154,80 @@ def test_two_workers_write_to_the_runs_topic_only_what_the_other_one_keeps(
     assert {row.status for row in table.values()} == {RunStatus.admitted}
     assert {row.outcome for row in ledger.settle(0.5)} == {Outcome.admitted}
     assert len(ledger.records) == len(decided_on)
+
+
+# -- a control's topic: handed over in order (docs/decisions/in-process-handover.md) -----
+
+def _gated_starts(settings: Settings, tag: str, tenants: int) -> list[StartRequest]:
+    return [StartRequest(request_id=f"{tag}-{t}", workflow="soloJob",
+                         payload=codec.dump_payload({"tenant": f"t{t}", "n": 0}),
+                         origin=Origin.event, requested_at_ms=int(time.time() * 1000))
+            for t in range(tenants)]
+
+
+def _decisions(settings: Settings, n: int) -> dict[str, Outcome]:
+    ledger = TopicReader(settings, Topics(settings).ledger, LedgerRecord)
+    try:
+        ledger.until(lambda rows: len({r.request_id for r in rows}) >= n, timeout=120,
+                     what=f"{n} starts decided")
+        ledger.settle(0.5)
+        return {row.request_id: row.outcome for row in ledger.records}
+    finally:
+        ledger.close()
+
+
+def test_one_worker_hands_a_controls_starts_over_and_its_topic_stays_empty(
+        settings: Settings) -> None:
+    """Every partition is this worker's and its control topic was empty when it joined:
+    a gated start goes from the identity stage to the concurrency stage in-process, and
+    the decisions are the control's (the first of a tenant admitted, the second queued)."""
+    create_topics(settings)
+    topics = Topics(settings)
+    producer = Producer(settings.client_config())
+    with WorkerThread(load_app("tests.apps.concurrency"), settings) as worker:
+        for tag in ("first", "second"):
+            for start in _gated_starts(settings, tag, 40):
+                producer.produce(topics.starts, codec.encode(start), start.request_id.encode())
+            assert producer.flush(10) == 0
+            _decisions(settings, 40 if tag == "first" else 80)
+        outcomes = _decisions(settings, 80)
+        assert {outcomes[f"first-{t}"] for t in range(40)} == {Outcome.admitted}
+        assert {outcomes[f"second-{t}"] for t in range(40)} == {Outcome.queued}
+        control = TopicReader(settings, topics.stage("concurrency"), PendingStart)
+        try:
+            assert control.settle(1.0) == []
+        finally:
+            control.close()
+        assert worker.processed == 80  # the starts; nothing handed in was read
+
+
+def test_a_control_reads_what_was_in_its_topic_before_it_takes_a_start_handed_over(
+        settings: Settings) -> None:
+    """Starts already on their way to the concurrency stage through its topic when the
+    worker joins (sent by an earlier owner of the identity stage's partitions) are
+    decided before the starts the worker sends there itself: each tenant's earlier start
+    takes the one slot, the later one queues. Handed over at once, the later one would be
+    decided first wherever the worker read sg.starts before the control's topic."""
+    settings = dataclasses.replace(settings, partitions=3)
+    create_topics(settings)
+    topics = Topics(settings)
+    tenants = 60
+    # What an identity stage sends the concurrency stage for each earlier start: the
+    # test driver's identity stage, alone, with the worker's partitions.
+    with TestDriver(load_app("tests.apps.concurrency"), settings,
+                    stages=("identity",)) as driver:
+        for start in _gated_starts(settings, "earlier", tenants):
+            driver.pipe(topics.starts, start, start.request_id)
+        in_transit = driver.sent(topics.stage("concurrency"))
+    assert len(in_transit) == tenants
+    producer = Producer(settings.client_config())
+    for record in in_transit:
+        producer.produce(topics.stage("concurrency"), record.value, record.key,
+                         record.partition, headers=record.headers)
+    for start in _gated_starts(settings, "later", tenants):
+        producer.produce(topics.starts, codec.encode(start), start.request_id.encode())
+    assert producer.flush(10) == 0
+    with WorkerThread(load_app("tests.apps.concurrency"), settings):
+        outcomes = _decisions(settings, 2 * tenants)
+    assert [t for t in range(tenants) if outcomes[f"earlier-{t}"] != Outcome.admitted] == []
+    assert [t for t in range(tenants) if outcomes[f"later-{t}"] != Outcome.queued] == []

@@ -27,6 +27,7 @@ from fastavro.schema import to_parsing_canonical_form
 
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
+from sluicegate.declare import load_app
 from sluicegate.engine.clock import CLOCK_FILE_ENV, FileClock
 from sluicegate.schemas import codec
 from sluicegate.schemas.codec import (
@@ -46,6 +47,7 @@ from sluicegate.schemas.records import (
     Record,
     StartRequest,
 )
+from sluicegate.testing import TestDriver
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import ROOT, TopicReader, WorkerProcess
@@ -147,7 +149,7 @@ def test_the_next_release_restores_and_admits_every_start_this_one_parked(
     clock = {CLOCK_FILE_ENV: str(clock_file)}
     ledger = TopicReader(settings, topics.ledger, LedgerRecord)
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
-    jobs = TopicReader(settings, topics.stage("concurrency"), bytes)
+    queue_rows = TopicReader(settings, topics.changelog("concurrency"), bytes)
 
     previous = WorkerProcess(settings, APP, tmp_path / "previous", **clock).start()
     with Client(app=APP, settings=settings, replies=False) as client:
@@ -196,10 +198,13 @@ def test_the_next_release_restores_and_admits_every_start_this_one_parked(
     assert sorted(json.loads(a.payload)["n"] for a in runs if a.workflow == "job") == [
         0, 1, 2, 3, 4]
     assert TopicReader(settings, topics.deadletter, DeadLetter).settle(0.5) == []
-    # Both releases' starts went through the concurrency stage's topic.
-    headers = Counter(frame[2:10] for frame in jobs.settle(0.5))
-    assert (headers[codec.fingerprint(PendingStart)], headers[evolved_fingerprint(
-        PendingStart)]) == (4, 1)
+    # The three starts this release parked are the queue rows it logged, in its schema,
+    # which the next release restored and admitted. (Within one worker a start reaches
+    # the concurrency stage handed over, not through its topic:
+    # docs/decisions/in-process-handover.md; a newer release's record on a stage's topic
+    # is the next test's.)
+    headers = Counter(frame[2:10] for frame in queue_rows.settle(0.5) if frame)
+    assert headers[codec.fingerprint(PendingStart)] == 3
 
 
 def test_this_release_dead_letters_what_the_next_one_wrote_and_decides_what_follows(
@@ -212,20 +217,23 @@ def test_this_release_dead_letters_what_the_next_one_wrote_and_decides_what_foll
     ledger = TopicReader(settings, topics.ledger, LedgerRecord)
     admitted = TopicReader(settings, topics.admitted, AdmittedStart)
     letters = TopicReader(settings, topics.deadletter, DeadLetter)
-    deferred = TopicReader(settings, topics.stage("defer"), PendingStart)
     worker = WorkerProcess(settings, APP, tmp_path / "w", **{CLOCK_FILE_ENV: str(clock_file)})
     worker.start()
     try:
         with Client(app=APP, settings=settings, replies=False) as client:
-            # A start the identity stage sends on to debounce: its key and shape are what
-            # a worker of the next release would send there too.
             first = client.submit("edit", {"rowId": "r9", "editedAt": 1}).request_id
-            deferred.until(lambda starts: len(starts) >= 1, what="a start on defer's topic")
-            (key,) = deferred.keys
-            assert key is not None
+            ledger.until(lambda rows: bool(_decided(rows, first)), what="the first edit")
+            # What an identity stage sends on to debounce for such a start (the test
+            # driver's, alone): its key and shape are what a worker of the next release
+            # would send there too.
+            with TestDriver(load_app(APP), settings, stages=("identity",)) as driver:
+                driver.start("edit", {"rowId": "r9", "editedAt": 1})
+                (sent,) = driver.sent(topics.stage("defer"))
+            assert sent.key is not None and sent.value is not None
             newer_pending = newer_frame(dataclasses.replace(
-                deferred.records[0], request_id="from-next", request_ids=["from-next"]), "next")
-            _produce(settings, topics.stage("defer"), [(key, newer_pending)])
+                codec.decode(PendingStart, sent.value), request_id="from-next",
+                request_ids=["from-next"]), "next")
+            _produce(settings, topics.stage("defer"), [(sent.key, newer_pending)])
             behind_pending = client.submit("edit", {"rowId": "r9", "editedAt": 2}).request_id
 
         # On the starts topic: a newer producer's start, then a valid one on its partition.
