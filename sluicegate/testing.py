@@ -9,7 +9,9 @@ part around them:
   written (one queue for every topic); one sent to an input the stage takes handed over
   (`Node.handed_over`) is processed on the spot and never written, as the worker does
   when it owns the partition (docs/decisions/in-process-handover.md). The driver owns
-  every partition, so every such record is handed over;
+  every partition, so every such record is handed over. One sent to an input handed over
+  in order (`Node.handed_over_in_order`, a control's) is written and processed in its
+  turn: in the order sent, as the worker processes it, and listed in `sent`;
 - partitions are chosen as the producers choose them: the record's explicit partition,
   else its key's murmur2 partition (a record without a key goes to partition 0). One
   partition by default; `Settings(partitions=n)` gives n tasks, each with its stores;

@@ -50,7 +50,7 @@ from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
 from sluicegate.engine.clock import Clock, SystemClock
-from sluicegate.engine.recovery import Restoration, RestoreError
+from sluicegate.engine.recovery import Restoration, RestoreError, log_ranges
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.topology import Node, Topology
@@ -101,6 +101,8 @@ _QUEUE_WAIT_S = 30.0
 # Within a batch, whether the cycle is due is asked every this many records: a clock read
 # per record would cost the passthrough, and 32 gated starts take a few milliseconds.
 _SLICE = 32
+# How long the ends of the in-order inputs are waited for, and then not asked for again.
+_ENDS_TIMEOUT_S = 5.0
 
 
 def producer_tuning(settings: Settings) -> dict[str, Any]:
@@ -212,6 +214,8 @@ class Worker:
         self._topic_only: set[tuple[str, int]] = set()
         # The offset each of them began reading at when its task joined.
         self._joined_at: dict[tuple[str, int], int] = {}
+        # When their ends may be asked for again after the broker did not answer.
+        self._ends_asked_after = 0.0
         # Records handed over in order, processed once the record that sent them is done.
         self._handoffs: deque[_Handoff] = deque()
         # Global table -> the stages that read it.
@@ -749,24 +753,22 @@ class Worker:
     def _learn_ends(self) -> None:
         """No task is left restoring: each catching partition's end is its last stable
         offset now, which holds whatever the joined tasks' inputs' previous owners
-        committed (a restoration waits for their transactions to end). Where the broker
-        does not say, the partition goes through its topic only."""
-        for tp, catching in list(self._catching.items()):
-            if catching.target is not None:
-                continue
-            topic, partition = tp
-            try:
-                low, end = self.consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=5.0)
-            except KafkaException as exc:
-                log.debug("the end of %s[%d] is not known (%s): through the topic only",
-                          topic, partition, describe(exc))
-                del self._catching[tp]
-                self._topic_only.add(tp)
-                self._produce_held(tp, catching)
-                continue
+        committed (a restoration waits for their transactions to end); asked for all at
+        once. Where the broker does not answer, asked again a few seconds later, the
+        records meanwhile going through the topics at each commit."""
+        if time.monotonic() < self._ends_asked_after:
+            return
+        unknown = [TopicPartition(topic, p) for (topic, p), catching in self._catching.items()
+                   if catching.target is None]
+        try:
+            ranges = log_ranges(self.admin, unknown, _ENDS_TIMEOUT_S)
+        except (KafkaException, TimeoutError) as exc:
+            log.debug("the ends of the in-order inputs are not known yet: %s", describe(exc))
+            self._ends_asked_after = time.monotonic() + _ENDS_TIMEOUT_S
+            return
+        for tp, (low, end) in ranges.items():
             # -1: nothing was ever there, or nothing is left; nothing to read first.
-            catching.target = -1 if end <= low else end
+            self._catching[tp].target = -1 if end <= low else end
 
     def _forget_in_order(self, partitions: set[int]) -> None:
         for states in (self._drained, self._topic_only):
