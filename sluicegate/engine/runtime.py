@@ -159,8 +159,17 @@ class _HandoverFailed(Exception):
         self.cause = cause
 
 
-# A handed-over record waiting for the record that sent it to be done.
-_Handoff = tuple[Node, Task, str, bytes, bytes | None, Headers | None, object | None]
+# A record handed over in order, waiting to be processed: what sent it (the record or
+# timer whose failure a failure of it is; None for a table row, a restored task or a
+# record held at catch-up), the stage and task that take it, and what was sent.
+_Handoff = tuple[tuple[Any, ...] | None, Node, Task, str, bytes, bytes | None,
+                 Headers | None, object | None]
+
+
+def _unit_text(unit: tuple[Any, ...]) -> str:
+    if unit[0] == "timer":
+        return f"{unit[1]}'s timer due at {unit[3]} ({unit[4]!r})"
+    return f"{unit[0]}[{unit[1]}]@{unit[2]}"
 
 
 def _worker_identity(state_dir: Path) -> tuple[str, Any]:
@@ -216,8 +225,12 @@ class Worker:
         self._joined_at: dict[tuple[str, int], int] = {}
         # When their ends may be asked for again after the broker did not answer.
         self._ends_asked_after = 0.0
-        # Records handed over in order, processed once the record that sent them is done.
+        # Records handed over in order: processed a slice of the batch at a time
+        # (`_SLICE`), each stage taking a run of records as it would from its topic, and
+        # before anything else is (a timer, a table row, the commit).
         self._handoffs: deque[_Handoff] = deque()
+        # The record or timer being processed: what a record it hands over came from.
+        self._unit: tuple[Any, ...] | None = None
         # Global table -> the stages that read it.
         self._readers: dict[str, list[str]] = {
             table.name: [node.name for node in topology.nodes if table.name in node.reads]
@@ -428,11 +441,18 @@ class Worker:
                     self._consumer_error(error)
                     continue
                 self._process(msg)
-                if i % _SLICE == _SLICE - 1 and self._in_txn and self._cycle_due():
-                    # A batch takes as long as its records do: the cycle commits when it
-                    # is due, not when the batch is done (docs/decisions/cycle-slices.md).
-                    self._end_cycle()
-                    committed = i + 1
+                if i % _SLICE == _SLICE - 1:
+                    if self._handoffs:
+                        self._hand_over_queued()
+                    if self._in_txn and self._cycle_due():
+                        # A batch takes as long as its records do: the cycle commits when
+                        # it is due, not when the batch is done
+                        # (docs/decisions/cycle-slices.md).
+                        self._end_cycle()
+                        committed = i + 1
+            if self._handoffs:
+                self._hand_over_queued()
+            self._unit = None
             if self._catching:
                 self._caught_up()
             self._end_cycle()
@@ -531,8 +551,8 @@ class Worker:
         record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
                              msg.timestamp()[1], msg.headers())
         node = self._node_for_topic[topic]
-        if not (self._suspects
-                and self._given_up(node, task, (topic, partition, offset), record)):
+        unit = self._unit = (topic, partition, offset)
+        if not (self._suspects and self._given_up(node, task, unit, record)):
             self._handle(node, task, record)
         self._progress[tp] = offset + 1
         self._cycle_records += 1
@@ -541,8 +561,6 @@ class Worker:
     def _handle(self, node: Node, task: Task, record: InputRecord) -> None:
         try:
             node.stage.process(task.states[node.name].ctx, record)
-            if self._handoffs:
-                self._hand_over_queued()
         except RecordFailed:
             raise
         except Exception as exc:
@@ -580,6 +598,9 @@ class Worker:
             return False
         stage, ctx = node.stage, task.states[node.name].ctx
         reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
+        if self._handoffs:
+            # What the records before it sent is theirs to fail, not this record's.
+            self._hand_over_queued(unit)
         try:
             stage.unprocessable(ctx, record, reason)
             if self._handoffs:
@@ -594,6 +615,7 @@ class Worker:
         return True
 
     def _apply_tables(self) -> None:
+        self._unit = None
         for table in self.topology.global_tables:
             readers = self._readers[table.name]
             for row in table.poll():
@@ -624,7 +646,7 @@ class Worker:
               value: bytes) -> None:
         node = state.node
         stage = node.stage
-        unit = ("timer", node.name, partition, due_ms, key)
+        unit = self._unit = ("timer", node.name, partition, due_ms, key)
         if self._suspects and unit in self._suspects:
             timer = InputRecord(f"timer:{node.name}", partition, -1, key, value, due_ms)
             if self._given_up(node, self.tasks[partition], unit, timer):
@@ -659,7 +681,8 @@ class Worker:
                 if tp in self._drained:
                     # In order: after the record that sent it, so no stage is ever called
                     # again while it is still processing one.
-                    self._handoffs.append((node, task, topic, key, value, headers, message))
+                    self._handoffs.append((self._unit, node, task, topic, key, value, headers,
+                                           message))
                     return
                 catching = self._catching.get(tp)
                 if catching is not None:
@@ -681,13 +704,27 @@ class Worker:
             except BufferError:
                 deadline = self._wait_for_room(deadline)
 
-    def _hand_over_queued(self) -> None:
-        """Process the records handed over in order, and those they send in turn."""
+    def _hand_over_queued(self, owner: tuple[Any, ...] | None = None) -> None:
+        """Process the records handed over in order, and those they send in turn, in the
+        order sent. One that fails fails the record or timer that sent it
+        (`RecordFailed`), which is retried and then given up on as any is; one of no
+        record's fails as the stage would have failed where it sent it. `owner`: the unit
+        being processed, which the queue's own records are not."""
         handoffs = self._handoffs
         while handoffs:
-            node, task, topic, key, value, headers, message = handoffs.popleft()
-            node.stage.process_handed_over(task.states[node.name].ctx, topic, key, value,
-                                           headers, message)
+            unit, node, task, topic, key, value, headers, message = handoffs.popleft()
+            self._unit = unit
+            try:
+                node.stage.process_handed_over(task.states[node.name].ctx, topic, key,
+                                               value, headers, message)
+            except RecordFailed:
+                raise
+            except Exception as exc:
+                if unit is None or not self._about_the_record(exc):
+                    raise
+                raise RecordFailed(unit, f"{node.name} failed on a record handed over from "
+                                         f"{_unit_text(unit)}: {describe(exc)}") from exc
+        self._unit = owner
 
     def _caught_up(self) -> None:
         """After a batch: the in-order inputs whose consumer has now read past everything
@@ -716,9 +753,13 @@ class Worker:
             del self._catching[key]
             self._drained.add(key)
             released.append(key)
+            if not self._catching:
+                log.info("read up to the ends of the stage topics taken in order: their "
+                         "records are handed over in this process")
             if catching.held:
                 node, task = self._handed_over[tp.topic], self.tasks[tp.partition]
-                self._handoffs.extend((node, task, tp.topic, *held) for held in catching.held)
+                self._handoffs.extend((None, node, task, tp.topic, *held)
+                                      for held in catching.held)
         try:
             self._hand_over_queued()
         except Exception as exc:
@@ -763,7 +804,9 @@ class Worker:
         try:
             ranges = log_ranges(self.admin, unknown, _ENDS_TIMEOUT_S)
         except (KafkaException, TimeoutError) as exc:
-            log.debug("the ends of the in-order inputs are not known yet: %s", describe(exc))
+            log.info("the ends of the stage topics taken in order are not known yet (%s): "
+                     "their records go through the topics, asking again in %.0fs",
+                     describe(exc), _ENDS_TIMEOUT_S)
             self._ends_asked_after = time.monotonic() + _ENDS_TIMEOUT_S
             return
         for tp, (low, end) in ranges.items():
@@ -1014,6 +1057,7 @@ class Worker:
         # In a transaction, so a stage can act on what it finds (fail the starts of a
         # workflow that is no longer declared, say), and catch up with the global tables.
         self._begin()
+        self._unit = None
         for state in task.stateful():
             state.stage.restored(state.ctx)
         for table in self.topology.global_tables:
