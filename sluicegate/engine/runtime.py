@@ -27,9 +27,9 @@ paused until its stores have caught up with their changelogs.
 A record sent to a stage input that the stage takes handed over (`Node.handed_over`) is
 processed on the spot when this worker owns its partition: the same transaction, no
 round trip through the broker. One sent to an input handed over in order
-(`Node.handed_over_in_order`: a control's, where order is the point) is processed once
-the record or timer that sent it is done, and only once the worker has read everything
-sent to that partition before it; until then it goes through the topic
+(`Node.handed_over_in_order`: a control's, where order is the point) is processed with
+the others its slice of the batch sent, in the order sent, and only once the worker has
+read everything sent to that partition before it; until then it goes through the topic
 (docs/decisions/in-process-handover.md).
 """
 

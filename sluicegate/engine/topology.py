@@ -75,9 +75,10 @@ class Node:
     # The inputs whose records are handed over in the order they were sent: once the
     # worker has read everything sent to that partition before (all of it committed
     # before its tasks joined, and whatever this worker itself wrote there), a record for
-    # a partition it owns is processed once the record (or timer) that sent it is done,
-    # in the same transaction, and never written to the topic. Until then they go through
-    # the topic, behind the records already in it (docs/decisions/in-process-handover.md).
+    # a partition it owns is processed after the slice of records that sent it, in the
+    # order sent and the same transaction, and never written to the topic. Until then
+    # they go through the topic, behind the records already in it
+    # (docs/decisions/in-process-handover.md).
     handed_over_in_order: tuple[str, ...] = ()
     # The global tables whose changed rows it is told of (`Stage.table_changed`).
     reads: tuple[str, ...] = ()
