@@ -3,7 +3,9 @@ one line each, as `sluicegate demo` prints them (its `_print`)."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import Annotated
 
 import typer
@@ -24,6 +26,10 @@ def follow(settings: Settings, workflow: str | None, *, timeout_s: float = 3.0) 
     from sluicegate.topology.admin import TopologyError
     from sluicegate.topology.topics import Topics
 
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C stops it even when started with SIGINT ignored (a background job of a
+        # non-interactive shell, nohup), where Python would otherwise leave it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     topic = Topics(settings).ledger
     consumer = Consumer(settings.client_config(**{
         # assign() only, never a commit: the group id is a formality of the client.
