@@ -704,6 +704,12 @@ class Worker:
             except BufferError:
                 deadline = self._wait_for_room(deadline)
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether every partition this worker owns is processing, and every in-order
+        input it owns is handed over (or goes through its topic only)."""
+        return bool(self.tasks) and not self._restoring and not self._catching
+
     def _hand_over_queued(self, owner: tuple[Any, ...] | None = None) -> None:
         """Process the records handed over in order, and those they send in turn, in the
         order sent. One that fails fails the record or timer that sent it

@@ -185,6 +185,12 @@ def test_one_worker_hands_a_controls_starts_over_and_its_topic_stays_empty(
     topics = Topics(settings)
     producer = Producer(settings.client_config())
     with WorkerThread(load_app("tests.apps.concurrency"), settings) as worker:
+        # Until its tasks have joined and it has read the ends of the control's topic,
+        # what it sends there goes through the topic.
+        deadline = time.monotonic() + 60
+        while not worker.caught_up:
+            assert time.monotonic() < deadline, "the worker did not catch up in 60 s"
+            time.sleep(0.05)
         for tag in ("first", "second"):
             for start in _gated_starts(settings, tag, 40):
                 producer.produce(topics.starts, codec.encode(start), start.request_id.encode())
