@@ -7,11 +7,12 @@ part around them:
 
 - a record written to a topic a stage reads is processed by that stage, in the order
   written (one queue for every topic); one sent to an input the stage takes handed over
-  (`Node.handed_over`) is processed on the spot and never written, as the worker does
-  when it owns the partition (docs/decisions/in-process-handover.md). The driver owns
-  every partition, so every such record is handed over. One sent to an input handed over
-  in order (`Node.handed_over_in_order`, a control's) is written and processed in its
-  turn: in the order sent, as the worker processes it, and listed in `sent`;
+  (`Node.handed_over`) is processed once the record (or timer, or table row) that sent
+  it is, in the order sent, and never written, as the worker does when it owns the
+  partition (docs/decisions/in-process-handover.md). The driver owns every partition, so
+  every such record is handed over. One sent to an input handed over in order
+  (`Node.handed_over_in_order`, a control's) is written and processed in its turn: in
+  the order sent, as the worker processes it, and listed in `sent`;
 - partitions are chosen as the producers choose them: the record's explicit partition,
   else its key's murmur2 partition (a record without a key goes to partition 0). One
   partition by default; `Settings(partitions=n)` gives n tasks, each with its stores;
@@ -181,6 +182,10 @@ class TestDriver:
         self._piped: list[Written] = []
         # Records written to a stage's input and not yet processed, in the order written.
         self._queue: deque[Written] = deque()
+        # Records handed over and not yet processed, in the order sent: the stage that
+        # takes each, its partition, and what was sent.
+        self._handoffs: deque[tuple[Node, int, str, bytes, bytes | None, Headers | None,
+                                    object | None]] = deque()
         self._requests = 0
         self._in_cycle = False
         self.tasks: dict[int, Task] = {}
@@ -236,10 +241,10 @@ class TestDriver:
               message: object | None = None) -> None:
         node = self._handed_over.get(topic)
         if node is not None and key is not None:
-            # Handed over: processed now, in the sender's cycle, and never written.
-            p = self._partition(key, partition)
-            node.stage.process_handed_over(self.tasks[p].states[node.name].ctx, topic, key,
-                                           value, headers, message)
+            # Handed over: processed once what sent it is, in the sender's cycle, and never
+            # written.
+            self._handoffs.append((node, self._partition(key, partition), topic, key, value,
+                                   headers, message))
             return
         keep = self._keep
         if keep is not None and topic not in keep and topic not in self._node_for_topic:
@@ -286,7 +291,12 @@ class TestDriver:
         a worker's cycles do while the clock stands still. In a `cycle`, the timers wait
         for its end."""
         while True:
-            while self._queue:
+            while self._queue or self._handoffs:
+                if self._handoffs:
+                    node, p, topic, key, value, headers, message = self._handoffs.popleft()
+                    node.stage.process_handed_over(self.tasks[p].states[node.name].ctx,
+                                                   topic, key, value, headers, message)
+                    continue
                 written = self._queue.popleft()
                 node = self._node_for_topic[written.topic]
                 node.stage.process(self.tasks[written.partition].states[node.name].ctx,
@@ -508,6 +518,7 @@ class TestDriver:
         self._taken = {topic: min(n, len(self._log.get(topic, ())))
                        for topic, n in self._taken.items()}
         self._queue.clear()
+        self._handoffs.clear()
         self._open(app if app is not None else self.app)
         replay, self._piped = self._piped, []
         for written in replay:

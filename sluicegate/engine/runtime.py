@@ -25,11 +25,11 @@ A task is restored from the loop, not in the assignment callback: its partitions
 paused until its stores have caught up with their changelogs.
 
 A record sent to a stage input that the stage takes handed over (`Node.handed_over`) is
-processed on the spot when this worker owns its partition: the same transaction, no
-round trip through the broker. One sent to an input handed over in order
-(`Node.handed_over_in_order`: a control's, where order is the point) is processed with
-the others its slice of the batch sent, in the order sent, and only once the worker has
-read everything sent to that partition before it; until then it goes through the topic
+processed with the others its slice of the batch sent, in the order sent, when this
+worker owns its partition: the same transaction, no round trip through the broker. One
+sent to an input handed over in order (`Node.handed_over_in_order`: a control's, where
+order is the point) is, too, but only once the worker has read everything sent to that
+partition before it; until then it goes through the topic
 (docs/decisions/in-process-handover.md).
 """
 
@@ -159,7 +159,7 @@ class _HandoverFailed(Exception):
         self.cause = cause
 
 
-# A record handed over in order, waiting to be processed: what sent it (the record or
+# A record handed over, waiting to be processed: what sent it (the record or
 # timer whose failure a failure of it is; None for a table row, a restored task or a
 # record held at catch-up), the stage and task that take it, and what was sent.
 _Handoff = tuple[tuple[Any, ...] | None, Node, Task, str, bytes, bytes | None,
@@ -225,7 +225,7 @@ class Worker:
         self._joined_at: dict[tuple[str, int], int] = {}
         # When their ends may be asked for again after the broker did not answer.
         self._ends_asked_after = 0.0
-        # Records handed over in order: processed a slice of the batch at a time
+        # Records handed over: processed a slice of the batch at a time, in the order sent
         # (`_SLICE`), each stage taking a run of records as it would from its topic, and
         # before anything else is (a timer, a table row, the commit).
         self._handoffs: deque[_Handoff] = deque()
@@ -670,17 +670,14 @@ class Worker:
                  else partition)
             task = self.tasks.get(p)
             if task is not None:
-                if topic not in self._in_order:
-                    # Handed over: the stage takes it now, in this transaction, and it is
-                    # never written to its topic. It has no offset of its own: a failure
-                    # is the failure of the record (or timer) whose processing sent it.
-                    node.stage.process_handed_over(task.states[node.name].ctx, topic, key,
-                                                   value, headers, message)
-                    return
                 tp = (topic, p)
-                if tp in self._drained:
-                    # In order: after the record that sent it, so no stage is ever called
-                    # again while it is still processing one.
+                if topic not in self._in_order or tp in self._drained:
+                    # Handed over: processed after the slice of records that sent it, in
+                    # the order sent, in this transaction, and never written to its topic.
+                    # No stage is ever called again while it is still processing one, and
+                    # each takes a run of records as it would from its topic. It has no
+                    # offset of its own: a failure is the failure of the record (or timer)
+                    # whose processing sent it.
                     self._handoffs.append((self._unit, node, task, topic, key, value, headers,
                                            message))
                     return
@@ -711,7 +708,7 @@ class Worker:
         return bool(self.tasks) and not self._restoring and not self._catching
 
     def _hand_over_queued(self, owner: tuple[Any, ...] | None = None) -> None:
-        """Process the records handed over in order, and those they send in turn, in the
+        """Process the records handed over, and those they send in turn, in the
         order sent. One that fails fails the record or timer that sent it
         (`RecordFailed`), which is retried and then given up on as any is; one of no
         record's fails as the stage would have failed where it sent it. `owner`: the unit

@@ -68,9 +68,10 @@ class Node:
     # The rows of its store it publishes as table topics instead of logging them.
     tables: tuple[Table, ...] = ()
     # The inputs whose records a stage of the same worker hands over in-process when the
-    # worker owns the partition they are for: processed in the sender's transaction and
-    # never written to the topic (offset -1). Only for an input where no record's order
-    # against another's matters (docs/decisions/in-process-handover.md).
+    # worker owns the partition they are for: processed after the slice of records that
+    # sent them, in the order sent, in the sender's transaction, and never written to the
+    # topic (offset -1). Only for an input where no record's order against one already
+    # in the topic matters (docs/decisions/in-process-handover.md).
     handed_over: tuple[str, ...] = ()
     # The inputs whose records are handed over in the order they were sent: once the
     # worker has read everything sent to that partition before (all of it committed

@@ -234,9 +234,11 @@ def _admitted(execution_id: str) -> AdmittedStart:
 
 def _hand_over(d: TestDriver, admitted: AdmittedStart, value: bytes) -> None:
     """An admitting stage of the same worker sends the admission to the runs stage's
-    topic with the record itself: it is handed over, `value` never read."""
+    topic with the record itself: it is handed over, `value` never read, and processed
+    once the worker's loop goes on (`advance(0)`)."""
     d.context("identity").send(d.topics.stage("runs"), admitted.execution_id.encode(), value,
                                None, None, admitted)
+    d.advance(0)
 
 
 def _stage_sent(d: TestDriver, since: int = 0) -> list[Written]:
@@ -266,6 +268,8 @@ def test_an_admission_handed_over_without_its_record_is_decoded_as_if_read() -> 
         # A sender that passes no record: the stage's hook processes the bytes as the
         # record read from the topic would be, and it is still never written there.
         d.context("identity").send(d.topics.stage("runs"), b"e-bytes", codec.encode(admitted))
+        assert RunsStage.load(d.context("runs"), "e-bytes") is None  # after the sender
+        d.advance(0)
         assert RunsStage.load(d.context("runs"), "e-bytes") == admitted_row(admitted)
         assert d.sent(d.topics.stage("runs")) == []
         assert _stage_sent(d) == []
