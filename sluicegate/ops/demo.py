@@ -66,7 +66,16 @@ def _print(console: Console, row: LedgerRecord) -> None:
     console.print(line, highlight=False)
 
 
+def ctrl_c_stops() -> None:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in this process even when it was started
+    with SIGINT ignored (a background job of a non-interactive shell, nohup), where
+    Python leaves an inherited SIG_IGN in place. Only the main thread can set it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_demo(port: int, app_module: str, per_second: float) -> None:
+    ctrl_c_stops()
     console = Console(soft_wrap=True)
     console.print(f"[bold]starting a local Kafka broker on 127.0.0.1:{port}[/] "
                   "(the first start fetches its jars with Maven)")

@@ -3,9 +3,7 @@ one line each, as `sluicegate demo` prints them (its `_print`)."""
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from typing import Annotated
 
 import typer
@@ -20,16 +18,13 @@ def follow(settings: Settings, workflow: str | None, *, timeout_s: float = 3.0) 
     from rich.console import Console
 
     from sluicegate.kafkautil import watermarks
-    from sluicegate.ops.demo import _print
+    from sluicegate.ops.demo import _print, ctrl_c_stops
     from sluicegate.schemas import codec
     from sluicegate.schemas.records import LedgerRecord
     from sluicegate.topology.admin import TopologyError
     from sluicegate.topology.topics import Topics
 
-    if threading.current_thread() is threading.main_thread():
-        # Ctrl-C stops it even when started with SIGINT ignored (a background job of a
-        # non-interactive shell, nohup), where Python would otherwise leave it ignored.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    ctrl_c_stops()
     topic = Topics(settings).ledger
     consumer = Consumer(settings.client_config(**{
         # assign() only, never a commit: the group id is a formality of the client.

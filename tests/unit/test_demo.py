@@ -1,9 +1,13 @@
 """The demo drains: its reference engine runs a workflow's runs as wide as the workflow's
-concurrency limit, and the demo's parting advice is a command that works where it ran."""
+concurrency limit, the demo's parting advice is a command that works where it ran, and
+Ctrl-C stops it however it was started."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -92,3 +96,28 @@ def test_the_parting_command_is_plain_when_path_finds_the_same_script(tmp_path: 
     script.chmod(0o755)
     assert kafka_down_command(19092, executable=str(bin_dir / "python"), cwd=Path("/"),
                               path=str(bin_dir)) == "sluicegate kafka down --port 19092"
+
+
+def test_ctrl_c_stops_a_process_started_with_sigint_ignored() -> None:
+    # A background job of a non-interactive shell (or nohup) starts with SIGINT ignored,
+    # and Python keeps it so: the demo and `ledger tail` would run on after Ctrl-C.
+    script = ("import sys, time\n"
+              "from sluicegate.ops.demo import ctrl_c_stops\n"
+              "ctrl_c_stops()\n"
+              "try:\n"
+              "    print('ready', flush=True)\n"
+              "    time.sleep(60)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted', flush=True)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
