@@ -708,11 +708,11 @@ class Worker:
         return bool(self.tasks) and not self._restoring and not self._catching
 
     def _hand_over_queued(self, owner: tuple[Any, ...] | None = None) -> None:
-        """Process the records handed over, and those they send in turn, in the
-        order sent. One that fails fails the record or timer that sent it
-        (`RecordFailed`), which is retried and then given up on as any is; one of no
-        record's fails as the stage would have failed where it sent it. `owner`: the unit
-        being processed, which the queue's own records are not."""
+        """Process the records handed over, and those they send in turn, in the order
+        sent. One that fails fails the record or timer that sent it (`RecordFailed`),
+        which is retried and then given up on as any is; one of no record's fails as the
+        stage would have failed where it sent it. `owner`: the unit being processed,
+        which the queue's own records are not."""
         handoffs = self._handoffs
         while handoffs:
             unit, node, task, topic, key, value, headers, message = handoffs.popleft()
