@@ -191,6 +191,9 @@ class PendingQueue:
 
     def peek(self) -> Parked | None:
         tx = self.tx
+        if tx.get(self._count_key) is None:
+            # Empty: a point read of its count, not an iterator over the store.
+            return None
         floor = tx.floor(self._prefix)
         for key, value in tx.items(self._prefix, floor):
             if key != floor:
@@ -235,7 +238,8 @@ class PendingQueue:
         """An empty queue that may not be used again (a key gone idle) drops its last
         row, its sequence. Should it fill again, its rows start from the sequence's
         beginning, below the rows taken before: those are read over once more."""
-        if len(self) == 0:
+        if len(self) == 0 and self.tx.get(self._seq_key) is not None:
+            # Only when it has one: a key that never queued would log a tombstone.
             self.tx.delete(self._seq_key)
 
     def clear(self) -> None:
