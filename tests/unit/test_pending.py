@@ -253,6 +253,41 @@ def test_an_empty_fair_queue_is_answered_without_listing_its_lanes(
     assert head is not None and head[1].start.execution_id == "x99"
 
 
+def test_an_empty_queue_is_answered_without_an_ordered_read(store: PartitionStore) -> None:
+    """A throttle key on pace looks at its queue's head at every start and every turn of
+    its timer, and nothing waits there: one point read of the count, no iterator
+    (docs/decisions/empty-queue-reads.md)."""
+    tx = StoreTransaction(store)
+    queue = PendingQueue(tx, b"key")
+    queue.park(_start(0))
+    tx.commit(0)
+    assert queue.pop() is not None
+    tx.commit(1)
+    reads = _record_reads(store)
+    assert queue.peek() is None and queue.pop() is None
+    assert reads == []
+    queue.park(_start(1))
+    head = queue.peek()
+    assert head is not None and head.start.execution_id == "x1"
+
+
+def test_a_key_that_never_queued_is_forgotten_without_writing_anything(
+    store: PartitionStore,
+) -> None:
+    """Forgetting an idle queue deletes its sequence row only when it has one: a key whose
+    starts all went through on arrival logs no tombstone to its changelog."""
+    tx = StoreTransaction(store)
+    PendingQueue(tx, b"idle").forget()
+    assert tx.changes == {}
+    used = PendingQueue(tx, b"used")
+    used.park(_start(0))
+    assert used.pop() is not None
+    tx.commit(0)
+    used.forget()
+    # Its sequence row goes, and nothing else is written.
+    assert list(tx.changes.values()) == [None]
+
+
 def test_a_queue_emptied_at_once_reads_its_next_rows_without_walking_the_taken(
     store: PartitionStore,
 ) -> None:
