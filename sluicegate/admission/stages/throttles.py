@@ -382,36 +382,46 @@ class Throttles:
                                 key=self.ledger_key(wf, texts))
         return row
 
-    def _forget_idle(self, ctx: StageContext, key: bytes) -> None:
+    def _forget_idle(self, ctx: StageContext, key: bytes) -> int | None:
+        """Drop the keys whose idle time has come; returns the next one's (None: none)."""
         prefix = _IDLE + _named(key)
         done = []
-        for row, _ in ctx.store.items(prefix, ctx.store.floor(prefix)):
-            if _MS.unpack_from(row, len(prefix))[0] > ctx.now_ms:
+        following = None
+        floor = ctx.store.floor(prefix)
+        for row, _ in ctx.store.items(prefix, floor):
+            at = _MS.unpack_from(row, len(prefix))[0]
+            if at > ctx.now_ms:
+                following = at
+                # The index's first row from now on: its next read starts there.
+                if row != floor:
+                    ctx.store.set_floor(prefix, row)
                 break
             done.append(row)
-        if done:
+        if done and following is None:
             ctx.store.set_floor(prefix, done[-1] + b"\x00")
         for row in done:
             tail = row[len(prefix) + _MS.size:]
             ctx.store.delete(row)
             ctx.store.delete(_PACE + _named(key) + tail)
+        return following
 
     def _settle(self, ctx: StageContext, key: bytes, wf: Workflow, row: Row) -> None:
         """Aim the turn timer at the next moment something can change (a lane's own turn,
         the gates' turn while lanes are ready, an idle key to forget), or drop the row
         when nothing is left."""
         now = ctx.now_ms
-        self._forget_idle(ctx, key)
+        forget = self._forget_idle(ctx, key)
         due: list[int] = []
-        first = self._first(ctx, _WAIT + _named(key))
-        if first is not None:
-            due.append(_MS.unpack_from(first, len(_WAIT) + len(_named(key)))[0])
-        if self._first(ctx, _READY + _named(key)) is not None:
-            due.append(max(now, self._ready(ctx, key, wf, [""] * len(wf.throttle),
-                                            gates=True)))
-        idle = self._first(ctx, _IDLE + _named(key))
-        if idle is not None:
-            forget = _MS.unpack_from(idle, len(_IDLE) + len(_named(key)))[0]
+        # A lane is in the indexes while its queue holds a start: with nobody waiting,
+        # both are empty and not read (the drain stops on the same count).
+        if row.waiting:
+            first = self._first(ctx, _WAIT + _named(key))
+            if first is not None:
+                due.append(_MS.unpack_from(first, len(_WAIT) + len(_named(key)))[0])
+            if self._first(ctx, _READY + _named(key)) is not None:
+                due.append(max(now, self._ready(ctx, key, wf, [""] * len(wf.throttle),
+                                                gates=True)))
+        if forget is not None:
             # No hurry to forget: a timer already set sooner fires and moves itself on,
             # so admitting with nobody waiting writes no timer.
             keep = row.turn_ms is not None and row.turn_ms <= forget
