@@ -133,7 +133,9 @@ def control_name(wf: Workflow, hop: Hop) -> str:
     `concurrency[1] scope:account`)."""
     if hop.control != "concurrency":
         shared = hop.budget not in (wf.name, DEPLOYMENT_BUDGET)
-        return f"{hop.control} {hop.budget}" if shared else hop.control
+        # A plain str, not the Control member: the codec's fast path takes exact strs
+        # only, and a ledger row with an enum there was encoded by fastavro (~15 µs).
+        return f"{hop.control} {hop.budget}" if shared else str(hop.control)
     limit = wf.concurrency[hop.index]
     name = "concurrency" if len(wf.concurrency) == 1 else f"concurrency[{hop.index}]"
     if limit.pool is not None:
