@@ -100,13 +100,14 @@ def arrive(hold: Hold, execution_id: str, mode: Mode,
            admitted_now: bool) -> tuple[Hold, Skip | Cancel | None]:
     """A start reaches the key. Anything but Skip lets it through; `admitted_now` says
     no later control can hold it back, so it starts in this very decision."""
+    # Rows built directly, not with dataclasses.replace (several times a constructor's
+    # cost): this runs for every start through the stage.
     claim = Claim(execution_id, hold.next_seq)
-    counted = dataclasses.replace(hold, next_seq=hold.next_seq + 1)
     if mode == "skip":
         if hold.holder is not None:
             return hold, Skip(hold.holder.execution_id)
-        return dataclasses.replace(counted, holder=claim), None
-    claimed = dataclasses.replace(counted, claims=(*hold.claims, claim))
+        return Hold(claim, hold.claims, hold.next_seq + 1), None
+    claimed = Hold(hold.holder, (*hold.claims, claim), hold.next_seq + 1)
     if not admitted_now:
         return claimed, None
     return admitted(claimed, execution_id)
@@ -135,7 +136,7 @@ def released(hold: Hold, execution_id: str) -> Hold:
     if holder is not None and holder.execution_id == execution_id:
         holder = None
     claims = tuple(c for c in hold.claims if c.execution_id != execution_id)
-    return dataclasses.replace(hold, holder=holder, claims=claims)
+    return Hold(holder, claims, hold.next_seq)
 
 
 # -- reading the state (ops: "which run holds this key") -----------------------------
