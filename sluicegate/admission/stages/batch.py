@@ -34,7 +34,7 @@ from sluicegate.admission.stages.groups import (
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.payloads import is_sealed, validate
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 from sluicegate.topology.keys import key_text
 
 # -- the pure core -------------------------------------------------------------------
@@ -206,7 +206,7 @@ class Batches:
             header = None
         # An item's own priority means nothing (priority reads the run's payload, worked
         # out when the batch runs): zeroed, the queue keeps the items in arrival order.
-        item = dataclasses.replace(start, priority=0.0)
+        item = changed(start, priority=0.0)
         PendingQueue(ctx.store, _members(key)).push(item)
         self.router.alias(ctx, start, added.batch.execution_id)
         if added.full:

@@ -32,7 +32,7 @@ from sluicegate.admission.stages.groups import (
 from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 from sluicegate.topology.keys import key_text
 
 # -- the pure core -------------------------------------------------------------------
@@ -155,7 +155,7 @@ class Debounces:
         carrier = start
         if held is not None:
             old = held.carrier
-            carrier = dataclasses.replace(
+            carrier = changed(
                 start, execution_id=old.execution_id, arrived_at_ms=old.arrived_at_ms,
                 request_ids=[*old.request_ids, *start.request_ids],
                 slots=merged_slots(old.slots, start.slots))

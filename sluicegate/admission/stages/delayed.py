@@ -9,8 +9,6 @@ its `at`; cancelOn discards the ones that match its event.
 
 from __future__ import annotations
 
-import dataclasses
-
 from sluicegate.admission.pending import priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.stage import StageContext
@@ -18,7 +16,7 @@ from sluicegate.admission.stages import cancelon
 from sluicegate.declare import App, Workflow
 from sluicegate.engine.timers import TIMER_PREFIX, parse_timer_key
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
+from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 
 # Timer keys of delayed starts: this, the start's rank, its request id.
 _DELAYED = b"D"
@@ -48,7 +46,7 @@ class DelayedStarts:
     def fire(self, ctx: StageContext, value: bytes) -> None:
         """Its `at` came: an ordinary arrival, which the controls judge as of now."""
         pending = codec.decode(PendingStart, value)
-        self.router.forward(ctx, dataclasses.replace(pending, arrived_at_ms=ctx.now_ms))
+        self.router.forward(ctx, changed(pending, arrived_at_ms=ctx.now_ms))
 
     def _parked(self, ctx: StageContext) -> list[tuple[int, bytes, PendingStart]]:
         out = []

@@ -164,10 +164,12 @@ class Throttles:
                   old: PaceRow, new: PaceRow, rate: Rate) -> None:
         """Store a key's pace row, keeping its entry in the idle index true."""
         store = ctx.store
+        # Built directly, not with dataclasses.replace (several times a constructor's cost):
+        # every pace of every start comes here.
         if new.waiting == 0:
-            new = replace(new, idle_at=forget_ms(new.pace, rate) or ctx.now_ms)
+            new = PaceRow(new.pace, 0, forget_ms(new.pace, rate) or ctx.now_ms)
         else:
-            new = replace(new, idle_at=None)
+            new = PaceRow(new.pace, new.waiting, None)
         if old.idle_at != new.idle_at:
             tail = bytes([index]) + text.encode()
             prefix = _IDLE + _named(key)
@@ -181,8 +183,8 @@ class Throttles:
                step: int) -> None:
         for index, (throttle, text) in enumerate(zip(wf.throttle, texts, strict=True)):
             old = self._pace(ctx, key, index, text)
-            self._put_pace(ctx, key, index, text, old, replace(old, waiting=old.waiting + step),
-                           Rate.of(throttle))
+            new = PaceRow(old.pace, old.waiting + step, old.idle_at)
+            self._put_pace(ctx, key, index, text, old, new, Rate.of(throttle))
 
     def _ready(self, ctx: StageContext, key: bytes, wf: Workflow, texts: list[str],
                *, gates: bool) -> int:
