@@ -190,10 +190,15 @@ class PendingQueue:
         return self.tx.items(self._prefix, self.tx.floor(self._prefix))
 
     def peek(self) -> Parked | None:
-        tx = self.tx
-        if tx.get(self._count_key) is None:
+        if self.tx.get(self._count_key) is None:
             # Empty: a point read of its count, not an iterator over the store.
             return None
+        return self.head()
+
+    def head(self) -> Parked | None:
+        """`peek` for a queue known to hold starts (a fair queue's listed lane): read
+        from its floor without looking at its count first."""
+        tx = self.tx
         floor = tx.floor(self._prefix)
         for key, value in tx.items(self._prefix, floor):
             if key != floor:
@@ -342,7 +347,8 @@ class FairQueue:
         fair = self.fair
         best: tuple[float, int, int, str, Parked] | None = None
         for name, turn in self.lanes():
-            head = self.lane(name).peek()
+            # A lane is listed only while it holds starts.
+            head = self.lane(name).head()
             if head is None:
                 continue
             start = head.start

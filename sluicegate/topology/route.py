@@ -54,7 +54,10 @@ class Route:
 def _hop(control: Control, budget: str, key: str | None, keyed: str | None = None) -> Hop:
     stage = control.stage
     assert stage is not None
-    return Hop(stage, control, budget, key, keyed=keyed)
+    # The control's name as a plain str, as the field says: the ledger rows carry it, and
+    # the codec's fast path takes exact strs only (a Control member there sent every
+    # such row to fastavro, ~15 µs each).
+    return Hop(stage, control.value, budget, key, keyed=keyed)
 
 
 def _identity_hop(wf: Workflow) -> Hop:
@@ -68,7 +71,7 @@ def _concurrency_hops(wf: Workflow, deployment_cap: int) -> list[Hop]:
     # A workflow's own second limit gets a budget of its own, so its keys never meet the
     # first limit's (an unkeyed limit and a key whose text is empty would).
     hops = [
-        Hop("concurrency", Control.concurrency,
+        Hop("concurrency", Control.concurrency.value,
             limit.shared_budget or (wf.name if index == 0 else f"{wf.name}#{index}"),
             limit.key, index)
         for index, limit in enumerate(wf.concurrency)
@@ -133,9 +136,7 @@ def control_name(wf: Workflow, hop: Hop) -> str:
     `concurrency[1] scope:account`)."""
     if hop.control != "concurrency":
         shared = hop.budget not in (wf.name, DEPLOYMENT_BUDGET)
-        # A plain str, not the Control member: the codec's fast path takes exact strs
-        # only, and a ledger row with an enum there was encoded by fastavro (~15 µs).
-        return f"{hop.control} {hop.budget}" if shared else str(hop.control)
+        return f"{hop.control} {hop.budget}" if shared else hop.control
     limit = wf.concurrency[hop.index]
     name = "concurrency" if len(wf.concurrency) == 1 else f"concurrency[{hop.index}]"
     if limit.pool is not None:
