@@ -100,6 +100,18 @@ def test_holds_round_trip_through_their_bytes() -> None:
     hold = Hold(Claim("ex-1", 3), (Claim("ex-2", 4), Claim("ex-3", 5)), 6)
     assert Hold.decode(hold.encode()) == hold
     assert Hold.decode(Hold().encode()) == Hold()
+    claimed = Hold(None, (Claim("ex-2", 4),), 5)
+    assert Hold.decode(claimed.encode()) == claimed
+
+
+def test_a_hold_row_written_as_json_by_an_earlier_release_is_still_read() -> None:
+    """Rows in a store, or in its changelog, from before the text row
+    (docs/decisions/singleton-hold-row.md) read as they were written."""
+    assert Hold.decode(b'{"holder":["ex-1",3],"claims":[["ex-2",4]],"next":5}') == Hold(
+        Claim("ex-1", 3), (Claim("ex-2", 4),), 5)
+    assert Hold.decode(b'{"holder":null,"claims":[],"next":2}') == Hold(None, (), 2)
+    # And the text row is not JSON: its first byte is a digit, never "{".
+    assert Hold(Claim("ex-1", 3), (), 4).encode() == b"4\x1f3\x1fex-1"
 
 
 # -- the property: against a reference model ------------------------------------------
