@@ -110,6 +110,24 @@ class Parked:
     headers: Headers | None = None
 
 
+# Rows a queue's head memo reads at once, and keeps at most.
+_HEAD_ROWS = 4
+
+
+class _Heads:
+    """A queue's first rows, in order (the transaction's memo for the queue): `rows` are
+    its first len(rows) rows, all of them when `complete`, each as (row key, its value
+    still encoded, or the start parked there once decoded). The queue keeps it true
+    through its own writes, so taking the head and reading the next costs a list
+    operation, not an iterator over the store (docs/decisions/queue-head-memo.md)."""
+
+    __slots__ = ("complete", "rows")
+
+    def __init__(self, rows: list[tuple[bytes, bytes | Parked]], complete: bool) -> None:
+        self.rows = rows
+        self.complete = complete
+
+
 class PendingQueue:
     """One priority-ordered queue of starts under `name` in a stage's store."""
 
@@ -156,12 +174,23 @@ class PendingQueue:
         self.tx.put(row, codec.encode(start))
         if row < self.tx.floor(self._prefix):
             self.tx.set_floor(self._prefix, row)
+        parked = Parked(row, start, headers)
+        heads: _Heads | None = self.tx.memo(self._prefix)
+        if heads is not None and (heads.complete or row < heads.rows[-1][0]):
+            # Among the first rows the memo holds: it goes in at its place.
+            rows = heads.rows
+            at = len(rows)
+            while at and rows[at - 1][0] > row:
+                at -= 1
+            rows.insert(at, (row, parked))
+            if len(rows) > _HEAD_ROWS:
+                del rows[_HEAD_ROWS:]
+                heads.complete = False
         count = len(self)
         self._set_count(count + 1)
         # The last row ever pushed bounds the queue from above (removals only lower the
         # real maximum), so a newcomer past it is last without a scan: the FIFO case.
         last = self.tx.get(self._last_key)
-        parked = Parked(row, start, headers)
         if count == 0 or last is None or row > last:
             self.tx.put(self._last_key, row)
             return parked, count
@@ -197,20 +226,50 @@ class PendingQueue:
 
     def head(self) -> Parked | None:
         """`peek` for a queue known to hold starts (a fair queue's listed lane): read
-        from its floor without looking at its count first."""
+        from its memo, else from its floor (its first rows, kept in the memo), without
+        looking at its count first."""
         tx = self.tx
-        floor = tx.floor(self._prefix)
-        for key, value in tx.items(self._prefix, floor):
-            if key != floor:
-                tx.set_floor(self._prefix, key)
-            return self._parked(key, value)
-        return None
+        heads: _Heads | None = tx.memo(self._prefix)
+        if heads is None:
+            floor = tx.floor(self._prefix)
+            rows: list[tuple[bytes, bytes | Parked]] = []
+            for key, value in tx.items(self._prefix, floor):
+                if not rows and key != floor:
+                    tx.set_floor(self._prefix, key)
+                # Decoded when it becomes the head: a start removed before never is.
+                rows.append((key, value))
+                if len(rows) == _HEAD_ROWS:
+                    break
+            heads = _Heads(rows, len(rows) < _HEAD_ROWS)
+            tx.set_memo(self._prefix, heads)
+        if not heads.rows:
+            return None
+        row, item = heads.rows[0]
+        if isinstance(item, Parked):
+            return item
+        parked = self._parked(row, item)
+        heads.rows[0] = (row, parked)
+        return parked
 
     def _delete(self, row: bytes) -> None:
         tx = self.tx
         tx.delete(row)
         if len(row) > self._row_len:
             tx.delete(_HEADERS + row)
+        heads: _Heads | None = tx.memo(self._prefix)
+        if heads is not None:
+            rows = heads.rows
+            for at, (key, _) in enumerate(rows):
+                if key == row:
+                    del rows[at]
+                    break
+            if rows:
+                # Its first row is the queue's head: nothing is left below it.
+                tx.set_floor(self._prefix, rows[0][0])
+                return
+            if not heads.complete:
+                # Read again from the floor once what it held is taken.
+                tx.set_memo(self._prefix, None)
         if row == tx.floor(self._prefix):
             # Its head, taken: nothing is left below the key just after it.
             tx.set_floor(self._prefix, row + b"\x00")
@@ -310,16 +369,34 @@ class FairQueue:
             # just now (a turn of its own, so lanes that join together keep their order):
             # a lane that empties and refills cannot jump the queue.
             raw = self.tx.get(self._turn_key)
-            turn = str(int(raw) + 1 if raw else 1).encode()
-            self.tx.put(self._turn_key, turn)
-            self.tx.put(marker, turn)
+            turn = int(raw) + 1 if raw else 1
+            self.tx.put(self._turn_key, str(turn).encode())
+            self._set_marker(lane, turn, str(turn).encode())
         self._add(1)
         return self.lane(lane).park(start, self.mode, headers)
 
     def lanes(self) -> list[tuple[str, int]]:
-        """(lane, last served turn) for every lane with starts waiting."""
-        return [(key[len(self._lanes_prefix):].decode(), _turn(value)[0])
-                for key, value in self.tx.items(self._lanes_prefix)]
+        """(lane, last served turn) for every lane with starts waiting, in the lanes'
+        order."""
+        return sorted(self._lanes().items())
+
+    def _lanes(self) -> dict[str, int]:
+        """The lanes and their turns, read from their markers once and then kept in the
+        transaction's memo, which this queue, the markers' one writer, keeps true: a
+        release no longer opens an iterator over the markers (whose range the lanes
+        emptied before have left with tombstones) to find the one lane a budget has."""
+        lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
+        if lanes is None:
+            lanes = {key[len(self._lanes_prefix):].decode(): _turn(value)[0]
+                     for key, value in self.tx.items(self._lanes_prefix)}
+            self.tx.set_memo(self._lanes_prefix, lanes)
+        return lanes
+
+    def _set_marker(self, lane: str, turn: int, raw: bytes) -> None:
+        self.tx.put(self._lanes_prefix + lane.encode(), raw)
+        lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
+        if lanes is not None:
+            lanes[lane] = turn
 
     def __len__(self) -> int:
         raw = self.tx.get(self._total_key)
@@ -346,7 +423,10 @@ class FairQueue:
         age = self.mode == "age"
         fair = self.fair
         best: tuple[float, int, int, str, Parked] | None = None
-        for name, turn in self.lanes():
+        lanes = self._lanes()
+        # Sorted only when there are several: the order breaks no tie (every lane's turn
+        # is its own), but the listing's order is kept, as it was read from the markers.
+        for name, turn in sorted(lanes.items()) if len(lanes) > 1 else lanes.items():
             # A lane is listed only while it holds starts.
             head = self.lane(name).head()
             if head is None:
@@ -370,14 +450,13 @@ class FairQueue:
         self.tx.put(self._turn_key, str(turn).encode())
         if not self._remove(lane, parked):
             return
-        marker = self._lanes_prefix + lane.encode()
         if weight > 1:
-            kept, used = _turn(self.tx.get(marker) or b"0")
+            kept, used = _turn(self.tx.get(self._lanes_prefix + lane.encode()) or b"0")
             if used + 1 < weight:
                 # More turns in a row: its place in the round stays.
-                self.tx.put(marker, f"{kept}:{used + 1}".encode())
+                self._set_marker(lane, kept, f"{kept}:{used + 1}".encode())
                 return
-        self.tx.put(marker, str(turn).encode())
+        self._set_marker(lane, turn, str(turn).encode())
 
     def remove(self, lane: str, parked: Parked) -> None:
         """Remove a start that was not served (it expired, its workflow went away): its
@@ -391,5 +470,8 @@ class FairQueue:
         self._add(-1)
         if len(queue) == 0:
             self.tx.delete(self._lanes_prefix + lane.encode())
+            lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
+            if lanes is not None:
+                lanes.pop(lane, None)
             return False
         return True

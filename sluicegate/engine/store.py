@@ -290,6 +290,9 @@ class StoreTransaction:
         # Per prefix, a key below which the prefix has no row (see floor()), valid for the
         # view of revision _floors_at.
         self._floors: dict[bytes, bytes] = {}
+        # Per key, what a reader derived from the view and keeps true through its own
+        # writes (see memo()), valid for the same view as the floors.
+        self._memos: dict[bytes, Any] = {}
         self._floors_at = self.revision
         # A row is also a record of its log: one too large to be written there is refused
         # when it is put, so the failure belongs to the record being processed, not to a
@@ -382,10 +385,29 @@ class StoreTransaction:
             floors.clear()
         floors[prefix] = key
 
+    def memo(self, key: bytes) -> Any:
+        """What a reader derived from the view and stored with `set_memo` (None: nothing,
+        or dropped since). Like a floor, it lives in memory beside the buffer, only the
+        writer of the rows it was derived from keeps it true (by updating it as it writes
+        them), a commit keeps it, and a discard or any other write to the store (a
+        restore, a wipe) drops it: a fair queue's lanes, read at every release
+        (docs/decisions/queue-head-memo.md)."""
+        self._valid_floors()
+        return self._memos.get(key)
+
+    def set_memo(self, key: bytes, value: Any) -> None:
+        self._valid_floors()
+        memos = self._memos
+        if len(memos) >= _MAX_MEMOS and key not in memos:
+            # Bounded: the oldest goes, and is derived again by its next read.
+            del memos[next(iter(memos))]
+        memos[key] = value
+
     def _valid_floors(self) -> dict[bytes, bytes]:
         at = self.revision
         if at != self._floors_at:
             self._floors = {}
+            self._memos = {}
             self._floors_at = at
         return self._floors
 
@@ -423,3 +445,6 @@ class StoreTransaction:
 _END: tuple[None, None] = (None, None)
 # Floors kept per transaction at most (one per queue or timer index read in order).
 _MAX_FLOORS = 65_536
+# Memos kept per transaction at most (a queue's first rows, a budget's lanes: a few KB at
+# most each).
+_MAX_MEMOS = 16_384

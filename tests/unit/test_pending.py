@@ -23,10 +23,12 @@ from sluicegate.admission.pending import (
 )
 from sluicegate.engine.stage import Headers
 from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedKind, Origin, PendingStart
 
 HEADERS: Headers = [("sluicegate.cancelOn.group", b'{"batch":false}'), ("other", b"")]
 HEADER_ROWS = b"\x00SP"  # where a parked start's headers are kept
+HEAD_ROWS = 4  # the first rows of a queue its memo reads at once (pending._HEAD_ROWS)
 
 
 def _header_rows(tx: StoreTransaction | PartitionStore) -> list[bytes]:
@@ -195,27 +197,35 @@ def test_a_queue_whose_head_was_taken_reads_its_next_start_without_walking_the_t
     store: PartitionStore,
 ) -> None:
     """The rows taken from the head, deleted in this cycle and tombstones once committed,
-    are not read again by the next peek."""
+    are not read again by the next peek: taking 150 starts one by one reads each stored
+    row about once, not the taken ones at every take. And the queue's memo reads a few
+    rows at a time, so a take is not an iterator over the store each
+    (docs/decisions/queue-head-memo.md)."""
     tx = StoreTransaction(store)
     queue = PendingQueue(tx, b"q")
     for n in range(200):
         queue.push(_start(n))
     tx.commit(0)
-    for _ in range(150):
-        assert queue.pop() is not None
     stored_rows_read = []
+    reads = 0
     original = store.items
 
     def counting(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        nonlocal reads
+        reads += 1
         for row in original(prefix, start):
             stored_rows_read.append(row[0])
             yield row
 
     store.items = counting  # type: ignore[method-assign]
+    for n in range(150):
+        taken = queue.pop()
+        assert taken is not None and taken.start.execution_id == f"x{n}"
     head = queue.peek()
     assert head is not None and head.start.execution_id == "x150"
-    # The stored head only, not the 150 rows before it that this cycle deleted.
-    assert len(stored_rows_read) == 1
+    assert len(stored_rows_read) <= 150 + HEAD_ROWS
+    assert len(set(stored_rows_read)) == len(stored_rows_read)
+    assert reads <= 150 // HEAD_ROWS + 1
 
 
 def _record_reads(store: PartitionStore) -> list[tuple[bytes, bytes | None]]:
@@ -315,3 +325,123 @@ def test_a_queue_emptied_at_once_reads_its_next_rows_without_walking_the_taken(
     # over their tombstones one by one).
     assert reads and all(start is not None and start > last_taken for _, start in reads)
     assert len(queue) == 0 and queue.peek() is None
+
+
+class _Unremembering(StoreTransaction):
+    """A transaction that keeps no memo: every read goes to the rows."""
+
+    def memo(self, key: bytes) -> None:
+        return None
+
+    def set_memo(self, key: bytes, value: object) -> None:
+        pass
+
+
+class MemoMachine(RuleBasedStateMachine):
+    """A fair queue that remembers its lanes and its lanes' first rows (the transaction's
+    memo) answers as one that reads them from the store every time, through parks ahead
+    of the head, takes with weights, removals from the middle, commits, aborts and
+    restarts (docs/decisions/queue-head-memo.md)."""
+
+    LANES = ("a", "b", "c")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="sluicegate-memo-"))
+        self.stores = [PartitionStore(self.dir / "memo"), PartitionStore(self.dir / "plain")]
+        self._open()
+        self.n = 0
+        self.offset = -1
+
+    def _open(self) -> None:
+        self.txs = [StoreTransaction(self.stores[0]), _Unremembering(self.stores[1])]
+        self.queues = [FairQueue(tx, b"budget") for tx in self.txs]
+
+    @rule(lane=st.sampled_from(LANES), priority=st.sampled_from([0.0, 0.0, 1.0, 5.0]),
+          count=st.integers(1, 12))
+    def park(self, lane: str, priority: float, count: int) -> None:
+        for _ in range(count):
+            self.n += 1
+            positions = [q.push(lane, _start(self.n, priority)) for q in self.queues]
+            assert positions[0] == positions[1]
+
+    @rule(weight=st.sampled_from([1, 1, 2, 3]))
+    def take_the_next(self, weight: int) -> None:
+        heads = [q.next() for q in self.queues]
+        if heads[0] is None:
+            assert heads[1] is None
+            return
+        for queue, (lane, parked) in zip(self.queues, heads, strict=True):  # type: ignore[misc]
+            queue.take(lane, parked, weight)
+
+    @rule(data=st.data())
+    def remove_any(self, data: st.DataObject) -> None:
+        waiting = [(lane, p.start.execution_id) for lane in self.LANES
+                   for p in self.queues[1].lane(lane)]
+        if not waiting:
+            return
+        lane, execution_id = data.draw(st.sampled_from(waiting))
+        for queue in self.queues:
+            parked = next(p for p in queue.lane(lane) if p.start.execution_id == execution_id)
+            queue.remove(lane, parked)
+
+    @rule()
+    def commit(self) -> None:
+        self.offset += 1
+        for tx in self.txs:
+            tx.commit(self.offset)
+
+    @rule()
+    def abort(self) -> None:
+        for tx in self.txs:
+            tx.discard()
+
+    @rule()
+    def restart(self) -> None:
+        for i, store in enumerate(self.stores):
+            store.close()
+            self.stores[i] = PartitionStore(store.path)
+        self._open()
+
+    @invariant()
+    def both_answer_alike(self) -> None:
+        memo, plain = self.queues
+        assert memo.lanes() == plain.lanes()
+        assert len(memo) == len(plain)
+        heads = [q.next() for q in self.queues]
+        assert [None if h is None else (h[0], h[1].start.execution_id) for h in heads] == [
+            None if h is None else (h[0], h[1].start.execution_id) for h in heads[::-1]]
+        for lane in self.LANES:
+            assert ([p.start.execution_id for p in memo.lane(lane)]
+                    == [p.start.execution_id for p in plain.lane(lane)])
+
+    def teardown(self) -> None:
+        for store in self.stores:
+            store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+MemoMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
+                                         deadline=None)
+test_a_fair_queue_with_its_memo_answers_as_one_without = MemoMachine.TestCase
+
+
+def test_a_queue_remembers_its_first_rows_only(store: PartitionStore) -> None:
+    """The memo of a queue that was empty when read takes the starts parked after, but
+    keeps only the first few: a million parked starts are not a million in memory."""
+    tx = StoreTransaction(store)
+    queue = PendingQueue(tx, b"q")
+    queue.push(_start(0))
+    assert queue.peek() is not None  # read: the memo holds the queue, all of it
+    for n in range(1, 100):
+        queue.push(_start(n, priority=float(n % 3)))
+    heads = tx.memo(b"\x00SQ" + b"\x00\x01q")
+    assert heads is not None and len(heads.rows) == HEAD_ROWS
+    tx.commit(0)
+    expected = [f"x{n}" for n in sorted(range(100), key=lambda n: (-(n % 3), n))]
+    # What it keeps is the queue's head, and the queue's order past it is the store's.
+    assert [codec.decode(PendingStart, value).execution_id if isinstance(value, bytes)
+            else value.start.execution_id for _, value in heads.rows] == expected[:HEAD_ROWS]
+    taken = [queue.pop() for _ in range(100)]
+    assert [p.start.execution_id for p in taken if p is not None] == expected
+    assert queue.peek() is None
