@@ -110,6 +110,10 @@ class Parked:
     headers: Headers | None = None
 
 
+# The most starts counted ahead of one parked ahead of a queue's last: its position past
+# them is not known (None), since counting reads every row ahead.
+COUNTED = 50
+
 # Rows a queue's head memo reads at once, and keeps at most.
 _HEAD_ROWS = 4
 
@@ -154,14 +158,17 @@ class PendingQueue:
             self.tx.delete(self._last_key)
 
     def push(self, start: PendingStart, mode: str = "strict",
-             headers: Headers | None = None) -> int:
-        """Park `start`; returns its position (0 = next out)."""
+             headers: Headers | None = None) -> int | None:
+        """Park `start`; returns its position (0 = next out; None: more than `COUNTED`
+        ahead of it)."""
         return self.park(start, mode, headers)[1]
 
     def park(self, start: PendingStart, mode: str = "strict",
-             headers: Headers | None = None) -> tuple[Parked, int]:
+             headers: Headers | None = None) -> tuple[Parked, int | None]:
         """Park `start` (with the headers it came with); returns its row (to remove it
-        later) and its position."""
+        later) and its position: exact behind the last start (a FIFO queue, whatever its
+        depth), counted up to `COUNTED` starts ahead of it otherwise, None past them
+        (docs/decisions/queue-position-bound.md)."""
         raw = self.tx.get(self._seq_key)
         seq = int(raw) + 1 if raw else 0
         self.tx.put(self._seq_key, str(seq).encode())
@@ -176,6 +183,7 @@ class PendingQueue:
             self.tx.set_floor(self._prefix, row)
         parked = Parked(row, start, headers)
         heads: _Heads | None = self.tx.memo(self._prefix)
+        near: int | None = None  # its place, when among the memo's first rows
         if heads is not None and (heads.complete or row < heads.rows[-1][0]):
             # Among the first rows the memo holds: it goes in at its place.
             rows = heads.rows
@@ -183,6 +191,7 @@ class PendingQueue:
             while at and rows[at - 1][0] > row:
                 at -= 1
             rows.insert(at, (row, parked))
+            near = at
             if len(rows) > _HEAD_ROWS:
                 del rows[_HEAD_ROWS:]
                 heads.complete = False
@@ -194,11 +203,18 @@ class PendingQueue:
         if count == 0 or last is None or row > last:
             self.tx.put(self._last_key, row)
             return parked, count
+        if near is not None:
+            return parked, near
+        # Ahead of the last (a priority that ranks it so): counted from the head, but no
+        # further than COUNTED rows, or a park into a queue a million deep reads a
+        # million rows.
         position = 0
         for key, _ in self._rows():
             if key >= row:
-                break
+                return parked, position
             position += 1
+            if position > COUNTED:
+                return parked, None
         return parked, position
 
     def _parked(self, row: bytes, value: bytes) -> Parked:
@@ -355,12 +371,14 @@ class FairQueue:
     def lane(self, lane: str) -> PendingQueue:
         return PendingQueue(self.tx, self.budget + b"\x1f" + lane.encode())
 
-    def push(self, lane: str, start: PendingStart, headers: Headers | None = None) -> int:
-        """Park `start` in its lane; returns its position in that lane."""
+    def push(self, lane: str, start: PendingStart,
+             headers: Headers | None = None) -> int | None:
+        """Park `start` in its lane; returns its position in that lane (None: more than
+        `COUNTED` ahead of it)."""
         return self.park(lane, start, headers)[1]
 
     def park(self, lane: str, start: PendingStart,
-             headers: Headers | None = None) -> tuple[Parked, int]:
+             headers: Headers | None = None) -> tuple[Parked, int | None]:
         """Park `start` (with the headers it came with) in its lane; returns its row and
         its position in that lane."""
         marker = self._lanes_prefix + lane.encode()

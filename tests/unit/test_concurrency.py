@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from pydantic import BaseModel
 
+from sluicegate.admission.pending import COUNTED
 from sluicegate.admission.stages.concurrency import (
     NAME,
     REMOVED,
@@ -253,6 +254,23 @@ def test_a_queued_start_says_why_it_waits_its_place_behind_the_limit(make: Any) 
         "next free one",
         "concurrency: 2 of 2 slots of workflow w key 'a' in use; number 2 in line for the "
         "next free one"]
+
+
+def test_a_start_ranked_far_from_the_head_is_told_so_rather_than_counted(make: Any) -> None:
+    """Its place is counted up to COUNTED starts ahead of it; past them the ledger says
+    so, and has no position (docs/decisions/queue-position-bound.md)."""
+    h = make(Workflow(name="w", payload=Job, concurrency=1, priority="p"))
+    start(h, "w", {"tenant": "x"})
+    for _ in range(COUNTED + 5):
+        start(h, "w", {"tenant": "x", "p": 1})
+    start(h, "w", {"tenant": "x", "p": 0})
+    late = start(h, "w", {"tenant": "x", "p": 1})  # behind every 1, ahead of the 0
+    row = [r for r in h.ledger if r.outcome is Outcome.queued][-1]
+    assert row.request_id == f"req-{late}"
+    assert row.position is None
+    assert row.reason == (
+        f"concurrency: 1 of 1 slots of workflow w in use; more than {COUNTED} ahead of it "
+        "in line for the next free one")
 
 
 def test_a_release_for_a_run_that_holds_nothing_here_changes_nothing(make: Any) -> None:

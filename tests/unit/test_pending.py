@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sluicegate.admission.pending import (
+    COUNTED,
     FairQueue,
     Parked,
     PendingQueue,
@@ -445,3 +446,45 @@ def test_a_queue_remembers_its_first_rows_only(store: PartitionStore) -> None:
     taken = [queue.pop() for _ in range(100)]
     assert [p.start.execution_id for p in taken if p is not None] == expected
     assert queue.peek() is None
+
+
+def test_a_start_parked_ahead_of_a_deep_queue_is_counted_only_so_far(
+    store: PartitionStore,
+) -> None:
+    """Its place in line is counted from the head, up to COUNTED starts ahead of it: a park
+    into a priority queue thousands deep reads as few rows as one a hundred deep
+    (docs/decisions/queue-position-bound.md). Behind the last, its place is the queue's
+    count at any depth, without a read."""
+    tx = StoreTransaction(store)
+    queue = PendingQueue(tx, b"q")
+    # Priorities 0, -1, -2, ...: each new one is the last.
+    for n in range(2_000):
+        assert queue.push(_start(n, priority=float(-n))) == n
+    tx.commit(0)
+    rows_read = _record_rows_read(store)
+    assert queue.push(_start(2_000, priority=float(-2_000))) == 2_000
+    assert rows_read == []
+    # Ahead of all but the first ten, and of all but the first COUNTED: counted.
+    assert queue.push(_start(3_000, priority=-9.5)) == 10
+    assert queue.push(_start(3_001, priority=-(COUNTED - 1.5))) == COUNTED
+    rows_read.clear()
+    # Ahead of all but the first 1,000: more than COUNTED, not counted.
+    assert queue.push(_start(3_002, priority=-999.5)) is None
+    assert len(rows_read) <= COUNTED + 2
+    # And the queue's order is kept all the same.
+    order = [p.start.execution_id for p in queue]
+    assert order.index("x3002") == 1_002 and order.index("x3000") == 10
+
+
+def _record_rows_read(store: PartitionStore) -> list[bytes]:
+    """From now on, every row the store's ordered reads hand out."""
+    rows: list[bytes] = []
+    original = store.items
+
+    def counting(prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for row in original(prefix, start):
+            rows.append(row[0])
+            yield row
+
+    store.items = counting  # type: ignore[method-assign]
+    return rows

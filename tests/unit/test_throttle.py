@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from sluicegate.admission.pending import COUNTED
 from sluicegate.admission.stages.throttle import (
     REMOVED,
     Pace,
@@ -282,6 +283,21 @@ def admissions(d: TestDriver) -> list[AdmittedStart]:
 
 def stored(d: TestDriver, prefix: bytes) -> list[bytes]:
     return [k for k, _ in d.store("throttle").items(prefix)]
+
+
+def test_a_start_ranked_far_from_the_head_is_told_so_rather_than_given_a_slot(
+        harness: TestDriver) -> None:
+    """Past COUNTED starts ahead of it, its place is not counted: no position, no slot
+    time, and a reason that says why (docs/decisions/queue-position-bound.md)."""
+    start(harness, "syncCrm")
+    for _ in range(COUNTED + 5):
+        start(harness, "syncCrm", urgent=True)
+    start(harness, "syncCrm")
+    late = start(harness, "syncCrm", urgent=True)  # behind every urgent one, ahead of one
+    row = [r for r in ledger(harness) if r.outcome is Outcome.queued][-1]
+    assert (row.request_id, row.position, row.due_at_ms) == (late, None, None)
+    assert row.reason == (f"throttle: more than {COUNTED} starts of key 'u1' wait ahead of "
+                          "it; its slot comes after theirs")
 
 
 def test_urgent_starts_leave_the_queue_first_and_equals_in_arrival_order(

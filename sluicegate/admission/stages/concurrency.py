@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sluicegate.admission.pending import FairQueue, Parked, priority_mode
+from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
@@ -320,10 +320,12 @@ class ConcurrencyStage(QueueStage):
             ctx.timers.schedule(due, _EXPIRE + _prefixed(key) + start.execution_id.encode())
         if start.kind is AdmittedKind.start:
             # The ledger row says why in words: `ledger ask why` shows it.
+            place = (f"number {position + 1} in line" if position is not None
+                     else f"more than {COUNTED} ahead of it in line")
             self.router.queued(
                 ctx, start, deferral=NAME, key=key_text(key), position=position,
                 reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use; "
-                       f"number {position + 1} in line for the next free one")
+                       f"{place} for the next free one")
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
         """The lane `start` waits in at its hop: the value of the limit's fairness key

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sluicegate.admission.decisions import reject
-from sluicegate.admission.pending import Parked, PendingQueue, priority_mode
+from sluicegate.admission.pending import COUNTED, Parked, PendingQueue, priority_mode
 from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
@@ -235,8 +235,16 @@ class ThrottleStage(QueueStage):
                         f"frees in {format_duration(retry_after)}"))
             return row
         position = queue.push(start, priority_mode(wf), headers)
-        self.router.queued(ctx, start, deferral="throttle", key=text,
-                           due_at_ms=due_ms(row.pace, rate, position), position=position)
+        if position is None:
+            # Its priority put it ahead of the last, behind more than could be counted:
+            # its slot comes after theirs, and is not worked out.
+            self.router.queued(
+                ctx, start, deferral="throttle", key=text,
+                reason=f"throttle: more than {COUNTED} starts of key {text!r} wait ahead "
+                       f"of it; its slot comes after theirs")
+        else:
+            self.router.queued(ctx, start, deferral="throttle", key=text,
+                               due_at_ms=due_ms(row.pace, rate, position), position=position)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
             row = self._move_sweep(ctx, key, row, expires)
         return row
