@@ -1,6 +1,7 @@
 """The concurrency gate's CPU per start in memory, without a broker, at several queue depths.
 
-`python -m bench.gate_micro [--depths 1000,10000,100000] [--starts N] [--profile]`
+`python -m bench.gate_micro [--depths 1000,10000,100000] [--starts N] [--priority age]
+[--profile]`
 
 The worker's own stages run as the worker runs them in one task, in the test driver
 (`sluicegate.testing`) running only these three and keeping only the admitted starts:
@@ -16,7 +17,9 @@ For each depth D, the keys' slots are filled and D starts are queued first (not 
 then `--starts` more arrive, each followed by the engine completing one run, so the queue
 stays D deep while every measured start is queued, admitted from the queue, run and
 released. The figure is CPU per start over that window: what a gated start costs the
-worker besides Kafka. Flat across depths is the point (issue 15).
+worker besides Kafka. Flat across depths is the point (issue 15). With `--priority` each
+key's queue is ordered by the starts' priority (strict or age mode), so a newcomer lands
+anywhere in it, not behind the last.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pydantic import BaseModel
 
 from bench.records import StartMaker
 from sluicegate.config import Settings
-from sluicegate.declare import App, Concurrency, Workflow
+from sluicegate.declare import App, Concurrency, Priority, Workflow
 from sluicegate.ops.worker import settle_garbage_collector
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import AdmittedStart, RunEventKind
@@ -42,14 +45,18 @@ from sluicegate.topology.topics import Topics
 class Job(BaseModel):
     id: str
     grp: str
+    prio: int = 0
 
 
 WORKFLOW = "gate"
 
 
-def gate_app(limit: int) -> App:
+def gate_app(limit: int, priority: str = "none") -> App:
+    """`priority` none, strict or age: ordered by each start's `prio` (-600..600)."""
     return App([Workflow(name=WORKFLOW, payload=Job,
-                         concurrency=[Concurrency(limit=limit, key="grp")])])
+                         concurrency=[Concurrency(limit=limit, key="grp")],
+                         priority=None if priority == "none"
+                         else Priority(expr="prio", mode=priority))])
 
 
 class Gate:
@@ -83,11 +90,13 @@ class Gate:
 
 
 def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
-        profiler: cProfile.Profile | None = None) -> float:
-    maker = StartMaker(gate_app(limit))
-    values = [maker.make_payload(WORKFLOW, {"id": f"j{i}", "grp": f"k{i % keys}"})
+        profiler: cProfile.Profile | None = None, priority: str = "none") -> float:
+    app = gate_app(limit, priority)
+    maker = StartMaker(app)
+    values = [maker.make_payload(WORKFLOW, {"id": f"j{i}", "grp": f"k{i % keys}",
+                                            "prio": (i * 7919) % 1201 - 600})
               for i in range(keys * limit + depth + starts)]
-    gate = Gate(gate_app(limit))
+    gate = Gate(app)
     try:
         engine: deque[AdmittedStart] = deque()
         fill = keys * limit + depth
@@ -128,15 +137,19 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=200)
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--commit-every", type=int, default=10_000)
+    parser.add_argument("--priority", choices=("none", "strict", "age"), default="none",
+                        help="order each key's queue by the starts' priority (-600..600)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="cProfile order (--profile)")
     args = parser.parse_args()
-    print(f"concurrency limit {args.limit} per key over {args.keys} keys, "
+    ordered = "" if args.priority == "none" else f", {args.priority} priority"
+    print(f"concurrency limit {args.limit} per key over {args.keys} keys{ordered}, "
           f"{args.starts:,} starts measured, commit every {args.commit_every:,} records")
     print("| queued | CPU µs/start |\n|---:|---:|")
     for depth in (int(d) for d in args.depths.split(",")):
         profiler = cProfile.Profile() if args.profile else None
-        us = run(depth, args.starts, args.keys, args.limit, args.commit_every, profiler)
+        us = run(depth, args.starts, args.keys, args.limit, args.commit_every, profiler,
+                 args.priority)
         print(f"| {depth:,} | {us:.1f} |", flush=True)
         if profiler is not None:
             pstats.Stats(profiler).sort_stats(args.sort).print_stats(40)
