@@ -118,6 +118,10 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
         size = f"/{limit}" if limit is not None else ""
         return f"batch {waiting}{size}{on_key} until {_clock(due_at_ms)}"
     if deferral == "throttle":
+        if due_at_ms is None:
+            # Ranked by its priority behind more starts than were counted: no slot time
+            # was worked out (docs/decisions/queue-position-bound.md).
+            return f"throttle{on_key}: its slot comes after those of many starts ahead of it"
         return f"throttle{on_key}: its slot is at {_clock(due_at_ms)}"
     if deferral == "concurrency":
         behind = f" behind a limit of {limit}" if limit is not None else ""

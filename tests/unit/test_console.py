@@ -79,6 +79,8 @@ def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None
         queued("g1", T0, "twoLimits", "concurrency", "", control="concurrency[1] pool:gpu"),
         queued("d1", T0, "tourNarration", "debounce", "tour:r1", due_at_ms=T0 + 900 * S),
         queued("t1", T0, "partner", "throttle", "", due_at_ms=T0 + 5 * S),
+        # Ranked by its priority behind more than could be counted: no slot time.
+        queued("t2", T0 + S, "partner", "throttle", "u9"),
         queued("b1", T0, "stock", "batch", "p1", due_at_ms=T0 + 30 * S),
         queued("b2", T0 + S, "stock", "batch", "p1", due_at_ms=T0 + 30 * S),
         queued("p1", T0, "report", "pause", "report"),
@@ -91,12 +93,14 @@ def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None
                        reason="deploying a fix", by="ana")
     why = {w.request_id: w for w in waiting_starts(db, {"report": pause}, app=APP)}
 
-    assert set(why) == {"a2", "a3", "g1", "d1", "t1", "b1", "b2", "p1", "l1"}
+    assert set(why) == {"a2", "a3", "g1", "d1", "t1", "t2", "b1", "b2", "p1", "l1"}
     assert why["a2"].why == "concurrency on key 'acme': position 1 of 2 behind a limit of 2"
     assert (why["a3"].rank, why["a3"].waiting, why["a3"].position) == (2, 2, 3)
     assert why["g1"].why == "concurrency: position 1 of 1 behind a limit of 3"
     assert why["d1"].why.startswith("debounce on key 'tour:r1' until 00:15:00 UTC")
     assert why["t1"].why == "throttle: its slot is at 00:00:05 UTC"
+    assert why["t2"].why == ("throttle on key 'u9': its slot comes after those of many "
+                             "starts ahead of it")
     assert why["b2"].why == "batch 2/10 on key 'p1' until 00:00:30 UTC"
     assert why["p1"].why == "paused since 23:59:00 UTC (deploying a fix)"
     assert why["l1"].why == "delayed until 01:00:00 UTC (its `at`)"
