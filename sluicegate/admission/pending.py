@@ -410,6 +410,14 @@ class FairQueue:
             self.tx.set_memo(self._lanes_prefix, lanes)
         return lanes
 
+    def _alone(self, lane: str) -> bool:
+        """Whether `lane` is the only lane waiting, and has not begun a run of turns in a
+        row (a weight above 1 it was served under before)."""
+        lanes = self._lanes()
+        if len(lanes) != 1 or lane not in lanes:
+            return False
+        return b":" not in (self.tx.get(self._lanes_prefix + lane.encode()) or b":")
+
     def _set_marker(self, lane: str, turn: int, raw: bytes) -> None:
         self.tx.put(self._lanes_prefix + lane.encode(), raw)
         lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
@@ -463,6 +471,13 @@ class FairQueue:
     def take(self, lane: str, parked: Parked, weight: int = 1) -> None:
         """Remove a served start; its lane goes to the back of the round once it has had
         `weight` turns in a row."""
+        if weight == 1 and self._alone(lane):
+            # The only lane waiting has nobody to take turns with: its marker and the
+            # round's counter stay as they are. A lane that joins later still gets a turn
+            # past every marker, so it is served after this one, as when each take moved
+            # this lane to the back (docs/decisions/queue-head-memo.md).
+            self._remove(lane, parked)
+            return
         raw = self.tx.get(self._turn_key)
         turn = int(raw) + 1 if raw else 1
         self.tx.put(self._turn_key, str(turn).encode())
