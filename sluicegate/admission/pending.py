@@ -449,10 +449,7 @@ class FairQueue:
         age = self.mode == "age"
         fair = self.fair
         best: tuple[float, int, int, str, Parked] | None = None
-        lanes = self._lanes()
-        # Sorted only when there are several: the order breaks no tie (every lane's turn
-        # is its own), but the listing's order is kept, as it was read from the markers.
-        for name, turn in sorted(lanes.items()) if len(lanes) > 1 else lanes.items():
+        for name, turn in self.lanes():
             # A lane is listed only while it holds starts.
             head = self.lane(name).head()
             if head is None:

@@ -21,6 +21,7 @@ a start of a workflow removed from the declarations fails (both into onFailure).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sluicegate.admission.decisions import reject
@@ -105,6 +106,21 @@ def due_ms(pace: Pace, rate: Rate, position: int = 0) -> int:
     if tat is None:
         raise ValueError("a key with no start admitted yet has nobody waiting")
     return -(-(tat + position * rate.interval - rate.tolerance) // rate.limit)
+
+
+def record_queued(router: Router, ctx: StageContext, start: PendingStart, key: str,
+                  position: int | None, due: Callable[[int], int], whose: str) -> None:
+    """The `queued` ledger row of a start parked at `position` of a throttle queue: its
+    place and its slot's time (`due(position)`), or, when a priority ranked it behind more
+    than could be counted, a reason saying its slot comes after theirs
+    (docs/decisions/queue-position-bound.md)."""
+    if position is None:
+        router.queued(ctx, start, deferral="throttle", key=key,
+                      reason=f"throttle: more than {COUNTED} starts of {whose} wait ahead "
+                             f"of it; its slot comes after theirs")
+    else:
+        router.queued(ctx, start, deferral="throttle", key=key, due_at_ms=due(position),
+                      position=position)
 
 
 def forget_ms(pace: Pace, rate: Rate) -> int | None:
@@ -235,16 +251,8 @@ class ThrottleStage(QueueStage):
                         f"frees in {format_duration(retry_after)}"))
             return row
         position = queue.push(start, priority_mode(wf), headers)
-        if position is None:
-            # Its priority put it ahead of the last, behind more than could be counted:
-            # its slot comes after theirs, and is not worked out.
-            self.router.queued(
-                ctx, start, deferral="throttle", key=text,
-                reason=f"throttle: more than {COUNTED} starts of key {text!r} wait ahead "
-                       f"of it; its slot comes after theirs")
-        else:
-            self.router.queued(ctx, start, deferral="throttle", key=text,
-                               due_at_ms=due_ms(row.pace, rate, position), position=position)
+        record_queued(self.router, ctx, start, text, position,
+                      lambda at: due_ms(row.pace, rate, at), f"key {text!r}")
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
             row = self._move_sweep(ctx, key, row, expires)
         return row

@@ -30,13 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sluicegate.admission.pending import (
-    COUNTED,
-    Parked,
-    PendingQueue,
-    priority_mode,
-    rank_key,
-)
+from sluicegate.admission.pending import Parked, PendingQueue, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
@@ -49,6 +43,7 @@ from sluicegate.admission.stages.throttle import (
     expired_reason,
     expires_at,
     forget_ms,
+    record_queued,
     several,
     take,
 )
@@ -334,17 +329,8 @@ class Throttles:
         self._count(ctx, key, wf, texts, +1)
         if position == 0:
             self._index(ctx, key, wf, lane, queue.peek())
-        if position is None:
-            # Its priority put it ahead of the last, behind more than could be counted.
-            self.router.queued(
-                ctx, start, deferral="throttle", key=shown,
-                reason=f"throttle: more than {COUNTED} starts of its lane wait ahead of "
-                       f"it; its slot comes after theirs")
-        else:
-            self.router.queued(
-                ctx, start, deferral="throttle", key=shown,
-                due_at_ms=self._due(ctx, key, wf, texts, position, row.waiting),
-                position=position)
+        record_queued(self.router, ctx, start, shown, position,
+                      lambda at: self._due(ctx, key, wf, texts, at, row.waiting), "its lane")
         row = replace(row, waiting=row.waiting + 1)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
             row = self._move_sweep(ctx, key, row, expires)
