@@ -1,3 +1,4 @@
-from sluicegate.ops.cli import main
+# The signals are kept before anything else is imported (sluicegate/ops/signals.py).
+from sluicegate.ops.signals import main
 
 main()

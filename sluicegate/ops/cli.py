@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperGroup
 
 from sluicegate.config import Settings
+from sluicegate.ops import signals
 from sluicegate.ops.inspect import app as inspect_app
 from sluicegate.ops.ledger_cli import app as ledger_app
 from sluicegate.ops.localkafka.cli import app as kafka_app
@@ -72,6 +73,7 @@ _options: dict[str, Any] = {"debug": False, "timeout": DEFAULT_TIMEOUT_S}
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option(
         "--debug", help="Show the traceback of an error, and Kafka clients' own log lines.")
     ] = False,
@@ -81,6 +83,10 @@ def _root(
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     _options.update(debug=debug, timeout=timeout)
+    if ctx.invoked_subcommand != "worker":
+        # Only the worker has a graceful stop; every other command gets the signals'
+        # default behaviour back, and a signal sent while it started acts now.
+        signals.release()
     if debug:
         logging.basicConfig(level=logging.DEBUG,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -159,10 +165,16 @@ def worker(
         help="The address the metrics listen on (0.0.0.0: every interface).")] = "127.0.0.1",
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
-    from sluicegate.ops.worker import run_worker
+    from sluicegate.ops.worker import run_worker, stop_on_signals
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A SIGTERM or SIGINT from the process's first moment stops it gracefully: one sent
+    # while it started was kept (`signals.main`), and from here its handlers log them.
+    stop_on_signals(signals.STOP)
+    if signals.STOP.is_set():
+        logging.getLogger("sluicegate.ops.worker").info("stopped before it started")
+        return
     # What no retry fixes (a refused login, missing topics, a state directory in use) is
     # one line and exit code 2 (`_one_line`). A broker that is not there is waited for,
     # at start as later, with one line saying so (a supervisor may start the worker
@@ -174,7 +186,8 @@ def worker(
     # it; a broker that does not answer, the worker says it waits for, and waits.
     with contextlib.suppress(KafkaUnreachable):
         require_broker(settings, 1.5)
-    run_worker(app_spec, settings, metrics_port=metrics_port, metrics_host=metrics_host)
+    run_worker(app_spec, settings, stop=signals.STOP, metrics_port=metrics_port,
+               metrics_host=metrics_host)
 
 
 @app.command("demo")

@@ -68,13 +68,38 @@ def warn_without_speedups() -> None:
                     " compiler)", native.missing_because)
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set `stop` (in the main thread; a worker run in another thread
+    is stopped through `stop` itself), and SIGUSR1 prints every thread's stack."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current cycle", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # `kill -USR1 <pid>`: every thread's stack on stderr, for a worker that seems stuck
+    # (the process's own stderr: one replaced by a caller may have no file behind it).
+    if sys.__stderr__ is not None:
+        with contextlib.suppress(ValueError, io.UnsupportedOperation):
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+
+
 def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None,
-               metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Worker:
-    """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group."""
+               metrics_port: int | None = None,
+               metrics_host: str = "127.0.0.1") -> Worker | None:
+    """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group.
+    None: told to stop before it started (nothing was read or written)."""
     stop = stop or threading.Event()
+    stop_on_signals(stop)
     warn_without_speedups()
     fix_mmap_threshold()
     app = load_app(app_spec, settings)
+    if stop.is_set():
+        log.info("stopped before it started")
+        return None
     worker = Worker.for_app(app, settings, clock=clock_from_env())
     settle_garbage_collector()
     if metrics_port is not None:
@@ -83,18 +108,6 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
         worker.metrics = serve_worker_metrics(metrics_port, metrics_host)
         log.info("metrics on %s:%d/metrics", metrics_host, metrics_port)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping after the current cycle", signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        # `kill -USR1 <pid>`: every thread's stack on stderr, for a worker that seems stuck
-        # (the process's own stderr: one replaced by a caller may have no file behind it).
-        if sys.__stderr__ is not None:
-            with contextlib.suppress(ValueError, io.UnsupportedOperation):
-                faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     log.info("worker %s: %d workflows, state in %s", worker.worker_id, len(app.workflows),
              settings.state_dir)
     worker.run(stop.is_set)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import LocalBroker, ensure_broker, stop_broker
@@ -50,6 +52,11 @@ FINAL = frozenset(Outcome) - {Outcome.queued}
 
 def scaled(n: int) -> int:
     return max(1, round(n * SCALE))
+
+
+# Every fault test's marks: it needs the broker, and its time limit grows with the traffic
+# and faults (pytest's own 300 s ends a test at ten times them long before it is done).
+MARKS = [pytest.mark.broker, pytest.mark.timeout(300 * max(1.0, SCALE))]
 
 
 # -- a broker of the test's own, to restart ---------------------------------------------

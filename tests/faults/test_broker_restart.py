@@ -25,6 +25,7 @@ from sluicegate.topology.admin import create_topics
 from tests.apps.faults import app
 from tests.faults.harness import (
     APP,
+    MARKS,
     SCALE,
     CountingEngine,
     FaultBroker,
@@ -34,7 +35,7 @@ from tests.faults.harness import (
 )
 from tests.integration.kafka_helpers import WorkerProcess
 
-pytestmark = pytest.mark.broker
+pytestmark = MARKS
 
 # Seconds the broker stays down, each time: shorter than the session timeout (6 s), longer
 # than it, longer than the transaction timeout (15 s). `make faults` adds longer ones.

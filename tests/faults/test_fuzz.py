@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 
 from sluicegate.client.producer import StartBuilder
@@ -30,6 +29,7 @@ from sluicegate.topology.topics import Topics
 from tests.apps.faults import app
 from tests.faults.harness import (
     APP,
+    MARKS,
     CountingEngine,
     Outcomes,
     Traffic,
@@ -39,7 +39,7 @@ from tests.faults.harness import (
 )
 from tests.integration.kafka_helpers import WorkerProcess
 
-pytestmark = pytest.mark.broker
+pytestmark = MARKS
 
 ONE_MB = 1_000_000
 

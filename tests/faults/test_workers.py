@@ -7,13 +7,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
-
 from sluicegate.config import Settings
-from tests.faults.harness import APP, run_with_faults, scaled
+from tests.faults.harness import APP, MARKS, run_with_faults, scaled
 from tests.integration.kafka_helpers import WorkerProcess
 
-pytestmark = pytest.mark.broker
+pytestmark = MARKS
 
 
 def test_kill_minus_nine_in_a_loop(settings: Settings, tmp_path: Path) -> None:
