@@ -184,18 +184,27 @@ class Outcomes:
         self.ledger = TopicReader(settings, topics.ledger, LedgerRecord)
         self.admitted = TopicReader(settings, topics.admitted, AdmittedStart)
         self.deadletters = TopicReader(settings, topics.deadletter, DeadLetter)
+        # The final decisions per request, of the ledger rows read so far (`_final`): kept
+        # as they are read, so a wait is not a walk of the whole ledger at every poll.
+        self._final: dict[str, list[LedgerRecord]] = defaultdict(list)
+        self._read = 0
 
     def poll(self) -> None:
         self.ledger.poll(0.1)
         self.admitted.poll(0.0)
         self.deadletters.poll(0.0)
 
-    def final(self) -> dict[str, list[LedgerRecord]]:
-        rows: dict[str, list[LedgerRecord]] = defaultdict(list)
-        for row in self.ledger.records:
+    def _decided(self) -> dict[str, list[LedgerRecord]]:
+        records = self.ledger.records
+        for row in records[self._read:]:
             if row.outcome in FINAL:
-                rows[row.request_id].append(row)
-        return rows
+                self._final[row.request_id].append(row)
+        self._read = len(records)
+        return self._final
+
+    def final(self) -> dict[str, list[LedgerRecord]]:
+        """Each request's final decisions in the ledger read so far (a copy)."""
+        return defaultdict(list, {r: list(rows) for r, rows in self._decided().items()})
 
     def wait_until_decided(self, request_ids: set[str], timeout_s: float,
                            progress: float | None = None) -> None:
@@ -205,7 +214,7 @@ class Outcomes:
         deadline = time.monotonic() + timeout_s
         want = len(request_ids) if progress is None else int(len(request_ids) * progress)
         while True:
-            final = self.final()
+            final = self._decided()
             decided = sum(1 for r in request_ids if r in final)
             if decided >= want:
                 return
