@@ -53,8 +53,12 @@ def _options() -> Options:
     # the file's blocks instead of reading them.
     table.set_bloom_filter(10, False)
     table.set_block_cache(_BLOCK_CACHE)
-    table.set_cache_index_and_filter_blocks(True)
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    # Each table file's index and filter stay in memory with the file, not in the cache:
+    # with a million keys parked, data blocks read once turned them over in the 64 MiB
+    # cache, and every lookup read them again (a debounce fire cost 1.3x what it costs
+    # with 100,000). They take a few MiB per million keys (docs/decisions/
+    # store-point-lookups.md).
+    table.set_cache_index_and_filter_blocks(False)
     opts.set_block_based_table_factory(table)
     # And one over the whole keys of the memtable, where a commit cycle's rows are
     # first looked for: a miss there costs a hash, not a skiplist walk. Its bits are
