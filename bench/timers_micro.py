@@ -3,7 +3,7 @@ several counts of starts held: a debounce fire with 1,000 or 1,000,000 keys park
 delayed start with 1,000 or 1,000,000 others waiting for their time (SPEC.md section 5).
 
 `python -m bench.timers_micro [--held 1000,10000,100000,1000000] [--starts N]
-[--controls debounce,delayed] [--profile]`
+[--controls debounce,delayed,throttle] [--profile]`
 
 The worker's stages run as the worker runs them in one task, in the test driver
 (`sluicegate.testing`), each with a real RocksDB store, keeping only the admitted starts.
@@ -95,7 +95,8 @@ def run(control: str, held: int, starts: int, per_cycle: int,
         # millisecond; a throttle lets its first go at once): the rest are held.
         assert admitted_before <= per_cycle, admitted_before
         settle_garbage_collector()
-        # Starts are built (the SDK's work, not the worker's) before the clock is read.
+        # The starts are built in the window, and the CPU that takes (the SDK's work, not
+        # the worker's) is taken out.
         cpu0 = time.process_time()
         if profiler:
             profiler.enable()

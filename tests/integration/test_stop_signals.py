@@ -44,27 +44,25 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(int(mask, 16) >> (signum - 1) & 1)
 
 
-def _signal_at_first_handler(proc: subprocess.Popen[str], signum: int) -> float:
+def _signal_at_first_handler(proc: subprocess.Popen[str], signum: int) -> None:
     """Send `signum` the moment the process first catches SIGTERM (Python catches SIGINT
-    from its own start; sluicegate keeps both, SIGTERM last); the seconds since spawn."""
+    from its own start; sluicegate keeps both, SIGTERM last)."""
     began = time.monotonic()
     while not _catches(proc.pid, signal.SIGTERM):
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() - began < DEADLINE_S, "the signal is never caught"
         time.sleep(0.001)
     proc.send_signal(signum)
-    return time.monotonic() - began
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_a_worker_told_to_stop_while_it_starts_stops_cleanly(
         bootstrap: str, tmp_path: Path, signum: int) -> None:
     worker = _spawn(bootstrap, tmp_path, "worker", "--app", "tests.apps.identity")
-    after = _signal_at_first_handler(worker, signum)
+    _signal_at_first_handler(worker, signum)
     output, _ = worker.communicate(timeout=DEADLINE_S)
-    # Sent while the command line was still importing (a worker takes longer than this
-    # to start): before, SIGTERM killed it (-15) and SIGINT showed a traceback.
-    assert after < 0.5, after
+    # Sent while the command line was still importing: before, SIGTERM killed it (-15)
+    # and SIGINT showed a traceback.
     assert worker.returncode == 0, output
     assert "Traceback" not in output, output
     assert "stopped before it started" in output, output
