@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -171,8 +172,12 @@ def worker(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A SIGTERM or SIGINT from the process's first moment stops it gracefully: one sent
     # while it started was kept (`signals.main`), and from here its handlers log them.
-    stop_on_signals(signals.STOP)
-    if signals.STOP.is_set():
+    # Called in-process instead, a worker has a stop of its own, and the caller's handlers
+    # stay until `run_worker` sets its own.
+    stop = signals.STOP if signals.holding() else threading.Event()
+    if signals.holding():
+        stop_on_signals(stop)
+    if stop.is_set():
         logging.getLogger("sluicegate.ops.worker").info("stopped before it started")
         return
     # What no retry fixes (a refused login, missing topics, a state directory in use) is
@@ -186,7 +191,7 @@ def worker(
     # it; a broker that does not answer, the worker says it waits for, and waits.
     with contextlib.suppress(KafkaUnreachable):
         require_broker(settings, 1.5)
-    run_worker(app_spec, settings, stop=signals.STOP, metrics_port=metrics_port,
+    run_worker(app_spec, settings, stop=stop, metrics_port=metrics_port,
                metrics_host=metrics_host)
 
 

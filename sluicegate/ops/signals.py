@@ -40,6 +40,12 @@ def hold() -> None:
     signal.signal(signal.SIGTERM, _keep)
 
 
+def holding() -> bool:
+    """Whether the signals are kept: the command line was started through `main`, and no
+    command has given them back yet."""
+    return _holding
+
+
 def release() -> None:
     """The default behaviour again (SIGTERM ends the process, SIGINT raises
     KeyboardInterrupt), for a command with no graceful stop of its own; a signal kept
