@@ -166,20 +166,14 @@ def worker(
         help="The address the metrics listen on (0.0.0.0: every interface).")] = "127.0.0.1",
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
-    from sluicegate.ops.worker import run_worker, stop_on_signals
+    from sluicegate.ops.worker import run_worker
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A SIGTERM or SIGINT from the process's first moment stops it gracefully: one sent
-    # while it started was kept (`signals.main`), and from here its handlers log them.
-    # Called in-process instead, a worker has a stop of its own, and the caller's handlers
-    # stay until `run_worker` sets its own.
+    # while it started was kept (`signals.main`) and `run_worker` sees it. Called
+    # in-process instead, a worker has a stop of its own.
     stop = signals.STOP if signals.holding() else threading.Event()
-    if signals.holding():
-        stop_on_signals(stop)
-    if stop.is_set():
-        logging.getLogger("sluicegate.ops.worker").info("stopped before it started")
-        return
     # What no retry fixes (a refused login, missing topics, a state directory in use) is
     # one line and exit code 2 (`_one_line`). A broker that is not there is waited for,
     # at start as later, with one line saying so (a supervisor may start the worker

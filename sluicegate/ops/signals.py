@@ -20,12 +20,14 @@ from types import FrameType
 
 # Set by a kept signal, and by the worker's own handlers once it has them.
 STOP = threading.Event()
-_kept: list[int] = []
+_kept: int | None = None  # the first signal kept
 _holding = False
 
 
 def _keep(signum: int, _frame: FrameType | None) -> None:
-    _kept.append(signum)
+    global _kept
+    if _kept is None:
+        _kept = signum
     STOP.set()
 
 
@@ -57,9 +59,9 @@ def release() -> None:
     _holding = False
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _kept:
-        if _kept[0] == signal.SIGINT:
-            raise KeyboardInterrupt
+    if _kept == signal.SIGINT:
+        raise KeyboardInterrupt
+    if _kept is not None:
         signal.raise_signal(signal.SIGTERM)
 
 
