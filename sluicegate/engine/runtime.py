@@ -1104,7 +1104,8 @@ class Worker:
         for partition in new:
             self._restoring[partition] = Task(
                 partition, self.topology, self.settings.state_dir, self._send,
-                self.clock.now_ms, self.settings.max_record_bytes)
+                self.clock.now_ms, self.settings.max_record_bytes,
+                monotonic=self.clock.monotonic_ms)
         consumer.pause([tp for tp in tps if tp.partition in self._restoring])
         self._restore_at = 0.0
 

@@ -54,8 +54,8 @@ class StageContext(Generic[T]):
     topology gives its stages to name the topics they send to (`Topology.topics`); the
     engine passes it on and never reads it."""
 
-    __slots__ = ("_clock", "_dead_letter", "_store", "_timers", "partition", "send", "stage",
-                 "topics")
+    __slots__ = ("_clock", "_dead_letter", "_monotonic", "_store", "_timers", "partition",
+                 "send", "stage", "topics")
 
     def __init__(
         self,
@@ -67,6 +67,7 @@ class StageContext(Generic[T]):
         send: Send,
         clock: Callable[[], int],
         dead_letter: DeadLetterHandler,
+        monotonic: Callable[[], int] | None = None,
     ) -> None:
         self.stage = stage
         self.partition = partition
@@ -76,6 +77,7 @@ class StageContext(Generic[T]):
         # The runtime's own function, called straight: it is on every output's path.
         self.send = send
         self._clock = clock
+        self._monotonic = monotonic or clock
         self._dead_letter = dead_letter
 
     def dead_letter(self, record: InputRecord, reason: str) -> None:
@@ -98,6 +100,12 @@ class StageContext(Generic[T]):
     @property
     def now_ms(self) -> int:
         return self._clock()
+
+    @property
+    def monotonic_ms(self) -> int:
+        """The time this worker has itself spent, in ms from an arbitrary start: a step of
+        the wall clock does not move it (engine/clock.py)."""
+        return self._monotonic()
 
 
 class Stage(ABC):

@@ -54,9 +54,12 @@ class Task:
         clock: Callable[[], int],
         max_record_bytes: int | None = None,
         stores: Mapping[str, PartitionStore] | None = None,
+        monotonic: Callable[[], int] | None = None,
     ) -> None:
-        """`stores`: stores already open, by stage name, to take over instead of opening
-        them (the test driver's restart keeps its stores open)."""
+        """`clock`: the wall clock's now in epoch ms; `monotonic`: the worker's own time
+        (engine/clock.py), the wall clock when not given. `stores`: stores already open, by
+        stage name, to take over instead of opening them (the test driver's restart keeps
+        its stores open)."""
         self.partition = partition
         self.states: dict[str, StageState] = {}
         for node in topology.nodes:
@@ -67,7 +70,7 @@ class Task:
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
-                               topology.dead_letter)
+                               topology.dead_letter, monotonic)
             self.states[node.name] = StageState(node, ctx, store, tx, timers)
 
     def stateful(self) -> Iterator[StageState]:

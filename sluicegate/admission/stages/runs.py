@@ -250,6 +250,15 @@ class RunsStage(AdmissionStage):
         # What every admission asks of its workflow's declaration, answered once.
         self._finish_ms = {wf.name: wf.timeouts.finish_ms for wf in app.workflows.values()
                            if wf.timeouts is not None}
+        # A backstop fires on the wall clock, and then counts the time this worker has
+        # itself spent (its monotonic clock): a step of the wall clock is not time that
+        # passed for the engines (docs/decisions/clock-steps.md). Per partition: when this
+        # worker took it (wall, monotonic), and for each run with a backstop, when it last
+        # heard from the run and when it admitted it (monotonic). Not logged: after a
+        # restore the count starts at the taking.
+        self._taken: dict[int, tuple[int, int]] = {}
+        self._heard: dict[int, dict[str, int]] = {}
+        self._armed: dict[int, dict[str, int]] = {}
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
@@ -388,6 +397,11 @@ class RunsStage(AdmissionStage):
         self._notify(ctx, row, failure_reason(event), "failed", error_tag=event.error_tag,
                      error_message=event.error_message)
 
+    def restored(self, ctx: StageContext) -> None:
+        self._taken[ctx.partition] = (ctx.now_ms, ctx.monotonic_ms)
+        self._heard.pop(ctx.partition, None)
+        self._armed.pop(ctx.partition, None)
+
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         execution_id = key[1:].decode()
         row = self.load(ctx, execution_id)
@@ -395,10 +409,47 @@ class RunsStage(AdmissionStage):
         if row is None or raw is None or row.status in ENDED:
             return
         backstop = Backstop.decode(raw)
-        if key.startswith(_FINISH) and backstop.finish_at_ms == due_ms:
-            self._finish_expired(ctx, row, backstop.finish_at_ms)
+        finish_at = backstop.finish_at_ms
+        if key.startswith(_FINISH) and finish_at is not None and due_ms >= finish_at:
+            # (Later than the deadline: fired again after a step of the wall clock.)
+            left = self._finish_left(ctx, row, finish_at)
+            if left > 0:
+                ctx.timers.schedule(ctx.now_ms + left, key)
+                return
+            self._finish_expired(ctx, row, finish_at)
         elif key.startswith(_LEASE) and backstop.lease_until_ms == due_ms:
+            assert backstop.lease_ms is not None
+            left = backstop.lease_ms - self._quiet_ms(ctx, execution_id)
+            if left > 0:
+                self._store_backstop(ctx, execution_id, backstop,
+                                     changed(backstop, lease_until_ms=ctx.now_ms + left))
+                return
             self._lease_expired(ctx, row, backstop)
+
+    def _taken_at(self, ctx: StageContext) -> tuple[int, int]:
+        taken = self._taken.get(ctx.partition)
+        if taken is None:
+            taken = self._taken[ctx.partition] = (ctx.now_ms, ctx.monotonic_ms)
+        return taken
+
+    def _quiet_ms(self, ctx: StageContext, execution_id: str) -> int:
+        """How long this worker has itself gone without a report of the run: since the
+        last one it read, or since it took the partition."""
+        taken = self._taken_at(ctx)[1]
+        heard = self._heard.get(ctx.partition, {}).get(execution_id, taken)
+        return ctx.monotonic_ms - max(heard, taken)
+
+    def _finish_left(self, ctx: StageContext, row: RunRow, finish_at_ms: int) -> int:
+        """What is left of the run's finish timeout, counting the time since its admission
+        on this worker's own clock (the wall clock's up to the taking of the partition, for
+        a run admitted before it)."""
+        armed = self._armed.get(ctx.partition, {}).get(row.execution_id)
+        if armed is None:
+            taken_wall, taken_mono = self._taken_at(ctx)
+            elapsed = taken_wall - row.admitted_at_ms + ctx.monotonic_ms - taken_mono
+        else:
+            elapsed = ctx.monotonic_ms - armed
+        return finish_at_ms - row.admitted_at_ms - elapsed
 
     def _finish_expired(self, ctx: StageContext, row: RunRow, finish_at_ms: int) -> None:
         took = format_duration(finish_at_ms - row.admitted_at_ms)
@@ -510,6 +561,9 @@ class RunsStage(AdmissionStage):
             return  # no deadline and nothing to lease: most runs, and every passthrough
         wf = self.app.get(row.workflow)
         holding = holds_lease(row, self._needs_readmission(row))
+        now = ctx.monotonic_ms
+        self._armed.setdefault(ctx.partition, {})[row.execution_id] = now
+        self._heard.setdefault(ctx.partition, {})[row.execution_id] = now
         self._store_backstop(ctx, row.execution_id, None,
                              backstop_for(row.admitted_at_ms, finish_ms, lease_of(wf), holding))
 
@@ -517,6 +571,7 @@ class RunsStage(AdmissionStage):
         raw = ctx.store.get(_BACKSTOP + row.execution_id.encode())
         if raw is None:
             return
+        self._heard.setdefault(ctx.partition, {})[row.execution_id] = ctx.monotonic_ms
         old = Backstop.decode(raw)
         holding = holds_lease(row, self._needs_readmission(row))
         self._store_backstop(ctx, row.execution_id, old, alive(old, holding, ctx.now_ms))
@@ -540,6 +595,8 @@ class RunsStage(AdmissionStage):
 
     def _disarm(self, ctx: StageContext, execution_id: str) -> None:
         raw = ctx.store.get(_BACKSTOP + execution_id.encode())
+        for runs in (self._heard, self._armed):
+            runs.get(ctx.partition, {}).pop(execution_id, None)
         if raw is not None:
             self._store_backstop(ctx, execution_id, Backstop.decode(raw), Backstop())
 
