@@ -117,7 +117,7 @@ def _rocksdb(worker: Any) -> dict[str, Any]:
     from sluicegate.engine import store as store_module
 
     stores: dict[str, dict[str, int]] = {}
-    tasks = [*worker.tasks.values(), *worker._restoring.values()]
+    tasks = [*worker.tasks.values(), *(t for t in worker._restoring.values() if t is not None)]
     for task in tasks:
         for state in task.stateful():
             db = getattr(state.store, "_db", None)

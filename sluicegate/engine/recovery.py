@@ -4,8 +4,10 @@ A store is trusted up to the changelog offset written in the same WriteBatch as 
 state; replay goes from there to the end of the committed changelog (read_committed, so
 writes of aborted transactions never arrive). The rows of a table the stage publishes
 (`Node.tables`) are replayed the same way from the table's topic, which is their log. A
-store whose offset is outside one of its logs' range (the topic was recreated, or
-truncated) is wiped and rebuilt from all of them.
+store is wiped and rebuilt from all of them when the logs cannot prove it: its offset is
+outside one of its logs' range (the topic was recreated, or truncated), or it was last in
+step with them longer ago than half their `delete.retention.ms`, after which the log
+cleaner may have removed tombstones it never saw (docs/decisions/stale-stores.md).
 
 One consumer restores every store in turn, from the worker's loop while the task's
 partitions are paused, so a store costs what its records cost and no fixed wait: the ends
@@ -21,17 +23,20 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from sluicegate.engine.store import PartitionStore
 from sluicegate.engine.task import StageState, Task
-from sluicegate.engine.transactions import Stopping
+from sluicegate.engine.transactions import Stopping, describe
 
 log = logging.getLogger(__name__)
 
 _BATCH = 2000
 _POLL_S = 0.1
+# The broker's default `delete.retention.ms` (a day): assumed for a log whose configuration
+# this worker may not read.
+DEFAULT_DELETE_RETENTION_MS = 86_400_000
 
 
 class RestoreError(RuntimeError):
@@ -65,8 +70,16 @@ class Restoration:
         for state in task.stateful():
             logs.append((state, state.changelog, b"", None))
             logs += [(state, table.topic, table.prefix, table.name) for table in state.tables]
+        # Every record after the ends read below was written after this moment: a store
+        # replayed to them is in step with its logs as of then.
+        self._read_at = task.now_ms()
         ranges = log_ranges(admin, [TopicPartition(topic, task.partition)
                                     for _, topic, _, _ in logs])
+        # The stages whose stores hold something, which their logs must still prove.
+        kept = {state.node.name for state in task.stateful()
+                if state.store is not None and state.store.holds_rows}
+        retention = delete_retention(admin, sorted({topic for owner, topic, _, _ in logs
+                                                    if owner.node.name in kept}))
         # What is left to replay: (store, the log from where the store is, its end, ...).
         self._left: list[tuple[PartitionStore, TopicPartition, int, bytes, str | None]] = []
         for state in task.stateful():
@@ -74,19 +87,25 @@ class Restoration:
             assert store is not None
             mine = [(topic, prefix, table, ranges[(topic, task.partition)])
                     for owner, topic, prefix, table in logs if owner is state]
-            for topic, _, table, (low, high) in mine:
-                at = store.changelog_offset if table is None else store.table_offset(table)
-                if not low <= at + 1 <= high:
-                    log.warning("store %s/%d at offset %d is outside %s [%d, %d): rebuilding",
-                                state.node.name, task.partition, at, topic, low, high)
+            if state.node.name in kept:
+                unproven = _unproven(store, min(retention[t] for t, _, _, _ in mine),
+                                     self._read_at)
+                for topic, _, table, (low, high) in mine:
+                    at = store.changelog_offset if table is None else store.table_offset(table)
+                    if unproven is None and not low <= at + 1 <= high:
+                        unproven = f"at offset {at} is outside {topic} [{low}, {high})"
+                if unproven is not None:
+                    log.warning("store %s/%d %s: rebuilding it from its logs",
+                                state.node.name, task.partition, unproven)
                     store.wipe()
-                    break
             for topic, prefix, table, (low, high) in mine:
                 at = store.changelog_offset if table is None else store.table_offset(table)
                 start = max(at + 1, low)
                 if start < high:
                     self._left.append((store, TopicPartition(topic, task.partition, start),
                                        high, prefix, table))
+            if not any(left[0] is store for left in self._left):
+                store.mark_synced(self._read_at)
         self._assigned = False
         self._deadline = 0.0
 
@@ -114,6 +133,8 @@ class Restoration:
                 self.consumer.unassign()
                 self._assigned = False
                 self._left.pop(0)
+                if not any(left[0] is store for left in self._left):
+                    store.mark_synced(self._read_at)
             elif time.monotonic() > self._deadline:
                 self.abandon()
                 raise RestoreError(f"restoring {tp.topic}[{tp.partition}] did not reach "
@@ -180,6 +201,49 @@ def restore_task(task: Task, consumer: Consumer, admin: AdminClient,
     while not restoration.step(60.0):
         pass
     return restoration.replayed
+
+
+def _unproven(store: PartitionStore, retention_ms: int, now_ms: int) -> str | None:
+    """Why the store's logs can no longer prove what it holds, or None when they can: a
+    tombstone stays in a compacted log at least `delete.retention.ms` after it was written,
+    so every one written after the store was last in step with its logs is still there
+    while that was less than the retention ago (half of it, for the clocks of the worker
+    and the broker, and the cleaner's own timing)."""
+    synced = store.synced_at_ms
+    if synced is None:
+        return "has no record of when it was last in step with its logs"
+    if now_ms - synced >= retention_ms // 2:
+        return (f"was last in step with its logs {(now_ms - synced) / 1000:.0f}s ago, longer "
+                f"than half their delete.retention.ms ({retention_ms / 1000:.0f}s): the log "
+                f"cleaner may have removed tombstones it never saw")
+    return None
+
+
+def delete_retention(admin: AdminClient, topics: list[str],
+                     timeout_s: float = 10.0) -> dict[str, int]:
+    """Each topic's `delete.retention.ms`, asked for at once; a topic whose configuration
+    this worker may not read is taken to have the broker's default."""
+    if not topics:
+        return {}
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
+                                     request_timeout=timeout_s)
+    retention = {}
+    for resource, future in futures.items():
+        try:
+            entries = future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                raise
+            log.warning("the configuration of %s cannot be read (%s): taking its "
+                        "delete.retention.ms to be the broker's default", resource.name,
+                        describe(exc))
+            entries = {}
+        entry = entries.get("delete.retention.ms")
+        retention[resource.name] = (int(entry.value) if entry is not None and entry.value
+                                    else DEFAULT_DELETE_RETENTION_MS)
+    return retention
 
 
 def log_ranges(admin: AdminClient, tps: list[TopicPartition],

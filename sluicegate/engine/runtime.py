@@ -42,6 +42,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,6 +53,7 @@ from sluicegate.config import Settings
 from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.recovery import Restoration, RestoreError, log_ranges
 from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.store import StoreUnwritable, format_bytes, free_bytes
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.topology import Node, Topology
 from sluicegate.engine.transactions import (
@@ -103,6 +105,9 @@ _QUEUE_WAIT_S = 30.0
 _SLICE = 32
 # How long the ends of the in-order inputs are waited for, and then not asked for again.
 _ENDS_TIMEOUT_S = 5.0
+# A cycle does not commit with less free space than this under the state directory: the
+# stores could not write what it committed (a memtable's flush alone can take tens of MiB).
+MIN_FREE_BYTES = 16 * 1024 * 1024
 
 
 def producer_tuning(settings: Settings) -> dict[str, Any]:
@@ -166,6 +171,11 @@ _Handoff = tuple[tuple[Any, ...] | None, Node, Task, str, bytes, bytes | None,
                  Headers | None, object | None]
 
 
+def _tell_rows(state: StageState, table: str, rows: list[Any]) -> None:
+    for row in rows:
+        state.stage.table_changed(state.ctx, table, row)
+
+
 def _unit_text(unit: tuple[Any, ...]) -> str:
     if unit[0] == "timer":
         return f"{unit[1]}'s timer due at {unit[3]} ({unit[4]!r})"
@@ -203,9 +213,9 @@ class Worker:
         # What aborts a cycle to read it again as it was, and what of it says nothing
         # against the record being processed.
         self._cycle_errors: tuple[type[Exception], ...] = (
-            KafkaException, *topology.service_errors)
+            KafkaException, StoreUnwritable, *topology.service_errors)
         self._not_the_records: tuple[type[Exception], ...] = (
-            Stopping, CallHung, *topology.service_errors)
+            Stopping, CallHung, StoreUnwritable, *topology.service_errors)
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
         self._node_for_topic: dict[str, Node] = {
@@ -236,9 +246,14 @@ class Worker:
             table.name: [node.name for node in topology.nodes if table.name in node.reads]
             for table in topology.global_tables}
         # Tasks that process, and tasks whose stores are being restored (their partitions
-        # are paused meanwhile).
+        # are paused meanwhile; None: its stores are opened by the next restore step).
         self.tasks: dict[int, Task] = {}
-        self._restoring: dict[int, Task] = {}
+        self._restoring: dict[int, Task | None] = {}
+        # A stage's hook that failed as a restored task joined: (stage, partition) ->
+        # (failures, the last reason); kept until the join succeeds, across commits.
+        self._join_failures: dict[tuple[str, str, int], tuple[int, str]] = {}
+        # Whether the state directory's disk is known to have no room (said once).
+        self._disk_full = False
         self._restore_at = 0.0
         self._restore_backoff = 0.1
         # The restoration under way (one task at a time), the offsets committed on its
@@ -259,8 +274,9 @@ class Worker:
         self._cycle_started = 0.0
         self._cycle_records = 0
         self._failed_cycles = 0
-        # What aborted the last cycles, while they keep aborting.
+        # What aborted the last cycles, and the last restore steps, while they keep failing.
         self._last_trouble = ""
+        self._last_restore_trouble = ""
         # When the consumer last had to be replaced (monotonic seconds).
         self._consumer_fatal: list[float] = []
         self._stop: Callable[[], bool] = lambda: False
@@ -389,7 +405,7 @@ class Worker:
             return
         try:
             self._commit()
-        except KafkaException as exc:
+        except self._cycle_errors as exc:
             log.warning("the last cycle did not commit (%s): its records are read again by "
                         "the partitions' next owner", describe(exc))
 
@@ -399,6 +415,8 @@ class Worker:
         by this state directory's next worker)."""
         stopped = self._stop
         self._stop = lambda: True  # nothing below waits on the broker
+        # Nothing left open: the last cycle committed, and the stores hold what it wrote.
+        synced = not self._in_txn
         try:
             if self._in_txn and not stopped():
                 try:
@@ -412,7 +430,7 @@ class Worker:
             except (KafkaException, RuntimeError) as exc:
                 log.debug("consumer close: %s", describe(exc))
         finally:
-            self._drop_all()
+            self._drop_all(synced)
             try:
                 self.restorer.close()
             except (KafkaException, RuntimeError) as exc:
@@ -426,7 +444,16 @@ class Worker:
 
     def run_once(self, timeout_s: float = 0.05) -> None:
         if self._restoring and time.monotonic() >= self._restore_at:
-            self._restore_step()
+            # A restore step fails as a cycle does: aborted, read again, retried.
+            try:
+                self._restore_step()
+            except RecordFailed as failure:
+                self._abort(failure, [])
+            except _HandoverFailed as failure:
+                self._abort(failure.cause, [])
+            except self._cycle_errors as exc:
+                self._cycle_trouble(exc)
+                self._abort(exc, [])
         # Wait for one record, then take what is already fetched: consume(n, timeout) alone
         # would hold a lone record for the whole timeout waiting for n of them.
         first = self.consumer.poll(self._wait_s(timeout_s))
@@ -462,15 +489,34 @@ class Worker:
         except _HandoverFailed as failure:
             self._abort(failure.cause, messages[committed:])
         except self._cycle_errors as exc:
-            # The broker's or a service's (a registry's) trouble, not the records': the
-            # cycle is aborted and read again (after a backoff, if it keeps failing). The
-            # same trouble again is said once.
-            self._check_config(exc)
-            said = describe(exc)
-            log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
-                    "aborting the cycle after: %s", said)
-            self._last_trouble = said
+            # The broker's, a service's (a registry's) or the disk's trouble, not the
+            # records': the cycle is aborted and read again (after a backoff, if it keeps
+            # failing).
+            self._cycle_trouble(exc)
             self._abort(exc, messages[committed:])
+
+    def _cycle_trouble(self, exc: BaseException) -> None:
+        """Say what aborts a cycle; the same trouble again is said once."""
+        self._check_config(exc)
+        if isinstance(exc, StoreUnwritable):
+            self._no_room(exc)
+            return
+        said = describe(exc)
+        log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
+                "aborting the cycle after: %s", said)
+        self._last_trouble = said
+
+    def _no_room(self, exc: StoreUnwritable) -> None:
+        """The state directory's disk has no room: said in one ERROR line, once until a
+        commit goes through again."""
+        if self._disk_full:
+            log.debug("still no room: %s", exc)
+            return
+        self._disk_full = True
+        state_dir = self.settings.state_dir
+        log.error("the state directory %s has no room (%s free): %s; no cycle commits "
+                  "until there is, and the stores are rebuilt from their logs then",
+                  state_dir, format_bytes(free_bytes(state_dir)), exc.reason)
 
     def _wait_s(self, most_s: float) -> float:
         """How long the loop may wait for a record: `most_s`, or until the open cycle is
@@ -866,6 +912,11 @@ class Worker:
 
     def _commit(self) -> None:
         started = time.monotonic()
+        free = free_bytes(self.settings.state_dir)
+        if free < MIN_FREE_BYTES:
+            # Never commit what the stores may not be able to write.
+            raise StoreUnwritable(self.settings.state_dir,
+                                  f"less than {format_bytes(MIN_FREE_BYTES)} free")
         if self._handoffs:
             self._hand_over_queued()
         for tp, catching in self._catching.items():
@@ -888,19 +939,29 @@ class Worker:
             log.info("committing again after %d aborted cycles", self._failed_cycles)
             self._failed_cycles = 0
             self._last_trouble = ""
+        if self._disk_full:
+            log.info("the state directory %s has room again (%s free): committing",
+                     self.settings.state_dir, format_bytes(free))
+            self._disk_full = False
         self.commits += 1
         self._clients.reached()
         # The transaction is durable; the stores now catch up, each with the offsets of
-        # its last records in its logs, in one WriteBatch.
+        # its last records in its logs, in one WriteBatch. One that cannot (no room on its
+        # disk) is behind its logs: every task is rebuilt from them, from stores opened
+        # anew (RocksDB refuses every write after a failed flush).
         logged = self._log_offsets
-        for task in self.tasks.values():
-            for state in task.stateful():
-                assert state.tx is not None
-                if state.tx.changes:
-                    p = task.partition
-                    state.tx.commit(logged.get((state.changelog, p)), {
-                        table.name: logged[(table.topic, p)] for table in state.tables
-                        if (table.topic, p) in logged})
+        try:
+            for task in self.tasks.values():
+                for state in task.stateful():
+                    assert state.tx is not None
+                    if state.tx.changes:
+                        p = task.partition
+                        state.tx.commit(logged.get((state.changelog, p)), {
+                            table.name: logged[(table.topic, p)] for table in state.tables
+                            if (table.topic, p) in logged})
+        except StoreUnwritable as exc:
+            self._no_room(exc)
+            self._restore_all(reopen=True)
         if self.metrics is not None:
             self.metrics.committed(self, time.monotonic() - started)
 
@@ -1000,11 +1061,15 @@ class Worker:
 
     # -- restore ---------------------------------------------------------------------
 
-    def _restore_all(self) -> None:
+    def _restore_all(self, reopen: bool = False) -> None:
         """Every task goes back through restore: its stores catch up with their logs and
-        its partitions are rewound to the offsets the broker has."""
+        its partitions are rewound to the offsets the broker has. `reopen`: its stores are
+        closed and opened anew first."""
         for partition in list(self.tasks):
-            self._restoring[partition] = self.tasks.pop(partition)
+            task = self.tasks.pop(partition)
+            self._restoring[partition] = task
+            if reopen:
+                self._reopen(partition)
         self._forget_in_order(set(self._restoring))
         self.consumer.pause([tp for tp in self.consumer.assignment()
                              if tp.partition in self._restoring])
@@ -1019,13 +1084,18 @@ class Worker:
             partition = min(self._restoring)
             tps = [tp for tp in self.consumer.assignment() if tp.partition == partition]
             try:
+                # Opened here, not in the assignment callback: a store that cannot be
+                # opened is said, and tried again, without leaving the loop.
+                opening = self._restoring[partition]
+                if opening is None:
+                    opening = self._restoring[partition] = self._new_task(partition)
                 # The committed offsets first: reading them waits for a transaction still
                 # open on these partitions (their previous owner's) to end, and its
                 # changelog writes with it, so the logs' ends read next are final.
                 committed = self.consumer.committed(tps, timeout=10.0)
-                self._restoration = Restoration(self._restoring[partition], self.restorer,
-                                                self.admin, self._stopping)
-            except (KafkaException, RestoreError) as exc:
+                self._restoration = Restoration(opening, self.restorer, self.admin,
+                                                self._stopping)
+            except (KafkaException, RestoreError, StoreUnwritable) as exc:
                 self._restore_failed(partition, exc)
                 return
             self._restore_offsets = committed
@@ -1037,7 +1107,7 @@ class Worker:
         budget = RESTORE_STEP_S if self.tasks else RESTORE_ALONE_S
         try:
             done = restoration.step(budget)
-        except (KafkaException, RestoreError) as exc:
+        except (KafkaException, RestoreError, StoreUnwritable) as exc:
             self._restoration = None
             self._restore_failed(task.partition, exc)
             return
@@ -1055,26 +1125,92 @@ class Worker:
         self.consumer.resume([tp for tp in self.consumer.assignment()
                               if tp.partition == partition])
         self._join_in_order(partition)
+        self._last_restore_trouble = ""
+        try:
+            self._join(task)
+        except BaseException:
+            # Failed like a cycle (the caller aborts it): the task joins again, its
+            # stores already restored, once the abort has rewound what the cycle read.
+            task.discard()
+            del self.tasks[partition]
+            self._restoring[partition] = task
+            self._forget_in_order({partition})
+            self.consumer.pause([tp for tp in self.consumer.assignment()
+                                 if tp.partition == partition])
+            raise
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
                  restoration.replayed, time.monotonic() - self._restore_started)
-        # In a transaction, so a stage can act on what it finds (fail the starts of a
-        # workflow that is no longer declared, say), and catch up with the global tables.
+
+    def _join(self, task: Task) -> None:
+        """A restored task's first work, in a transaction, so a stage can act on what it
+        finds (fail the starts of a workflow that is no longer declared, say), and catch
+        up with the global tables. A stage hook that raises fails it as a record fails a
+        cycle (`RecordFailed`); one that fails `POISON_AFTER` times is skipped, said in one
+        ERROR line, so a deterministic failure does not keep the partition from joining."""
         self._begin()
         self._unit = None
-        for state in task.stateful():
-            state.stage.restored(state.ctx)
+        partition = task.partition
+        hooks: list[tuple[tuple[str, str, int], Callable[[], object]]] = [
+            ((state.node.name, "restored", partition), partial(state.stage.restored, state.ctx))
+            for state in task.stateful()]
         for table in self.topology.global_tables:
-            readers = self._readers[table.name]
-            for row in list(table.rows.values()):
-                for name in readers:
-                    state = task.states[name]
-                    state.stage.table_changed(state.ctx, table.name, row)
-        if self._handoffs:
-            self._hand_over_queued()
+            rows = list(table.rows.values())
+            for name in self._readers[table.name]:
+                hooks.append(((name, f"the {table.name} table", partition),
+                              partial(_tell_rows, task.states[name], table.name, rows)))
+        for unit, hook in hooks:
+            failed = self._join_failures.get(unit)
+            if failed is not None and failed[0] >= POISON_AFTER:
+                log.error("%s failed on %s of partition %d %d times (%s): skipped, the "
+                          "partition joins without it", unit[0], unit[1], partition,
+                          failed[0], failed[1])
+                continue
+            try:
+                hook()
+                if self._handoffs:
+                    self._hand_over_queued()
+            except Exception as exc:
+                if not self._about_the_record(exc):
+                    raise
+                reason = f"{unit[0]} failed on {unit[1]} of partition {partition}: " \
+                         f"{describe(exc)}"
+                failures = (failed[0] if failed else 0) + 1
+                self._join_failures[unit] = (failures, describe(exc))
+                log.warning("%s (trying again as the partition joins again)", reason)
+                raise RecordFailed(unit, reason) from exc
+        for unit in [u for u in self._join_failures if u[2] == partition]:
+            del self._join_failures[unit]
+
+    def _new_task(self, partition: int) -> Task:
+        return Task(partition, self.topology, self.settings.state_dir, self._send,
+                    self.clock.now_ms, self.settings.max_record_bytes,
+                    monotonic=self.clock.monotonic_ms)
+
+    def _reopen(self, partition: int) -> None:
+        """A restoring task's stores are closed (what they could not write is in their
+        logs) and opened anew by the next restore step."""
+        task = self._restoring.get(partition)
+        self._restoring[partition] = None
+        if task is None:
+            return
+        if self._restoration is not None and self._restoration.task is task:
+            self._restoration.abandon()
+            self._restoration = None
+        try:
+            task.close()
+        except StoreUnwritable as exc:
+            log.debug("closing partition %d's stores: %s", partition, exc)
 
     def _restore_failed(self, partition: int, exc: BaseException) -> None:
         self._check_config(exc)
-        log.warning("restoring partition %d: %s; trying again", partition, describe(exc))
+        if isinstance(exc, StoreUnwritable):
+            self._no_room(exc)
+            self._reopen(partition)
+        else:
+            said = describe(exc)
+            log.log(logging.DEBUG if said == self._last_restore_trouble else logging.WARNING,
+                    "restoring partition %d: %s; trying again", partition, said)
+            self._last_restore_trouble = said
         # The admin client keeps the leader epochs it saw before a broker restart and does
         # not refresh them when the broker refuses them (FENCED_LEADER_EPOCH): a new one
         # asks afresh.
@@ -1102,10 +1238,7 @@ class Worker:
         if new:
             self._hold_in_order()
         for partition in new:
-            self._restoring[partition] = Task(
-                partition, self.topology, self.settings.state_dir, self._send,
-                self.clock.now_ms, self.settings.max_record_bytes,
-                monotonic=self.clock.monotonic_ms)
+            self._restoring[partition] = None
         consumer.pause([tp for tp in tps if tp.partition in self._restoring])
         self._restore_at = 0.0
 
@@ -1114,13 +1247,15 @@ class Worker:
             return
         log.info("partitions %s revoked", sorted(self._partitions(tps)))
         # Commit what is done so the next owner starts exactly where this one stopped.
+        synced = True
         if self._in_txn:
             try:
                 self._commit()
-            except KafkaException as exc:
+            except self._cycle_errors as exc:
                 log.warning("commit on revoke failed, aborting: %s", describe(exc))
                 self._abort(exc, [])
-        self._drop(tps)
+                synced = False
+        self._drop(tps, synced)
 
     def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         if consumer is not self.consumer:
@@ -1135,20 +1270,39 @@ class Worker:
                 log.warning("abort after losing partitions failed: %s", describe(exc))
         self._drop(tps)
 
-    def _drop_all(self) -> None:
+    def _drop_all(self, synced: bool = False) -> None:
+        """Close every task. `synced`: the tasks that process committed all they did, so
+        their stores are in step with their logs as of now (docs/decisions/
+        stale-stores.md); not said of a task still restoring, nor after losing partitions
+        another worker may have written to since."""
         self._stop_restoring(set(self._restoring))
-        for task in [*self.tasks.values(), *self._restoring.values()]:
-            task.close()
+        for task in self.tasks.values():
+            self._close(task, synced)
+        for restoring in self._restoring.values():
+            if restoring is not None:
+                self._close(restoring, False)
         self.tasks.clear()
         self._restoring.clear()
         self._forget_in_order({tp[1] for tp in (*self._drained, *self._catching,
                                                 *self._topic_only, *self._joined_at)})
 
-    def _drop(self, tps: list[TopicPartition]) -> None:
+    def _drop(self, tps: list[TopicPartition], synced: bool = False) -> None:
         self._stop_restoring(self._partitions(tps))
         self._forget_in_order(self._partitions(tps))
         for partition in self._partitions(tps):
-            task = self.tasks.pop(partition, None) or self._restoring.pop(partition, None)
+            task = self.tasks.pop(partition, None)
             if task is not None:
-                task.close()
+                self._close(task, synced)
+            else:
+                restoring = self._restoring.pop(partition, None)
+                if restoring is not None:
+                    self._close(restoring, False)
+
+    def _close(self, task: Task, synced: bool) -> None:
+        """Close a task's stores; a disk with no room for their last flush is said (what
+        they could not write is in their logs, replayed when the partition is restored)."""
+        try:
+            task.close(synced)
+        except StoreUnwritable as exc:
+            self._no_room(exc)
 

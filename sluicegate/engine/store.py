@@ -7,9 +7,12 @@ docs/decisions/state-store-layout.md.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import struct
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -32,8 +35,14 @@ _OFFSET_KEY = b"changelog_offset"
 # A table the stage publishes (rows under a prefix, logged to a topic of their own instead
 # of the changelog): the offset of its topic, under this prefix and the table's name.
 _TABLE_OFFSET_KEY = b"table_offset:"
+# The last wall-clock time (epoch ms) at which the store was known to hold everything its
+# logs held: every record after its offsets was written later, so a tombstone the log
+# cleaner may have removed since is one written after it (docs/decisions/stale-stores.md).
+_SYNCED_KEY = b"synced_at"
 _OFFSET = struct.Struct(">q")
 _NO_OFFSET = -1
+
+log = logging.getLogger(__name__)
 
 # Every store of a process shares one block cache (as Kafka Streams' bounded-memory
 # setup does), so the memory it takes does not grow with the number of stores. It fills
@@ -85,11 +94,49 @@ def _write_options() -> WriteOptions:
     return opts
 
 
-class PartitionStore:
-    """One RocksDB (raw bytes) per (stage, partition) at `path`."""
+class StoreUnwritable(Exception):
+    """A store's disk has no room: RocksDB could not write (a flush, a close's last flush,
+    an open's files), or the runtime found too little free space to commit. Nothing is
+    wrong with the store's rows; it is rebuilt from its logs once there is room."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason} ({format_bytes(free_bytes(path))} free)")
+
+
+def free_bytes(path: Path) -> int:
+    """Free space for an unprivileged writer on the filesystem of `path` (or of its
+    nearest existing parent)."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return 0
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+class PartitionStore:
+    """One RocksDB (raw bytes) per (stage, partition) at `path`. `clock` (epoch ms) stamps
+    the time a commit's write or a clean close leaves the store in step with its logs."""
+
+    def __init__(self, path: Path, clock: Callable[[], int] | None = None) -> None:
         self.path = Path(path)
+        self._clock = clock
         # Bumped by every write and wipe, so anything caching a view of the
         # store (the timer index) can tell the store changed underneath it.
         self.revision = 0
@@ -102,16 +149,37 @@ class PartitionStore:
             self._db: Rdict | _Closed | _Unopened = _Unopened()
             self._offset = _NO_OFFSET
             self._tables: dict[str, int] = {}
+            self._synced_at: int | None = None
 
     def _open(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._db = Rdict(
-            str(self.path), _options(), column_families={META_CF: Options(raw_mode=True)}
-        )
+        """Open the RocksDB at `path`. One that cannot be opened (a truncated table file,
+        garbage in CURRENT or the MANIFEST) is moved aside, kept for inspection, and an
+        empty store opened in its place, which the restore then fills from its logs
+        (docs/decisions/runtime-faults.md); a disk with no room raises StoreUnwritable."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            db = self._rdict()
+        except OSError as exc:
+            if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+                raise StoreUnwritable(self.path, f"cannot be opened: {exc}") from exc
+            raise
+        except Exception as exc:  # rocksdict raises a bare Exception with RocksDB's status
+            if _out_of_space(exc):
+                raise StoreUnwritable(self.path, f"cannot be opened: {exc}") from exc
+            aside = self.path.with_name(
+                f"{self.path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+            self.path.rename(aside)
+            log.warning("store %s cannot be opened (%s): moved aside to %s for inspection; "
+                        "it is rebuilt from its logs", self.path, exc, aside.name)
+            self.path.mkdir(parents=True)
+            db = self._rdict()
+        self._db = db
         self._db.set_write_options(_write_options())
         self._meta = self._db.get_column_family_handle(META_CF)
         meta = self._db.get_column_family(META_CF)
         raw = meta.get(_OFFSET_KEY)
+        synced = meta.get(_SYNCED_KEY)
+        self._synced_at = None if synced is None else _OFFSET.unpack(synced)[0]
         rows: Any = meta.items(from_key=_TABLE_OFFSET_KEY)
         self._tables = {
             key[len(_TABLE_OFFSET_KEY):].decode(): _OFFSET.unpack(value)[0]
@@ -122,6 +190,18 @@ class PartitionStore:
         meta.close()
         self._offset = _NO_OFFSET if raw is None else _OFFSET.unpack(raw)[0]
 
+    def _rdict(self) -> Rdict:
+        return Rdict(str(self.path), _options(),
+                     column_families={META_CF: Options(raw_mode=True)})
+
+    def _write(self, batch: WriteBatch) -> None:
+        try:
+            self._db.write(batch)  # type: ignore[union-attr]
+        except Exception as exc:
+            if _out_of_space(exc):
+                raise StoreUnwritable(self.path, f"a write failed: {exc}") from exc
+            raise
+
     @property
     def changelog_offset(self) -> int:
         """Offset of the last changelog record reflected in the store; -1 if none."""
@@ -130,6 +210,27 @@ class PartitionStore:
     def table_offset(self, table: str) -> int:
         """Offset of the last record of a published table's topic reflected here; -1 if none."""
         return self._tables.get(table, _NO_OFFSET)
+
+    @property
+    def holds_rows(self) -> bool:
+        """Whether anything was ever written here (an offset of some log)."""
+        return self._offset != _NO_OFFSET or any(o != _NO_OFFSET for o in self._tables.values())
+
+    @property
+    def synced_at_ms(self) -> int | None:
+        """When the store was last known to hold everything its logs held (epoch ms); None
+        if never said (a store of an earlier release, or one being rebuilt)."""
+        return self._synced_at
+
+    def mark_synced(self, at_ms: int) -> None:
+        """The store holds everything its logs held at `at_ms` (a restore reached the ends it
+        read then, or the owner closes it after a commit)."""
+        if not isinstance(self._db, Rdict):
+            return
+        batch = WriteBatch(raw_mode=True)
+        batch.put(_SYNCED_KEY, _OFFSET.pack(at_ms), self._meta)
+        self._write(batch)
+        self._synced_at = at_ms
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -153,10 +254,12 @@ class PartitionStore:
         return _bounded(self._db.items(from_key=from_key, read_opt=read), read)
 
     def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int | None,
-              tables: Mapping[str, int] | None = None) -> None:
+              tables: Mapping[str, int] | None = None, synced: bool = False) -> None:
         """Apply puts and deletes (None) and record the offsets they bring the logs to, all
         atomically: `changelog_offset` for the changelog (None: no changelog record), and
-        per published table the offset of its topic."""
+        per published table the offset of its topic. `synced`: the offsets are the ends of
+        the logs now (the owner's commit, which nobody else writes after), so the store is
+        in step with them as of its clock's now."""
         logs = [] if changelog_offset is None else [(_OFFSET_KEY, self._offset,
                                                      changelog_offset, "changelog")]
         for table, offset in (tables or {}).items():
@@ -181,7 +284,12 @@ class PartitionStore:
                 batch.put(key, value)
         for key, _, offset, _ in logs:
             batch.put(key, _OFFSET.pack(offset), self._meta)
-        self._db.write(batch)  # type: ignore[union-attr]
+        synced_at = self._clock() if synced and self._clock is not None else None
+        if synced_at is not None:
+            batch.put(_SYNCED_KEY, _OFFSET.pack(synced_at), self._meta)
+        self._write(batch)
+        if synced_at is not None:
+            self._synced_at = synced_at
         if changelog_offset is not None:
             self._offset = changelog_offset
         self._tables.update(tables or {})
@@ -197,12 +305,28 @@ class PartitionStore:
         self._open()
         self.revision += 1
 
-    def close(self) -> None:
-        if isinstance(self._db, Rdict):
-            self._db.close()
-            # The handle keeps RocksDB open too.
-            del self._meta
-        self._db = _Closed(self.path)
+    def close(self, synced: bool = False) -> None:
+        """`synced`: the store is in step with its logs (its owner committed and gives it
+        up), which it records with its clock's now before it closes. Closed whatever
+        happens; a disk with no room for the last flush raises StoreUnwritable after (the
+        rows it could not write are in the logs, replayed at the next restore)."""
+        db, self._db = self._db, _Closed(self.path)
+        if not isinstance(db, Rdict):
+            return
+        try:
+            if synced and self._clock is not None:
+                batch = WriteBatch(raw_mode=True)
+                batch.put(_SYNCED_KEY, _OFFSET.pack(self._clock()), self._meta)
+                db.write(batch)
+            db.close()
+        except Exception as exc:
+            if _out_of_space(exc):
+                raise StoreUnwritable(self.path, f"closing it failed: {exc}") from exc
+            raise
+        finally:
+            # Every reference dropped: RocksDB releases its files and its lock even when
+            # its close failed, so the store can be opened again in this process.
+            del self._meta, db
 
     def __enter__(self) -> Self:
         return self
@@ -430,7 +554,7 @@ class StoreTransaction:
     def commit(self, changelog_offset: int | None,
                tables: Mapping[str, int] | None = None) -> None:
         if self._buffer:
-            self.store.write(self._buffer, changelog_offset, tables)
+            self.store.write(self._buffer, changelog_offset, tables, synced=True)
             self._commits += 1
         # A new dict rather than clear(): a caller still holding `changes`
         # (e.g. to log what was committed) keeps an intact copy.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sluicegate.engine.stage import Send, Stage, StageContext
-from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.engine.store import PartitionStore, StoreTransaction, StoreUnwritable
 from sluicegate.engine.timers import Timers
 from sluicegate.engine.topology import Node, Table, Topology
 
@@ -61,12 +61,13 @@ class Task:
         stage name, to take over instead of opening them (the test driver's restart keeps
         its stores open)."""
         self.partition = partition
+        self.now_ms = clock
         self.states: dict[str, StageState] = {}
         for node in topology.nodes:
             store = tx = timers = None
             if node.changelog is not None:
                 store = (stores or {}).get(node.name) or PartitionStore(
-                    state_dir / node.name / str(partition))
+                    state_dir / node.name / str(partition), clock)
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
@@ -82,7 +83,15 @@ class Task:
             assert state.tx is not None
             state.tx.discard()
 
-    def close(self) -> None:
+    def close(self, synced: bool = False) -> None:
+        """`synced`: the task processed up to its last commit, so its stores are in step
+        with their logs (not one still restoring)."""
+        unwritable: StoreUnwritable | None = None
         for state in self.stateful():
             assert state.store is not None
-            state.store.close()
+            try:
+                state.store.close(synced)
+            except StoreUnwritable as exc:
+                unwritable = unwritable or exc
+        if unwritable is not None:
+            raise unwritable

@@ -44,4 +44,9 @@ edit = Workflow(name="indexDocument", payload=Edit,
 alert = Workflow(name="lowStockAlert", payload=Alert,
                  rate_limit=RateLimit(limit=1, period="1h", key="product"))
 
-app = App([note, receipt, gated, edit, alert])
+# One run at a time per account: the stale-store tests (tests/faults/test_stale_state.py)
+# watch a holder and its queue move between workers.
+one = Workflow(name="oneAtATime", payload=Job,
+               concurrency=Concurrency(limit=1, key="account"))
+
+app = App([note, receipt, gated, edit, alert, one])
