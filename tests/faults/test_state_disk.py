@@ -154,6 +154,14 @@ def test_a_full_disk_is_said_once_commits_nothing_and_resumes_when_there_is_room
                 joiner.start()
                 outcomes.settle(10.0)
                 assert worker.alive, worker.log_tail()
+                # Stopped and started again on the full disk: it stops cleanly, then waits.
+                assert worker.stop() == 0, worker.log_tail()
+                restarted_at = len(worker.log.read_text())
+                worker.start()
+                deadline = time.monotonic() + 30
+                while "has no room" not in worker.log.read_text()[restarted_at:]:
+                    assert worker.alive and time.monotonic() < deadline, worker.log_tail()
+                    time.sleep(0.2)
                 filler.unlink()
                 outcomes.wait_until_decided(set(during), timeout_s=90)
                 repeats = [client.submit("sendReceipt", {"orderId": f"o{i}", "amount": i})
@@ -173,8 +181,9 @@ def test_a_full_disk_is_said_once_commits_nothing_and_resumes_when_there_is_room
     assert {final[r][0].outcome for r in repeats} == {Outcome.existing}
     executions = Counter(a.execution_id for a in outcomes.admitted.records)
     assert not [e for e, n in executions.items() if n > 1], "an execution admitted twice"
-    errors = [ln for ln in log.splitlines() if "ERROR" in ln]
-    assert len(errors) == 1, errors
-    assert str(disk / "state") in errors[0] and "free" in errors[0], errors[0]
+    for run in (log[:restarted_at], log[restarted_at:]):
+        errors = [ln for ln in run.splitlines() if "ERROR" in ln]
+        assert len(errors) == 1, errors
+        assert str(disk / "state") in errors[0] and "free" in errors[0], errors[0]
     assert "Traceback" not in log
-    assert "has room again" in log
+    assert "has room again" in log[restarted_at:]
