@@ -49,7 +49,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from sluicegate.config import Settings
+from sluicegate.config import TRANSACTION_TIMEOUT_MS, Settings
 from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.recovery import Restoration, RestoreError, log_ranges
 from sluicegate.engine.stage import Headers, InputRecord
@@ -79,11 +79,6 @@ class CommitMetrics(Protocol):
     def aborted(self) -> None: ...
 
 
-# How long a restoration step may take: beside tasks that process, and with none.
-RESTORE_STEP_S = 0.1
-RESTORE_ALONE_S = 1.0
-# A record (or timer) whose processing failed this many times is not processed again.
-POISON_AFTER = 2
 # Produce errors that say the record itself cannot be written. Any other Kafka error is
 # about the broker or the transaction, and says nothing against the record.
 _RECORD_ERRORS = frozenset({
@@ -123,7 +118,7 @@ def producer_tuning(settings: Settings) -> dict[str, Any]:
     return {
         "partitioner": "murmur2_random",
         "linger.ms": max(5, settings.commit_interval_ms),
-        "transaction.timeout.ms": 15000,
+        "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
         "compression.type": "lz4",
     }
 
@@ -290,7 +285,7 @@ class Worker:
             "transactional.id": f"{settings.namespace}worker-{self.worker_id}",
             **producer_tuning(settings),
             **self._clients.config("producer"),
-        }), self._stopping)
+        }), self._stopping, settings)
         self.consumer = self._new_consumer()
         self.admin = self._new_admin()
         self.restorer = Consumer(settings.client_config(**{
@@ -630,7 +625,7 @@ class Worker:
     def _suspect(self, failure: RecordFailed) -> None:
         failures = self._suspects.get(failure.unit, (0, ""))[0] + 1
         self._suspects[failure.unit] = (failures, failure.reason)
-        if failures >= POISON_AFTER:
+        if failures >= self.settings.poison_after:
             log.error("%s (failed %d times: it will be dead-lettered)", failure.reason, failures)
         else:
             log.warning("%s (retrying it once in a replayed cycle)", failure.reason)
@@ -640,7 +635,7 @@ class Worker:
         """Whether `record` failed too often to be processed again; if so, its stage's
         `unprocessable` hook has just recorded it instead."""
         suspect = self._suspects.get(unit)
-        if suspect is None or suspect[0] < POISON_AFTER:
+        if suspect is None or suspect[0] < self.settings.poison_after:
             return False
         stage, ctx = node.stage, task.states[node.name].ctx
         reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
@@ -1104,7 +1099,8 @@ class Worker:
         task = restoration.task
         # Alone, a restoration goes at full speed; beside tasks that process, a step at a
         # time, so their records are not held up for a long log's whole replay.
-        budget = RESTORE_STEP_S if self.tasks else RESTORE_ALONE_S
+        budget = (self.settings.restore_step_ms if self.tasks
+                  else self.settings.restore_alone_ms) / 1000
         try:
             done = restoration.step(budget)
         except (KafkaException, RestoreError, StoreUnwritable) as exc:

@@ -28,16 +28,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from sluicegate.config import Settings
+
 log = logging.getLogger(__name__)
 
-# librdkafka's own timeout for one transactional call; a call still running this much
-# later than that is taken to hang.
-CALL_TIMEOUT_S = 5.0
-HANG_GRACE_S = 5.0
-# How long a commit may wait for the cycle's records to be delivered.
-FLUSH_TIMEOUT_S = 30.0
-# How long an abort waits for the records on their way to be delivered first.
-ABORT_FLUSH_S = 10.0
 _WAIT_SLICE_S = 0.1
 # How often a caller serves the producer while a call that needs it runs.
 _SERVE_EVERY_S = 0.005
@@ -127,15 +121,22 @@ class TransactionalProducer:
     """The producer of one worker: `producer` for produce/poll in the hot path, and the
     transactional calls, each with a deadline."""
 
-    def __init__(self, config: dict[str, Any], stopping: Callable[[], bool]) -> None:
+    def __init__(self, config: dict[str, Any], stopping: Callable[[], bool],
+                 settings: Settings) -> None:
         self._config = config
+        # Each call's own timeout (librdkafka's), and how much later a call still running
+        # is taken to hang; how long a commit and an abort wait for delivery.
+        self._call_s = settings.call_timeout_ms / 1000
+        self._hang_s = self._call_s + settings.hang_grace_ms / 1000
+        self._flush_s = settings.flush_timeout_ms / 1000
+        self._abort_flush_s = settings.abort_flush_ms / 1000
         self._stopping = stopping
         self.producer = Producer(config)
         self._caller = _Caller()
 
     def _call(self, fn: Callable[..., Any], *args: Any, what: str,
               serve: bool = False) -> Any:
-        return self._caller.call(fn, args, CALL_TIMEOUT_S + HANG_GRACE_S, self._stopping, what,
+        return self._caller.call(fn, args, self._hang_s, self._stopping, what,
                                  self.producer.poll if serve else None)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -147,7 +148,7 @@ class TransactionalProducer:
         said = False
         while True:
             try:
-                self._call(self.producer.init_transactions, CALL_TIMEOUT_S,
+                self._call(self.producer.init_transactions, self._call_s,
                            what="init_transactions")
                 if said:
                     log.info("transactions initialised")
@@ -183,12 +184,12 @@ class TransactionalProducer:
         """Deliver the transaction's records, add `offsets` to it and commit it.
         `before_commit` runs just before the commit is asked for: from then on, a failure
         leaves the outcome unknown until the broker is asked again."""
-        self._flush(FLUSH_TIMEOUT_S)
+        self._flush(self._flush_s)
         if offsets:
             self._call(self.producer.send_offsets_to_transaction, offsets, group_metadata,
-                       CALL_TIMEOUT_S, what="send_offsets_to_transaction")
+                       self._call_s, what="send_offsets_to_transaction")
         before_commit()
-        self._call(self.producer.commit_transaction, CALL_TIMEOUT_S,
+        self._call(self.producer.commit_transaction, self._call_s,
                    what="commit_transaction")
 
     def abort(self, cause: BaseException | None = None) -> None:
@@ -200,8 +201,8 @@ class TransactionalProducer:
                 # Deliver what is on its way first (into the transaction being aborted):
                 # messages purged while in flight leave gaps in the producer's sequence
                 # numbers, which the next transaction pays for with an epoch bump.
-                self._flush(ABORT_FLUSH_S)
-                self._call(self.producer.abort_transaction, CALL_TIMEOUT_S,
+                self._flush(self._abort_flush_s)
+                self._call(self.producer.abort_transaction, self._call_s,
                            what="abort_transaction", serve=True)
                 return
             except KafkaException as exc:

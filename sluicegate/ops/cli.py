@@ -208,6 +208,7 @@ def _one_line(exc: BaseException) -> tuple[str, int] | None:
     not there). None: not such an error, a bug, shown with its traceback."""
     from confluent_kafka import KafkaException
 
+    from sluicegate.config import SettingsError
     from sluicegate.declare import DeclarationError
     from sluicegate.engine.runtime import WorkerError
     from sluicegate.kafkautil import BootstrapError, KafkaAuthError, KafkaUnreachable
@@ -217,7 +218,7 @@ def _one_line(exc: BaseException) -> tuple[str, int] | None:
     from sluicegate.topology.admin import TopologyError
 
     if isinstance(exc, UnknownName | BootstrapError | KafkaAuthError | TopologyError
-                  | WorkerError | RegistryError):
+                  | WorkerError | RegistryError | SettingsError):
         return str(exc), 2
     if isinstance(exc, DeclarationError):
         if len(exc.problems) == 1:

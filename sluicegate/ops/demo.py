@@ -55,7 +55,7 @@ def _ledger_tail(settings: Settings) -> Consumer:
 
 
 def _print(console: Console, row: LedgerRecord) -> None:
-    when = time.strftime("%H:%M:%S", time.localtime(row.decided_at_ms / 1000))
+    when = time.strftime("%H:%M:%S", time.gmtime(row.decided_at_ms / 1000))  # UTC, as all
     style = _STYLE.get(row.outcome, "white")
     execution = f" -> run {row.execution_id[:8]}" if row.execution_id else ""
     key = f" key={row.key}" if row.key else ""

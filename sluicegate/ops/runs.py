@@ -14,6 +14,7 @@ print it), a request id, or an idempotency key. The answer joins two sources:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ from typing import Annotated, Any
 import typer
 from confluent_kafka import Consumer, TopicPartition
 
+from sluicegate.admission.stages.identity import NAME as IDENTITY
+from sluicegate.admission.stages.identity import spent_key_row
 from sluicegate.config import Settings
 from sluicegate.kafkautil import watermarks
 from sluicegate.ops.flow import read_to_end
@@ -53,20 +56,17 @@ class StatusChange:
 
 
 @dataclass(slots=True)
-class RunsIndex:
-    """Every run's latest row of the compacted `sg.runs`, ended runs too, and the changes
-    of status seen since this reader began (a compacted topic keeps the latest row per
-    run; the changes it still holds are read too). `refresh` reads on from where the last
-    one stopped to the end each partition had when it began (read_committed)."""
+class _Tail:
+    """One compacted topic, read from its start, then on from where the last read stopped
+    to the end each partition had when it began (read_committed)."""
 
     settings: Settings
-    rows: dict[str, RunRow] = field(default_factory=dict)
-    changes: dict[str, list[StatusChange]] = field(default_factory=dict)
+    topic: str
+    apply: Callable[[bytes | None, bytes | None], None]
     _consumer: Consumer | None = None
     _next: dict[int, int] = field(default_factory=dict)
 
-    def refresh(self, timeout_s: float = 10.0) -> None:
-        topic = Topics(self.settings).runs
+    def read_on(self, timeout_s: float) -> None:
         if self._consumer is None:
             self._consumer = Consumer(self.settings.client_config(**{
                 # assign() only, never a commit: the group id is a formality of the client.
@@ -76,12 +76,42 @@ class RunsIndex:
                 "isolation.level": "read_committed",
                 "fetch.wait.max.ms": 20,
             }))
-            meta = self._consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            meta = self._consumer.list_topics(self.topic, timeout=timeout_s).topics[self.topic]
             self._next = dict.fromkeys(meta.partitions, 0)
-            self._consumer.assign([TopicPartition(topic, p, 0) for p in self._next])
-        ends = {p: watermarks(self._consumer, TopicPartition(topic, p), timeout_s)[1]
+            self._consumer.assign([TopicPartition(self.topic, p, 0) for p in self._next])
+        ends = {p: watermarks(self._consumer, TopicPartition(self.topic, p), timeout_s)[1]
                 for p in self._next}
-        read_to_end(self._consumer, self._next, ends, self._apply, timeout_s)
+        read_to_end(self._consumer, self._next, ends, self.apply, timeout_s)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+@dataclass(slots=True)
+class RunsIndex:
+    """Every run's latest row of the compacted `sg.runs`, ended runs too, and the changes
+    of status seen since this reader began (a compacted topic keeps the latest row per
+    run; the changes it still holds are read too); and every idempotency key spent, with
+    the run it names, from the identity stage's changelog (compacted too): a key names its
+    run from its first start on, not only once a repeat answered `existing`. `refresh`
+    reads both on from where the last one stopped."""
+
+    settings: Settings
+    rows: dict[str, RunRow] = field(default_factory=dict)
+    changes: dict[str, list[StatusChange]] = field(default_factory=dict)
+    # idempotency key -> workflow -> the execution id it names
+    keys: dict[str, dict[str, str]] = field(default_factory=dict)
+    _tails: list[_Tail] = field(default_factory=list)
+
+    def refresh(self, timeout_s: float = 10.0) -> None:
+        if not self._tails:
+            topics = Topics(self.settings)
+            self._tails = [_Tail(self.settings, topics.runs, self._apply),
+                           _Tail(self.settings, topics.changelog(IDENTITY), self._apply_key)]
+        for tail in self._tails:
+            tail.read_on(timeout_s)
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:  # a tombstone: the run's row is gone, its history with it
@@ -99,10 +129,22 @@ class RunsIndex:
             seen.append(StatusChange(row.status.value, row.updated_at_ms, row.last_reason))
             del seen[:-MAX_CHANGES]
 
+    def _apply_key(self, key: bytes | None, value: bytes | None) -> None:
+        spent = None if key is None else spent_key_row(key, value)
+        if spent is None:
+            return
+        workflow, text, execution_id = spent
+        if execution_id is not None:
+            self.keys.setdefault(text, {})[workflow] = execution_id
+        elif text in self.keys:  # the key's ttl ran out: it names nothing any more
+            self.keys[text].pop(workflow, None)
+            if not self.keys[text]:
+                del self.keys[text]
+
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        for tail in self._tails:
+            tail.close()
+        self._tails = []
 
 
 # The ledger rows of a lookup. `ids`: the execution ids the id names (itself, the run a
@@ -114,6 +156,7 @@ WITH ids AS (
     WHERE execution_id IS NOT NULL
       AND (execution_id = $id OR request_id = $id
            OR (key = $id AND control = 'idempotency')
+           OR list_contains($keyed, execution_id)
            OR (length($id) >= $min_prefix AND starts_with(execution_id, $id)))
 ), requests AS (
     SELECT DISTINCT request_id FROM ledger
@@ -150,6 +193,16 @@ def payload_text(payload: bytes | None) -> str | None:
         return f"({len(payload)} bytes, not JSON: sealed, or another encoding)"
 
 
+def payload_json(payload: bytes) -> dict[str, Any]:
+    """A run's payload for a JSON document: `payload` the JSON value itself (an object, not
+    its text), and `payload_note` saying what it is when it is not JSON (a sealed copy),
+    with `payload` then null."""
+    try:
+        return {"payload": json.loads(payload), "payload_note": None}
+    except (UnicodeDecodeError, ValueError):
+        return {"payload": None, "payload_note": payload_text(payload)}
+
+
 def run_json(row: RunRow, changes: list[StatusChange]) -> dict[str, Any]:
     return {
         "execution_id": row.execution_id, "workflow": row.workflow,
@@ -158,7 +211,7 @@ def run_json(row: RunRow, changes: list[StatusChange]) -> dict[str, Any]:
         "last_reason": row.last_reason, "retries_spent": row.retries_spent,
         "run_id": row.run_id, "declaration_version": row.declaration_version,
         "slots": [{"stage": s.stage, "key": key_text(s.key)} for s in row.slots],
-        "payload": payload_text(row.payload),
+        **payload_json(row.payload),
         "changes": [{"status": c.status, "at": _iso(c.at_ms), "reason": c.reason}
                     for c in changes],
     }
@@ -168,23 +221,24 @@ def lookup(db: LedgerDb, runs: RunsIndex, ident: str) -> dict[str, Any]:
     """Everything known about `ident`: `matched` says what it was taken as, `runs` the
     run rows, `ledger` the history (oldest first). Raises NotFound when nothing has it."""
     ident = ident.strip()
-    result = db.query(LOOKUP_SQL, {"id": ident, "min_prefix": MIN_PREFIX})
+    keyed = sorted(set(runs.keys.get(ident, {}).values()))
+    result = db.query(LOOKUP_SQL, {"id": ident, "min_prefix": MIN_PREFIX, "keyed": keyed})
     rows = [dict(zip(result.columns, r, strict=True)) for r in result.rows]
     ids = sorted({str(r["execution_id"]) for r in rows if r["execution_id"]})
     own = [eid for eid in runs.rows if eid == ident
            or (len(ident) >= MIN_PREFIX and eid.startswith(ident))]
-    if not rows and not own:
+    if not rows and not own and not keyed:
         raise NotFound(f"no run or request has the id {ident!r} (looked for an execution "
                        "id or its first characters, a request id and an idempotency key)")
     if any(r["request_id"] == ident for r in rows):
         matched = "request id"
     elif ident in ids or ident in runs.rows:
         matched = "execution id"
-    elif any(r["key"] == ident and r["control"] == "idempotency" for r in rows):
+    elif keyed or any(r["key"] == ident and r["control"] == "idempotency" for r in rows):
         matched = "idempotency key"
     else:
         matched = "execution id prefix"
-    ids = sorted({*ids, *own})
+    ids = sorted({*ids, *own, *keyed})
     if matched == "execution id prefix" and len(ids) > 1:
         raise NotFound(f"{ident!r} begins {len(ids)} execution ids ({', '.join(ids[:5])}"
                        f"{', ...' if len(ids) > 5 else ''}): give more of it")

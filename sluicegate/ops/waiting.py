@@ -74,10 +74,15 @@ def _iso(ms: int | None) -> str | None:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _clock(ms: int | None) -> str:
+def _clock(ms: int | None, now_ms: int) -> str:
+    """An instant in UTC, as every sentence and the console give it: the time of day when
+    it is today, with the date when it is not (a debounce may wait seven days)."""
     if ms is None:
         return "an unknown time"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S UTC")
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    if at.date() == datetime.fromtimestamp(now_ms / 1000, UTC).date():
+        return at.strftime("%H:%M:%S UTC")
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _ms(value: Any) -> int | None:
@@ -108,21 +113,21 @@ def limit_of(app: App | None, workflow: str, control: str | None, deferral: str 
 
 
 def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
-        waiting: int, limit: int | None, pause: ControlRow | None) -> str:
-    """The sentence for one waiting start."""
+        waiting: int, limit: int | None, pause: ControlRow | None, now_ms: int) -> str:
+    """The sentence for one waiting start, its instants as `_clock` gives them."""
     on_key = f" on key {key!r}" if key else ""
     if deferral == "debounce":
-        return (f"debounce{on_key} until {_clock(due_at_ms)} (each new start with this key "
+        return (f"debounce{on_key} until {_clock(due_at_ms, now_ms)} (each new start with this key "
                 "moves it on, up to the timeout)")
     if deferral == "batch":
         size = f"/{limit}" if limit is not None else ""
-        return f"batch {waiting}{size}{on_key} until {_clock(due_at_ms)}"
+        return f"batch {waiting}{size}{on_key} until {_clock(due_at_ms, now_ms)}"
     if deferral == "throttle":
         if due_at_ms is None:
             # Ranked by its priority behind more starts than were counted: no slot time
             # was worked out (docs/decisions/queue-position-bound.md).
             return f"throttle{on_key}: its slot comes after those of many starts ahead of it"
-        return f"throttle{on_key}: its slot is at {_clock(due_at_ms)}"
+        return f"throttle{on_key}: its slot is at {_clock(due_at_ms, now_ms)}"
     if deferral == "concurrency":
         behind = f" behind a limit of {limit}" if limit is not None else ""
         return f"concurrency{on_key}: position {rank} of {waiting}{behind}"
@@ -130,18 +135,20 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
         if pause is None or not pause.paused:
             return "paused; the pause was lifted, its starts are draining"
         reason = f" ({pause.reason})" if pause.reason else ""
-        return f"paused since {_clock(pause.at_ms)}{reason}"
+        return f"paused since {_clock(pause.at_ms, now_ms)}{reason}"
     if deferral == "delayed":
-        return f"delayed until {_clock(due_at_ms)} (its `at`)"
+        return f"delayed until {_clock(due_at_ms, now_ms)} (its `at`)"
     return f"queued by {deferral or 'an unknown control'}{on_key}"
 
 
 def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
                    app: App | None = None, deployment_cap: int = 0,
                    workflow: str | None = None, key: str | None = None,
-                   limit: int = 500) -> list[Waiting]:
+                   limit: int = 500, now_ms: int | None = None) -> list[Waiting]:
     """The starts waiting now (at most `limit`), by workflow, key and control, oldest
-    first."""
+    first; `now_ms` (default: the clock's) is what "today" is in their sentences."""
+    if now_ms is None:
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
     result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit})
     out = []
     for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
@@ -153,7 +160,8 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
             requested_at_ms=_ms(requested_at) or 0, due_at_ms=due,
             position=None if position is None else int(position), rank=int(rank),
             waiting=int(count), limit=cap,
-            why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf))
+            why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf),
+                    now_ms)
             + _paused_after(deferral, control_rows.get(wf))))
     return out
 

@@ -69,6 +69,26 @@ def test_a_bootstrap_that_is_not_host_port_is_a_usage_error_before_any_client(
     assert ran.seconds < DEADLINE_S
 
 
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("SLUICEGATE_PARTITIONS", "abc",
+     "error: SLUICEGATE_PARTITIONS='abc': it takes a whole number from 1 to 10000"),
+    ("SLUICEGATE_COMMIT_INTERVAL_MS", "60000",
+     "error: SLUICEGATE_COMMIT_INTERVAL_MS='60000': it takes a whole number from 1 to 7500"),
+    ("SLUICEGATE_KAFKA_SESSION_TIMEOUT_MS", "45000",
+     "error: SLUICEGATE_KAFKA_SESSION_TIMEOUT_MS=45000: sluicegate sets session.timeout.ms"
+     " itself"),
+])
+@pytest.mark.parametrize("command", ["topics create", "worker"])
+def test_a_setting_sluicegate_does_not_take_is_one_line_naming_the_variable(
+        command: str, variable: str, value: str, says: str, tmp_path: Path) -> None:
+    ran = sluicegate(*COMMANDS.get(command, WORKER), bootstrap="127.0.0.1:1",
+                     state_dir=tmp_path / "s", env={variable: value}, timeout=30)
+    assert ran.code == 2
+    assert "Traceback" not in ran.stderr
+    (line,) = ran.error_lines
+    assert line.startswith(says)
+
+
 def test_timeout_sets_how_long_to_wait_for_the_broker(tmp_path: Path) -> None:
     ran = sluicegate("--timeout", "0.5", "workflows", "flow", bootstrap="127.0.0.1:1",
                      state_dir=tmp_path / "s", timeout=30)

@@ -90,6 +90,7 @@ def test_runs_show_finds_a_run_by_execution_id_or_request_id_as_http_does(
     (run,) = doc["runs"]
     assert (run["status"], run["slots"]) == ("running", [{"stage": "concurrency",
                                                           "key": "acme"}])
+    assert run["payload"] == {"rowId": "r1"}  # the JSON object, not a string of it
 
     text = _sluicegate(settings, "runs", "show", "edit-1", "--db", db)
     assert text.returncode == 0, text.stderr

@@ -3,9 +3,16 @@ its ids, and the checks the inspect server makes before it changes anything."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel
 
+import sluicegate.ops
 from sluicegate.config import Settings
 from sluicegate.declare import App, Batch, Concurrency, Workflow
 from sluicegate.ops.inspect import (
@@ -91,7 +98,8 @@ def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None
     ])
     pause = ControlRow(workflow="report", paused=True, at_ms=T0 - 60 * S,
                        reason="deploying a fix", by="ana")
-    why = {w.request_id: w for w in waiting_starts(db, {"report": pause}, app=APP)}
+    why = {w.request_id: w for w in waiting_starts(db, {"report": pause}, app=APP,
+                                                   now_ms=T0)}
 
     assert set(why) == {"a2", "a3", "g1", "d1", "t1", "t2", "b1", "b2", "p1", "l1"}
     assert why["a2"].why == "concurrency on key 'acme': position 1 of 2 behind a limit of 2"
@@ -102,9 +110,20 @@ def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None
     assert why["t2"].why == ("throttle on key 'u9': its slot comes after those of many "
                              "starts ahead of it")
     assert why["b2"].why == "batch 2/10 on key 'p1' until 00:00:30 UTC"
-    assert why["p1"].why == "paused since 23:59:00 UTC (deploying a fix)"
+    # Not today: with its date.
+    assert why["p1"].why == "paused since 2025-12-31 23:59:00 UTC (deploying a fix)"
     assert why["l1"].why == "delayed until 01:00:00 UTC (its `at`)"
     assert why["d1"].to_json()["due_at"] == "2026-01-01T00:15:00.000Z"
+
+
+def test_an_instant_that_is_not_today_is_given_with_its_date_and_zone() -> None:
+    db = LedgerDb(":memory:")
+    week = 7 * 24 * 3600 * S
+    fill(db, [queued("d1", T0, "tourNarration", "debounce", "tour:r1", due_at_ms=T0 + week)])
+    (today,) = waiting_starts(db, {}, now_ms=T0 + week)
+    assert today.why.startswith("debounce on key 'tour:r1' until 00:00:00 UTC ")
+    (later,) = waiting_starts(db, {}, now_ms=T0)
+    assert later.why.startswith("debounce on key 'tour:r1' until 2026-01-08 00:00:00 UTC ")
 
 
 def test_a_start_held_by_a_control_of_a_paused_workflow_says_the_pause_comes_next() -> None:
@@ -196,10 +215,52 @@ def test_a_run_is_found_by_any_of_its_ids_with_its_whole_history(ident: str,
     assert run["status"] == "completed"
     assert [c["status"] for c in run["changes"]] == ["admitted", "completed"]
     assert run["slots"] == [{"stage": "concurrency", "key": "acme"}]
-    assert run["payload"] == '{"rowId": "r1"}'
+    assert run["payload"] == {"rowId": "r1"}  # the object, not its JSON text
+    assert run["payload_note"] is None
     shown = text(doc)
     assert f"run {RUN.execution_id}  tourNarration  completed" in shown
     assert "collapsed" in shown and "superseded by a later start" in shown
+
+
+class Edit(BaseModel):
+    rowId: str
+    text: str
+
+
+def test_a_run_is_found_by_its_idempotency_key_from_its_first_start_on() -> None:
+    """The key names the run before any repeat answered `existing` (issue 36, point 10):
+    here a debounce is the last control, so no ledger row of the run carries the key."""
+    from sluicegate.declare import Debounce, Idempotency
+    from sluicegate.testing import TestDriver
+
+    app = App([Workflow(name="narrate", payload=Edit, idempotency=Idempotency(key="'k:' + rowId"),
+                        debounce=Debounce(key="rowId", period="1 minute"))])
+    with TestDriver(app) as driver:
+        driver.start("narrate", {"rowId": "r1", "text": "first"})
+        driver.advance(120_000)
+        driver.commit()
+        (admitted,) = driver.admitted
+        assert [r.control for r in driver.ledger] == ["debounce", "debounce"]
+        db = LedgerDb(":memory:")
+        fill(db, driver.ledger)
+        runs = RunsIndex(Settings())
+        for written in driver.sent(driver.topics.runs):
+            runs._apply(written.key, written.value)
+        for written in driver.sent(driver.topics.changelog("identity")):
+            runs._apply_key(written.key, written.value)
+    doc = lookup(db, runs, "k:r1")
+    assert doc["matched"] == "idempotency key"
+    assert doc["execution_ids"] == [admitted.execution_id]
+    assert [r["outcome"] for r in doc["ledger"]] == ["queued", "admitted"]
+    assert [r["execution_id"] for r in doc["runs"]] == [admitted.execution_id]
+
+
+def test_a_sealed_payload_is_null_in_json_with_a_note_saying_what_it_is() -> None:
+    from sluicegate.ops.runs import run_json
+
+    doc = run_json(dataclasses.replace(RUN, payload=b"sg1:k1:gAAAAA"), [])
+    assert doc["payload"] is None
+    assert doc["payload_note"] == "(13 bytes, not JSON: sealed, or another encoding)"
 
 
 def test_an_unknown_id_or_an_ambiguous_prefix_is_not_found() -> None:
@@ -294,3 +355,37 @@ def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
     # The chart's hour begins 59 minutes before the minute the overview was made in.
     assert doc["since_ms"] in (minute - 59 * 60_000, minute - 58 * 60_000)
     assert stock["counts"]["admitted"] == 0 and stock["per_minute"] == []
+
+
+# -- one time zone ----------------------------------------------------------------------
+
+CONSOLE_JS = Path(sluicegate.ops.__file__).parent / "dashboard" / "console.js"
+
+
+def test_the_console_shows_every_time_in_utc_never_in_local_time() -> None:
+    script = CONSOLE_JS.read_text(encoding="utf-8")
+    assert "toLocale" not in script and "getHours" not in script
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the console's code")
+def test_the_console_gives_the_date_of_a_time_that_is_not_today() -> None:
+    script = CONSOLE_JS.read_text(encoding="utf-8")
+    utc = re.search(r"^function utc\(ms\) \{\n.*?^\}\n", script, re.S | re.M)
+    assert utc is not None, "console.js formats times with utc(ms)"
+    code = utc.group(0) + "console.log(utc(0)); console.log(utc(Date.now()));"
+    done = subprocess.run(["node", "-e", code], capture_output=True, text=True, check=True,
+                          timeout=30)
+    long_ago, now = done.stdout.splitlines()
+    assert long_ago == "1970-01-01 00:00:00 UTC"
+    assert re.fullmatch(r"\d\d:\d\d:\d\d UTC", now)
+
+
+def test_the_demo_and_the_tail_print_utc() -> None:
+    from rich.console import Console
+
+    from sluicegate.ops.demo import _print
+
+    console = Console(record=True, width=200)
+    _print(console, LedgerRecord(request_id="r", workflow="w", outcome=Outcome.admitted,
+                                 requested_at_ms=T0, decided_at_ms=T0 + 5 * S))
+    assert console.export_text().startswith("00:00:05 admitted")

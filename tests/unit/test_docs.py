@@ -74,3 +74,13 @@ def test_the_readme_testing_example_runs() -> None:
     assert len(tests) == 1
     for test in tests:
         test()
+
+
+def test_the_readme_names_the_options_users_looked_for_there() -> None:
+    """Issue 36, point 10: debounce's `events=`, `max_events` and `max_bytes`, and that a
+    workflow declaring several throttles names no throttle pool."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    declaring = readme.split("## Declaring flow control", 1)[1].split("\n## ", 1)[0]
+    for option in ("events=", "max_events", "max_bytes"):
+        assert option in declaring
+    assert re.search(r"several throttles names no\s+throttle pool", declaring)

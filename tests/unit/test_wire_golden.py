@@ -86,3 +86,73 @@ def test_the_golden_sealed_payload_opens_with_its_key_to_the_json_it_sealed() ->
     assert sealed["sealed"].startswith("sg1:golden:")
     keys = Keyring.parse(sealed["encryption_keys"])
     assert keys.open(sealed["sealed"].encode()) == sealed["opened"].encode()
+
+
+# -- the golden examples are what a worker writes today (issue 36, point 4) --------------
+
+
+@pytest.fixture(scope="module")
+def live() -> dict[str, Any]:
+    from tests.unit.golden_scenario import records
+
+    return records()
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e["type"] for e in EXAMPLES])
+def test_a_golden_example_is_what_a_worker_writes_today(
+        example: dict[str, Any], live: dict[str, Any]) -> None:
+    written = live[example["type"]]
+    assert record_of(example) == written, (
+        f"a worker now writes {written!r}; if that change is meant, write the golden file "
+        "again (python -m tests.unit.golden_scenario --write) and say so in the release")
+
+
+def test_a_bulk_cancel_is_named_after_its_operation_and_run(live: dict[str, Any]) -> None:
+    command = live["io.sluicegate.EngineCommand"]
+    operation = live["io.sluicegate.RunOperation"]
+    assert command.command_id == (
+        f"bulk-cancel:{operation.operation}:{operation.execution_id}")
+    golden = next(e for e in EXAMPLES if e["type"] == "io.sluicegate.EngineCommand")
+    assert golden["value"]["command_id"] == command.command_id
+
+
+# -- the canonical forms and the murmur2 vectors the doc publishes -----------------------
+
+CANONICAL_PAGE = ROOT / "docs" / "wire-format" / "canonical-forms.md"
+
+
+def test_the_canonical_forms_page_is_current() -> None:
+    from sluicegate.schemas.canonical import markdown
+
+    assert CANONICAL_PAGE.read_text(encoding="utf-8") == markdown(), (
+        "regenerate it: python -m sluicegate.schemas.canonical > "
+        "docs/wire-format/canonical-forms.md")
+
+
+def test_the_canonical_forms_page_gives_each_type_the_text_its_fingerprint_is_of() -> None:
+    page = CANONICAL_PAGE.read_text(encoding="utf-8")
+    sections = re.findall(r"^## `(io\.sluicegate\.\w+)`\n\nframe bytes `([0-9a-f]{16})`.*?"
+                          r"```json\n(.*?)\n```", page, flags=re.M | re.S)
+    assert sorted(name for name, _, _ in sections) == sorted(
+        rs.full_name for rs in RECORD_TYPES.values())
+    for _name, frame, form in sections:
+        assert codec.schema_fingerprint(form).hex() == frame
+        assert "logicalType" not in form and "namespace" not in form
+
+
+def murmur2_vectors_in_doc() -> list[tuple[bytes, int, int, int]]:
+    section = DOC.read_text(encoding="utf-8").split("**murmur2 test vectors.**", 1)[1]
+    rows = re.findall(r"^\| [^|]+ \| `([0-9a-f]*)` \| (-?\d+) \| (\d+) \| (\d+) \|$",
+                      section.split("\n\n", 2)[1], flags=re.M)
+    return [(bytes.fromhex(h), int(m), int(p6), int(p12)) for h, m, p6, p12 in rows]
+
+
+def test_the_docs_murmur2_vectors_are_what_sluicegate_computes() -> None:
+    from sluicegate.schemas.murmur2 import murmur2, partition_for, python_murmur2
+
+    vectors = murmur2_vectors_in_doc()
+    assert len(vectors) >= 10
+    assert {len(key) % 4 for key, *_ in vectors} == {0, 1, 2, 3}
+    for key, hashed, of6, of12 in vectors:
+        assert murmur2(key) == python_murmur2(key) == hashed, key
+        assert (partition_for(key, 6), partition_for(key, 12)) == (of6, of12), key

@@ -51,7 +51,12 @@ from sluicegate.schemas.records import (
     Slot,
     StartRequest,
 )
-from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
+from sluicegate.topology.keys import (
+    ControlKey,
+    execution_id_for,
+    identity_key,
+    identity_store_key,
+)
 
 NAME = "identity"
 _EXPIRE = b"X"
@@ -74,6 +79,22 @@ class IdentityRow:
     def decode(cls, raw: bytes) -> IdentityRow:
         execution_id, request_id, expires = raw.decode().split("\x1f")
         return cls(execution_id, request_id, int(expires) if expires else None)
+
+
+def spent_key_row(store_key: bytes, value: bytes | None) -> tuple[str, str, str | None] | None:
+    """A record of the identity store's changelog read as (workflow, idempotency key,
+    the execution id it names, or None once the key is gone), or None for the store's
+    other rows (timers, delayed starts, the declarations' digest). What `runs show KEY`
+    finds a run by before any repeat answered `existing` (docs/decisions/run-lookup.md)."""
+    if not store_key.startswith(STATE_PREFIX) or store_key == DECLARED_ROW:
+        return None
+    key = ControlKey.parse(store_key[len(STATE_PREFIX):])
+    if value is None:
+        return key.budget, key.text, None
+    try:
+        return key.budget, key.text, IdentityRow.decode(value).execution_id
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,9 +84,18 @@ function runLink(id, label) {
   return a;
 }
 
+// Every time the console shows is UTC, as the command line's and the why-sentences' are
+// (docs/decisions/times-in-utc.md): the time of day, with the date when it is not today.
+function utc(ms) {
+  const iso = new Date(ms).toISOString();
+  const day = iso.slice(0, 10);
+  const today = new Date().toISOString().slice(0, 10);
+  return (day === today ? "" : day + " ") + iso.slice(11, 19) + " UTC";
+}
+
 function when(iso) {
   if (!iso) return "";
-  return new Date(iso).toLocaleTimeString();
+  return utc(Date.parse(iso));
 }
 
 function chart(perMinute, sinceMs) {
@@ -117,7 +126,7 @@ function chart(perMinute, sinceMs) {
     }
   }
   const title = document.createElementNS(ns, "title");
-  title.textContent = perMinute.map((m) => new Date(m.minute_ms).toLocaleTimeString() + ": " +
+  title.textContent = perMinute.map((m) => utc(m.minute_ms) + ": " +
       OUTCOMES.filter((o) => m[o]).map((o) => o + " " + m[o]).join(", ")).join("\n");
   svg.appendChild(title);
   return svg;
@@ -173,7 +182,7 @@ function renderOverview(doc) {
     tr.dataset.workflow = wf.workflow;
     if (wf.pause) {
       tr.querySelector("td.state").title = (wf.paused ? "paused" : "unpaused") + " at " +
-          new Date(wf.pause.at_ms).toLocaleString() + (wf.pause.by ? " by " + wf.pause.by : "");
+          utc(wf.pause.at_ms) + (wf.pause.by ? " by " + wf.pause.by : "");
     }
     body.appendChild(tr);
   }
@@ -229,7 +238,8 @@ async function lookup(id) {
                           ["reason", run.last_reason], ["retries spent", run.retries_spent],
                           ["engine run id", run.run_id],
                           ["slots", run.slots.map((s) => s.stage + " " + JSON.stringify(s.key)).join(", ")],
-                          ["payload", run.payload]]) {
+                          ["payload", run.payload === null ? run.payload_note
+                                                           : JSON.stringify(run.payload)]]) {
       if (v === null || v === undefined || v === "") continue;
       const tr = row([k, v], ["", "text"]);
       tr.dataset.field = k;
@@ -407,7 +417,7 @@ async function refresh() {
       await call("GET", "/inspect/overview");  // the status line still says what is up
     }
     $("status").className = "";
-    $("status").textContent = "Updated " + new Date().toLocaleTimeString() +
+    $("status").textContent = "Updated " + utc(Date.now()) +
         "; refreshed every " + REFRESH_MS / 1000 + " s.";
   } catch (e) {
     $("status").className = "error";
