@@ -168,6 +168,11 @@ VARIABLES: tuple[Variable, ...] = (
              "A record (or timer) whose processing failed this many times is not processed "
              "again: it is dead-lettered with its reason and the partition moves on "
              "(docs/decisions/runtime-faults.md). 1 means no retry.", "Worker"),
+    Variable("min_free_bytes", Whole(0), str(16 * 1024 * 1024),
+             "A cycle does not commit with less free space than this under the state "
+             "directory: it is aborted and read again, with one ERROR line, until there is "
+             "room (a store's memtable flush alone can take tens of MiB; "
+             "docs/decisions/runtime-faults.md). 0 turns the check off.", "Worker"),
     Variable("call_timeout_ms", Whole(100, 600_000), "5000",
              "The timeout given to each of the producer's transactional calls "
              "(`init_transactions`, `send_offsets_to_transaction`, `commit_transaction`, "
@@ -309,6 +314,7 @@ class Settings:
     restore_step_ms: int = field(default_factory=partial(_from_env, "restore_step_ms"))
     restore_alone_ms: int = field(default_factory=partial(_from_env, "restore_alone_ms"))
     poison_after: int = field(default_factory=partial(_from_env, "poison_after"))
+    min_free_bytes: int = field(default_factory=partial(_from_env, "min_free_bytes"))
     call_timeout_ms: int = field(default_factory=partial(_from_env, "call_timeout_ms"))
     hang_grace_ms: int = field(default_factory=partial(_from_env, "hang_grace_ms"))
     flush_timeout_ms: int = field(default_factory=partial(_from_env, "flush_timeout_ms"))

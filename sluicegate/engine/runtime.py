@@ -100,9 +100,6 @@ _QUEUE_WAIT_S = 30.0
 _SLICE = 32
 # How long the ends of the in-order inputs are waited for, and then not asked for again.
 _ENDS_TIMEOUT_S = 5.0
-# A cycle does not commit with less free space than this under the state directory: the
-# stores could not write what it committed (a memtable's flush alone can take tens of MiB).
-MIN_FREE_BYTES = 16 * 1024 * 1024
 
 
 def producer_tuning(settings: Settings) -> dict[str, Any]:
@@ -908,10 +905,10 @@ class Worker:
     def _commit(self) -> None:
         started = time.monotonic()
         free = free_bytes(self.settings.state_dir)
-        if free < MIN_FREE_BYTES:
+        if free < self.settings.min_free_bytes:
             # Never commit what the stores may not be able to write.
-            raise StoreUnwritable(self.settings.state_dir,
-                                  f"less than {format_bytes(MIN_FREE_BYTES)} free")
+            raise StoreUnwritable(self.settings.state_dir, f"less than "
+                                  f"{format_bytes(self.settings.min_free_bytes)} free")
         if self._handoffs:
             self._hand_over_queued()
         for tp, catching in self._catching.items():
@@ -1141,7 +1138,7 @@ class Worker:
         """A restored task's first work, in a transaction, so a stage can act on what it
         finds (fail the starts of a workflow that is no longer declared, say), and catch
         up with the global tables. A stage hook that raises fails it as a record fails a
-        cycle (`RecordFailed`); one that fails `POISON_AFTER` times is skipped, said in one
+        cycle (`RecordFailed`); one that fails `poison_after` times is skipped, said in one
         ERROR line, so a deterministic failure does not keep the partition from joining."""
         self._begin()
         self._unit = None
@@ -1156,7 +1153,7 @@ class Worker:
                               partial(_tell_rows, task.states[name], table.name, rows)))
         for unit, hook in hooks:
             failed = self._join_failures.get(unit)
-            if failed is not None and failed[0] >= POISON_AFTER:
+            if failed is not None and failed[0] >= self.settings.poison_after:
                 log.error("%s failed on %s of partition %d %d times (%s): skipped, the "
                           "partition joins without it", unit[0], unit[1], partition,
                           failed[0], failed[1])
