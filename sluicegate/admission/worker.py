@@ -11,6 +11,8 @@ from sluicegate.engine.clock import Clock
 
 class Worker(runtime.Worker):
     @classmethod
-    def for_app(cls, app: App, settings: Settings, clock: Clock | None = None) -> Worker:
+    def for_app(cls, app: App, settings: Settings, clock: Clock | None = None,
+                leave_on_stop: bool = False) -> Worker:
         """A worker running every stage for `app`'s declarations."""
-        return cls(build_pipeline(app, settings).topology, settings, clock=clock)
+        return cls(build_pipeline(app, settings).topology, settings, clock=clock,
+                   leave_on_stop=leave_on_stop)

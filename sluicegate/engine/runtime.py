@@ -100,6 +100,8 @@ _QUEUE_WAIT_S = 30.0
 _SLICE = 32
 # How long the ends of the in-order inputs are waited for, and then not asked for again.
 _ENDS_TIMEOUT_S = 5.0
+# What `_last_trouble` holds while the broker refuses this worker's timestamps.
+_CLOCK_REFUSED = "INVALID_TIMESTAMP"
 
 
 def producer_tuning(settings: Settings) -> dict[str, Any]:
@@ -199,9 +201,15 @@ class Worker:
         topology: Topology,
         settings: Settings,
         clock: Clock | None = None,
+        leave_on_stop: bool = False,
     ) -> None:
+        """`leave_on_stop`: a worker that is not coming back (a scale-down, the old half of
+        a rolling upgrade onto new directories) joins as a dynamic member, which leaves the
+        group when it stops, so its partitions move at once; by default it is a static
+        member, whose partitions wait for it across a restart (docs/operations.md)."""
         self.settings = settings
         self.topology = topology
+        self._leave_on_stop = leave_on_stop
         # What aborts a cycle to read it again as it was, and what of it says nothing
         # against the record being processed.
         self._cycle_errors: tuple[type[Exception], ...] = (
@@ -302,13 +310,15 @@ class Worker:
         return AdminClient(self.settings.client_config(**self._clients.config("admin")))
 
     def _new_consumer(self) -> Consumer:
+        # Static membership: a worker restarted with the same state directory takes its
+        # partitions back at once, without a rebalance of the group; a static member never
+        # leaves the group when it stops (docs/decisions/runtime-faults.md).
+        membership = {} if self._leave_on_stop else {
+            "group.instance.id": f"{self.settings.namespace}worker-{self.worker_id}"}
         return Consumer(self.settings.client_config(**{
             "group.id": self.topology.group,
             "client.id": f"worker-{self.worker_id}",
-            # Static membership: a worker restarted with the same state directory takes
-            # its partitions back at once, without a rebalance of the group
-            # (docs/decisions/runtime-faults.md).
-            "group.instance.id": f"{self.settings.namespace}worker-{self.worker_id}",
+            **membership,
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -493,10 +503,27 @@ class Worker:
         if isinstance(exc, StoreUnwritable):
             self._no_room(exc)
             return
+        error = error_of(exc)
+        if error is not None and error.code() == KafkaError.INVALID_TIMESTAMP:
+            self._clock_refused()
+            return
         said = describe(exc)
         log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
                 "aborting the cycle after: %s", said)
         self._last_trouble = said
+
+    def _clock_refused(self) -> None:
+        """The broker refuses the time this worker's records are stamped with: said in one
+        ERROR line, once until a commit goes through again."""
+        if self._last_trouble == _CLOCK_REFUSED:
+            return
+        self._last_trouble = _CLOCK_REFUSED
+        now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        log.error("the broker refuses the timestamps of this worker's records "
+                  "(INVALID_TIMESTAMP): this machine's clock reads %s, and a topic takes only "
+                  "records stamped within its message.timestamp.after.max.ms (1 h by default) "
+                  "ahead of the broker's clock and message.timestamp.before.max.ms behind it; "
+                  "put the clock right (NTP): no cycle commits until then", now)
 
     def _no_room(self, exc: StoreUnwritable) -> None:
         """The state directory's disk has no room: said in one ERROR line, once until a

@@ -164,6 +164,10 @@ def worker(
         help="Serve Prometheus metrics on this port (/metrics).")] = None,
     metrics_host: Annotated[str, typer.Option(
         help="The address the metrics listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    leave_on_stop: Annotated[bool, typer.Option(
+        help="This worker is not coming back once stopped (a scale-down): leave the group "
+             "when it stops, so its partitions move at once instead of after the session "
+             "timeout.")] = False,
 ) -> None:
     """Run every stage for the declarations in MODULE until SIGTERM/SIGINT."""
     from sluicegate.ops.worker import run_worker
@@ -186,7 +190,7 @@ def worker(
     with contextlib.suppress(KafkaUnreachable):
         require_broker(settings, 1.5)
     run_worker(app_spec, settings, stop=stop, metrics_port=metrics_port,
-               metrics_host=metrics_host)
+               metrics_host=metrics_host, leave_on_stop=leave_on_stop)
 
 
 @app.command("demo")

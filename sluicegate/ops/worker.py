@@ -89,9 +89,10 @@ def stop_on_signals(stop: threading.Event) -> None:
 
 def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None = None,
                metrics_port: int | None = None,
-               metrics_host: str = "127.0.0.1") -> Worker | None:
-    """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then leave the group.
-    None: told to stop before it started (nothing was read or written)."""
+               metrics_host: str = "127.0.0.1", leave_on_stop: bool = False) -> Worker | None:
+    """Run until SIGTERM/SIGINT (or `stop`): commit what is done, then give the partitions
+    back (at once with `leave_on_stop`, else when the session times out unless this worker
+    is back by then). None: told to stop before it started (nothing was read or written)."""
     stop = stop or threading.Event()
     stop_on_signals(stop)
     warn_without_speedups()
@@ -100,7 +101,7 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     if stop.is_set():
         log.info("stopped before it started")
         return None
-    worker = Worker.for_app(app, settings, clock=clock_from_env())
+    worker = Worker.for_app(app, settings, clock=clock_from_env(), leave_on_stop=leave_on_stop)
     settle_garbage_collector()
     if metrics_port is not None:
         from sluicegate.ops.metrics import serve_worker_metrics

@@ -101,10 +101,13 @@ def settings_env(settings: Settings, state_dir: Path, **extra: str) -> dict[str,
 class WorkerProcess:
     """`sluicegate worker` in its own process, so a test can kill -9 it."""
 
-    def __init__(self, settings: Settings, app_spec: str, state_dir: Path, **env: str) -> None:
+    def __init__(self, settings: Settings, app_spec: str, state_dir: Path, *args: str,
+                 **env: str) -> None:
+        """`args`: more options of `sluicegate worker`; `env`: more of its environment."""
         self.settings = settings
         self.app_spec = app_spec
         self.state_dir = state_dir
+        self.args = args
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state_dir.parent / f"{state_dir.name}.log"
@@ -114,7 +117,7 @@ class WorkerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluicegate", "worker", "--app", self.app_spec,
-                 "--log-level", self.env.get("LOG_LEVEL", "INFO")],
+                 "--log-level", self.env.get("LOG_LEVEL", "INFO"), *self.args],
                 cwd=ROOT, env=settings_env(self.settings, self.state_dir, **self.env),
                 stdout=log, stderr=subprocess.STDOUT)
         return self

@@ -194,7 +194,7 @@ def test_the_worker_command_passes_metrics_host_on(monkeypatch: pytest.MonkeyPat
     assert result.exit_code == 0, result.output
     # Called in-process, the worker gets a stop of its own (sluicegate/ops/signals.py).
     assert isinstance(seen.pop("stop"), threading.Event)
-    assert seen == {"metrics_port": 9, "metrics_host": "127.0.0.1"}
+    assert seen == {"metrics_port": 9, "metrics_host": "127.0.0.1", "leave_on_stop": False}
     assert CliRunner().invoke(cli, [*args, "--metrics-host", "0.0.0.0"]).exit_code == 0
     assert seen["metrics_host"] == "0.0.0.0"
 
