@@ -63,6 +63,7 @@ from sluicegate.engine.transactions import (
     TransactionalProducer,
     describe,
     error_of,
+    is_fatal,
     sleep_unless_stopping,
 )
 from sluicegate.kafkautil import ClientErrors, KafkaUnreachable, require_broker
@@ -1034,6 +1035,7 @@ class Worker:
         self._failed_cycles += 1
         # Whether the broker may have committed it after all.
         uncertain = self._commit_asked
+        began = self._in_txn
         self._in_txn = False
         self._commit_asked = False
         for task in self.tasks.values():
@@ -1056,8 +1058,11 @@ class Worker:
             if partition in self.tasks or partition in self._restoring:
                 self._seek(TopicPartition(topic, partition, offset))
         # A producer replaced here aborts nothing itself: its successor's init fences it,
-        # and the broker aborts what it left open, which was never asked to commit.
-        self._txn.abort(cause)
+        # and the broker aborts what it left open, which was never asked to commit. With
+        # no transaction begun (its begin failed, as a partition joined) there is nothing
+        # to abort, only a fatal producer to replace.
+        if began or is_fatal(cause):
+            self._txn.abort(cause)
         if uncertain:
             self._restore_all()
         if self._failed_cycles > 1:
