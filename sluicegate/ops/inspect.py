@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from sluicegate.declare import App
     from sluicegate.ops.flow import FlowReader, FlowView, WorkflowFlow
+    from sluicegate.ops.metrics import DeadLetterCount, InputOffsets
     from sluicegate.ops.runs import RunsIndex
 
 # Starlette, uvicorn, DuckDB and prometheus_client are imported when the server starts,
@@ -275,6 +276,7 @@ class Sources:
                            "against the declarations)")
         self.lock = threading.Lock()
         self._admin = AdminClient(settings.client_config())
+        self._dead_letters: DeadLetterCount | None = None
         self._down_until = 0.0
         self._down_reason = ""
 
@@ -338,9 +340,25 @@ class Sources:
         except UnknownName as exc:
             raise Refused(404, str(exc)) from None
 
+    def dead_letters(self) -> int:
+        """How many dead letters were written so far (read on from the last call)."""
+        from sluicegate.ops.metrics import DeadLetterCount
+
+        if self._dead_letters is None:
+            self._dead_letters = DeadLetterCount(self.settings)
+        return self._dead_letters(timeout_s=PROBE_S)
+
+    def input_offsets(self) -> list[InputOffsets]:
+        """The workers' group's committed offsets and lag per input partition."""
+        from sluicegate.ops.metrics import input_offsets
+
+        return input_offsets(self._admin, self.settings, timeout_s=PROBE_S)
+
     def close(self) -> None:
         self.reader.close()
         self.runs.close()
+        if self._dead_letters is not None:
+            self._dead_letters.close()
 
 
 # -- the documents ---------------------------------------------------------------------
@@ -467,7 +485,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from sluicegate.ops import runs as runs_mod
-    from sluicegate.ops.metrics import FlowCollector
+    from sluicegate.ops.metrics import FlowCollector, wait_bounds
     from sluicegate.ops.waiting import waiting_starts
 
     registry = CollectorRegistry()
@@ -478,7 +496,10 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         return [(str(w), str(o), int(n)) for w, o, n in rows]
 
     # Collected by `metrics` below, under the lock, as every other request reads.
-    registry.register(FlowCollector(lambda: sources.reader.view(None), decided))
+    registry.register(FlowCollector(
+        lambda: sources.reader.view(None), decided, declared=sources.declared,
+        outcomes=OUTCOMES, bounds=wait_bounds(sources.app),
+        dead_letters=sources.dead_letters, inputs=sources.input_offsets))
 
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer"}
