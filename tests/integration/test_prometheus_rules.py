@@ -105,8 +105,17 @@ class Prometheus:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
+                                     f"targets: {self.targets()}")
             time.sleep(0.2)
+
+    def targets(self) -> list[tuple[str, str, str]]:
+        """Each target's job, health and last scrape error, to say why a wait failed."""
+        try:
+            active = self.api("targets")["activeTargets"]
+        except OSError as exc:
+            return [("", "unreachable", str(exc))]
+        return [(t["labels"]["job"], t["health"], t["lastError"]) for t in active]
 
     def firing(self, alert: str) -> list[dict[str, Any]]:
         return [a for a in self.api("alerts")["alerts"]
@@ -186,7 +195,7 @@ def test_a_dead_letter_fires_its_alert_and_a_full_tenant_shows_at_its_limit(
                               what="acme at its limit")
     assert key["metric"]["workflow"] == "perTenant"
     assert key["metric"]["key"] == "acme"
-    (queued,) = prometheus.until(
+    prometheus.until(
         lambda: prometheus.query('sluicegate_queued{workflow="perTenant"} == 1'),
         what="one perTenant start queued")
     # The decisions recorded per outcome, zero for an outcome not seen yet.
