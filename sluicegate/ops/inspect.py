@@ -340,8 +340,9 @@ class Sources:
         except UnknownName as exc:
             raise Refused(404, str(exc)) from None
 
-    def dead_letters(self) -> int:
-        """How many dead letters were written so far (read on from the last call)."""
+    def dead_letters(self) -> int | None:
+        """How many dead letters were written so far (read on from the last call); None
+        until the count has once reached the end of the topic."""
         from sluicegate.ops.metrics import DeadLetterCount
 
         if self._dead_letters is None:

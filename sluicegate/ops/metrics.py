@@ -147,14 +147,15 @@ class FlowCollector(Collector):
 
     `declared` names the declared workflows, so each has a zero for every outcome before
     its first row of it (a rule on `increase()` sees the first expiry too); `bounds` come
-    from the declarations (`wait_bounds`); `dead_letters` counts the dead letters so far;
+    from the declarations (`wait_bounds`); `dead_letters` counts the dead letters so far
+    (None while it does not know yet: then the metric is left out);
     `inputs` reads the workers' group's offsets from the broker."""
 
     def __init__(self, view: Callable[[], FlowView],
                  decisions: Callable[[], list[tuple[str, str, int]]], *,
                  declared: Iterable[str] = (), outcomes: Iterable[str] = (),
                  bounds: Mapping[str, WaitBounds] | None = None,
-                 dead_letters: Callable[[], int] | None = None,
+                 dead_letters: Callable[[], int | None] | None = None,
                  inputs: Callable[[], list[InputOffsets]] | None = None) -> None:
         self._view = view
         self._decisions = decisions
@@ -168,10 +169,11 @@ class FlowCollector(Collector):
         yield self._decided()
         yield from self._flow()
         yield from self._declared_bounds()
-        if self._dead_letters is not None:
+        dead_letters = self._dead_letters() if self._dead_letters is not None else None
+        if dead_letters is not None:
             dead = CounterMetricFamily("sluicegate_dead_letters", "Records written to the "
                                        "dead-letter topic (bad input, poison records)")
-            dead.add_metric([], self._dead_letters())
+            dead.add_metric([], dead_letters)
             yield dead
         if self._inputs is not None:
             yield from self._input_offsets(self._inputs())
@@ -249,16 +251,21 @@ class FlowCollector(Collector):
 
 class DeadLetterCount:
     """The number of dead letters written so far: a read_committed consumer that counts the
-    dead-letter topic's records from its beginning, then only the new ones at each call."""
+    dead-letter topic's records from its beginning, then only the new ones at each call.
+
+    None until the first count has reached the end of every partition: a counter exported
+    half-way through a long topic, then grown to its whole, would read as dead letters
+    arriving (each restart of the server would fire the alert)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topic = Topics(settings).deadletter
         self.count = 0
+        self.caught_up = False
         self._consumer: Consumer | None = None
         self._at_end: dict[int, bool] = {}
 
-    def __call__(self, timeout_s: float = 5.0) -> int:
+    def __call__(self, timeout_s: float = 5.0) -> int | None:
         consumer = self._consumer or self._open(timeout_s)
         deadline = time.monotonic() + timeout_s
         first = True
@@ -276,7 +283,8 @@ class DeadLetterCount:
                     self._at_end[partition] = True
             if time.monotonic() > deadline:
                 break
-        return self.count
+        self.caught_up = self.caught_up or all(self._at_end.values())
+        return self.count if self.caught_up else None
 
     def _open(self, timeout_s: float) -> Consumer:
         consumer = Consumer(self.settings.client_config(**{

@@ -106,3 +106,11 @@ def test_the_lag_of_an_input_partition_is_its_end_less_the_committed_offset() ->
     assert registry.get_sample_value("sluicegate_workers_committed_offset",
                                      {"topic": "sg.starts", "partition": "0"}) == 10
     assert registry.get_sample_value("sluicegate_dead_letters_total") == 4
+
+
+def test_dead_letters_are_left_out_until_their_count_is_whole() -> None:
+    counts: list[int | None] = [None, 12]
+    registry = _registry(FlowCollector(lambda: FlowView(now_ms=0), lambda: [],
+                                       dead_letters=lambda: counts.pop(0)))
+    assert registry.get_sample_value("sluicegate_dead_letters_total") is None
+    assert registry.get_sample_value("sluicegate_dead_letters_total") == 12
