@@ -384,6 +384,32 @@ FROM ledger WHERE decided_at >= $since AND {_COUNTED}
 GROUP BY ALL ORDER BY ALL
 """
 
+# Per workflow and minute of the last hour: the starts waiting at the minute's end (or now,
+# for the minute under way), and how long the oldest of them had waited then (from when its
+# group began waiting, as the flow view's `waiting=`). A start waits from its first queued
+# row to its first row of any other outcome.
+QUEUE_SERIES_SQL = """
+WITH spans AS (
+    SELECT workflow, request_id,
+           min(decided_at) FILTER (WHERE outcome = 'queued') AS queued_at,
+           min(least(requested_at, decided_at - to_milliseconds(waited_ms)))
+               FILTER (WHERE outcome = 'queued') AS waiting_since,
+           min(decided_at) FILTER (WHERE outcome <> 'queued') AS ended_at
+    FROM ledger
+    WHERE NOT starts_with(request_id, 'run:')
+    GROUP BY ALL
+    HAVING queued_at IS NOT NULL AND (ended_at IS NULL OR ended_at >= $since)
+), instants AS (
+    SELECT minute, least(minute + INTERVAL 1 MINUTE, $now) AS at
+    FROM (SELECT unnest(generate_series($since, $now, INTERVAL 1 MINUTE)) AS minute)
+)
+SELECT s.workflow, epoch_ms(i.minute) AS minute, count(*) AS queued,
+       max(epoch_ms(i.at) - epoch_ms(s.waiting_since)) AS oldest_ms
+FROM spans s JOIN instants i
+  ON s.queued_at <= i.at AND (s.ended_at IS NULL OR s.ended_at > i.at)
+GROUP BY ALL ORDER BY ALL
+"""
+
 DECISIONS_SQL = """
 SELECT decided_at, workflow, outcome, key, execution_id, reason, request_id, deferral
 FROM ledger
@@ -404,7 +430,8 @@ def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
 
 def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
     """Per workflow: decisions by outcome, per minute over the last hour, queued and in
-    flight beside the limit(s), and the pause."""
+    flight beside the limit(s), the queue's depth and oldest wait per minute over the last
+    hour, and the pause."""
     from datetime import UTC, timedelta
 
     from sluicegate.ops.ledger import utc_now
@@ -417,6 +444,12 @@ def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
     series: dict[str, dict[int, dict[str, int]]] = {}
     for wf, minute, outcome, n in db.query(SERIES_SQL, {"since": since}).rows:
         series.setdefault(str(wf), {}).setdefault(int(minute), {})[str(outcome)] = int(n)
+    now = utc_now()
+    queue: dict[str, list[dict[str, int]]] = {}
+    for wf, minute, n, oldest_ms in db.query(QUEUE_SERIES_SQL,
+                                             {"since": since, "now": now}).rows:
+        queue.setdefault(str(wf), []).append({"minute_ms": int(minute), "queued": int(n),
+                                              "oldest_wait_ms": max(0, int(oldest_ms))})
     flows = {w.workflow: w for w in view.workflows}
     names = sorted(set(flows) | set(totals) | set(sources.declared))
     out = []
@@ -440,6 +473,7 @@ def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
                 "by": pause.by},
             "per_minute": [{"minute_ms": m, **c} for m, c in sorted(
                 series.get(name, {}).items())],
+            "queue_per_minute": queue.get(name, []),
         })
     return {"now_ms": view.now_ms,
             "since_ms": int(since.replace(tzinfo=UTC).timestamp() * 1000),
