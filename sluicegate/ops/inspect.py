@@ -7,7 +7,8 @@ A Starlette application under uvicorn (docs/decisions/inspect-server.md). Endpoi
 - `GET /inspect/workflows/flow-control[?workflow=W]`: the flow view, as
   `sluicegate workflows flow --format json` prints it.
 - `GET /inspect/overview`: per workflow, decisions by outcome (totals and per minute
-  over the last hour), queued and in flight beside the limit, the pause.
+  over the last hour), queued and in flight beside the limit, the queue's depth and
+  oldest wait per minute over the last hour, the pause.
 - `GET /inspect/waiting[?workflow=W&key=K]`: each waiting start and why
   (sluicegate.ops.waiting).
 - `GET /inspect/runs/<ID>`: a run or request, whole (sluicegate.ops.runs).
