@@ -169,6 +169,14 @@ function queueChart(perMinute, sinceMs) {
   return svg;
 }
 
+function lastHour(wf, sinceMs) {
+  // The decisions' chart above the queue's, in one cell, so the row keeps its width.
+  const box = el("div");
+  box.className = "last-hour";
+  box.append(chart(wf.per_minute, sinceMs), queueChart(wf.queue_per_minute, sinceMs));
+  return box;
+}
+
 // -- tabs -----------------------------------------------------------------------------
 
 function currentTab() {
@@ -211,8 +219,7 @@ function renderOverview(doc) {
         : full ? " (" + (full.key === null ? "(one key)" : full.key) + ": " + full.in_flight +
                  "/" + full.limit + ")" : "";
     const tr = row([wf.workflow, state, ...OUTCOMES.map((o) => wf.counts[o]), wf.queued,
-                    wf.waiting || "", wf.in_flight + limit, chart(wf.per_minute, doc.since_ms),
-                    queueChart(wf.queue_per_minute, doc.since_ms), button],
+                    wf.waiting || "", wf.in_flight + limit, lastHour(wf, doc.since_ms), button],
                    ["", wf.paused ? "text state paused"
                         : wf.declared === false ? "text state undeclared" : "text state",
                     ...OUTCOMES.map((o) => "count-" + o), "queued", "waiting", "inflight"]);
