@@ -1,8 +1,9 @@
 """The alert rules of deploy/prometheus run by a real Prometheus server (Debian's
 `prometheus` binary) scraping a worker's metrics endpoint and the inspect server: a dead
 letter makes SluicegateDeadLetters fire, a tenant at its concurrency limit shows as a key
-at its limit, and the worker's commits and the group's offsets arrive. Every metric the
-server scraped is also checked against the names the rules and the dashboard use."""
+at its limit, the worker's commit time is recorded and the group's offsets arrive. Every
+name the rules and the dashboard read is checked against what the server scraped. And the
+inspect server alone: start requests no worker ever committed on count as lag."""
 
 from __future__ import annotations
 
@@ -212,6 +213,10 @@ def test_a_dead_letter_fires_its_alert_and_a_full_tenant_shows_at_its_limit(
     prometheus.until(lambda: prometheus.query(
         'sluicegate_worker_commits_total{job="sluicegate-worker"} > 0'),
         what="the worker's commits scraped")
+    (p99,) = prometheus.until(lambda: prometheus.query(
+        "instance:sluicegate_worker_commit_seconds:p99_5m >= 0"),
+        what="the worker's commit time recorded")
+    assert float(p99["value"][1]) < 10
     prometheus.until(lambda: prometheus.query(
         f'sum(sluicegate_workers_committed_offset{{topic="{topics.starts}"}}) >= 7'),
         what="the workers' committed offsets on the start requests")
@@ -228,3 +233,33 @@ def test_a_dead_letter_fires_its_alert_and_a_full_tenant_shows_at_its_limit(
                if name.startswith("sluicegate_")}
     used = used_metric_names()
     assert used.exported <= scraped, sorted(used.exported - scraped)
+
+
+def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_start_requests_no_worker_ever_committed_count_as_lag_from_their_first_offset(
+        settings: Settings) -> None:
+    # A worker stuck from its start never commits: its partitions still show what waits.
+    create_topics(settings)
+    topics = Topics(settings)
+    with Client(app=APP, settings=settings, replies=False) as client:
+        for n in range(3):
+            client.submit("perTenant", {"tenant": "acme", "n": n})
+        client.flush()
+    with open_server(settings, port=0, app=APP) as server:
+        samples = _scrape(server.url + "/metrics")
+    lag = {dict(labels)["partition"]: value for (name, labels), value in samples.items()
+           if name == "sluicegate_workers_lag" and dict(labels)["topic"] == topics.starts}
+    assert len(lag) == settings.partitions
+    assert sum(lag.values()) == 3
+    # Nothing dead-lettered yet, and every declared outcome at zero.
+    assert samples[("sluicegate_dead_letters_total", frozenset())] == 0
+    assert samples[("sluicegate_decisions_total",
+                    frozenset({("workflow", "nightlyReport"), ("outcome", "expired")}))] == 0
