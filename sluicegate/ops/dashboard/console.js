@@ -161,10 +161,13 @@ function queueChart(perMinute, sinceMs) {
     line.setAttribute("class", "wait");
     svg.appendChild(line);
   }
+  // Minutes counted back from the one under way: no clock time, so no time zone.
+  const ago = (m) => 59 - Math.floor((m.minute_ms - sinceMs) / 60000);
   const title = document.createElementNS(ns, "title");
   title.textContent = perMinute.length === 0 ? "nothing waited in the last hour"
-    : perMinute.map((m) => new Date(m.minute_ms).toLocaleTimeString() + ": " + m.queued +
-                    " queued, the oldest waiting " + waited(m.oldest_wait_ms)).join("\n");
+    : perMinute.map((m) => (ago(m) === 0 ? "this minute" : ago(m) + " min ago") + ": " +
+                    m.queued + " queued, the oldest waiting " + waited(m.oldest_wait_ms))
+        .join("\n");
   svg.appendChild(title);
   return svg;
 }
