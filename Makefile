@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint unit integration faults clean
+.PHONY: setup demo test lint rules unit integration faults clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,19 @@ lint: setup
 	$(BIN)/ruff check sluicegate tests bench examples
 	$(BIN)/mypy
 
+# The Prometheus rules in deploy/prometheus: their syntax, the example configuration, and
+# their unit tests (promtool, from Debian's `prometheus` package). Without promtool they are
+# skipped with a line saying so, unless SLUICEGATE_REQUIRE_PROMETHEUS is set (.ci/run sets it).
+rules:
+	@if command -v promtool >/dev/null; then set -ex; \
+	  promtool check rules deploy/prometheus/sluicegate.rules.yml; \
+	  promtool check config deploy/prometheus/prometheus.yml; \
+	  promtool test rules deploy/prometheus/sluicegate.rules.test.yml; \
+	else \
+	  echo "promtool not found: the rules are not checked (Debian: apt-get install prometheus)"; \
+	  test -z "$$SLUICEGATE_REQUIRE_PROMETHEUS"; \
+	fi
+
 # In memory, no broker: about a minute.
 unit: setup
 	$(BIN)/pytest tests/unit -q
@@ -29,7 +42,7 @@ unit: setup
 integration: setup
 	$(BIN)/pytest tests/integration tests/faults -q
 
-test: lint
+test: lint rules
 	$(BIN)/pytest -q
 
 # The fault suite (tests/faults, part of `make test`) with ten times the traffic and faults.

@@ -7,7 +7,8 @@ A Starlette application under uvicorn (docs/decisions/inspect-server.md). Endpoi
 - `GET /inspect/workflows/flow-control[?workflow=W]`: the flow view, as
   `sluicegate workflows flow --format json` prints it.
 - `GET /inspect/overview`: per workflow, decisions by outcome (totals and per minute
-  over the last hour), queued and in flight beside the limit, the pause.
+  over the last hour), queued and in flight beside the limit, the queue's depth and
+  oldest wait per minute over the last hour, the pause.
 - `GET /inspect/waiting[?workflow=W&key=K]`: each waiting start and why
   (sluicegate.ops.waiting).
 - `GET /inspect/runs/<ID>`: a run or request, whole (sluicegate.ops.runs).
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
     from sluicegate.declare import App
     from sluicegate.ops.flow import FlowReader, FlowView, WorkflowFlow
+    from sluicegate.ops.metrics import DeadLetterCount, InputOffsets
     from sluicegate.ops.runs import RunsIndex
 
 # Starlette, uvicorn, DuckDB and prometheus_client are imported when the server starts,
@@ -275,6 +277,7 @@ class Sources:
                            "against the declarations)")
         self.lock = threading.Lock()
         self._admin = AdminClient(settings.client_config())
+        self._dead_letters: DeadLetterCount | None = None
         self._down_until = 0.0
         self._down_reason = ""
 
@@ -338,9 +341,26 @@ class Sources:
         except UnknownName as exc:
             raise Refused(404, str(exc)) from None
 
+    def dead_letters(self) -> int | None:
+        """How many dead letters were written so far (read on from the last call); None
+        until the count has once reached the end of the topic."""
+        from sluicegate.ops.metrics import DeadLetterCount
+
+        if self._dead_letters is None:
+            self._dead_letters = DeadLetterCount(self.settings)
+        return self._dead_letters(timeout_s=PROBE_S)
+
+    def input_offsets(self) -> list[InputOffsets]:
+        """The workers' group's committed offsets and lag per input partition."""
+        from sluicegate.ops.metrics import input_offsets
+
+        return input_offsets(self._admin, self.settings, timeout_s=PROBE_S)
+
     def close(self) -> None:
         self.reader.close()
         self.runs.close()
+        if self._dead_letters is not None:
+            self._dead_letters.close()
 
 
 # -- the documents ---------------------------------------------------------------------
@@ -365,6 +385,32 @@ FROM ledger WHERE decided_at >= $since AND {_COUNTED}
 GROUP BY ALL ORDER BY ALL
 """
 
+# Per workflow and minute of the last hour: the starts waiting at the minute's end (or now,
+# for the minute under way), and how long the oldest of them had waited then (from when its
+# group began waiting, as the flow view's `waiting=`). A start waits from its first queued
+# row to its first row of any other outcome.
+QUEUE_SERIES_SQL = """
+WITH spans AS (
+    SELECT workflow, request_id,
+           min(decided_at) FILTER (WHERE outcome = 'queued') AS queued_at,
+           min(least(requested_at, decided_at - to_milliseconds(waited_ms)))
+               FILTER (WHERE outcome = 'queued') AS waiting_since,
+           min(decided_at) FILTER (WHERE outcome <> 'queued') AS ended_at
+    FROM ledger
+    WHERE NOT starts_with(request_id, 'run:')
+    GROUP BY ALL
+    HAVING queued_at IS NOT NULL AND (ended_at IS NULL OR ended_at >= $since)
+), instants AS (
+    SELECT minute, least(minute + INTERVAL 1 MINUTE, $now) AS at
+    FROM (SELECT unnest(generate_series($since, $now, INTERVAL 1 MINUTE)) AS minute)
+)
+SELECT s.workflow, epoch_ms(i.minute) AS minute, count(*) AS queued,
+       max(epoch_ms(i.at) - epoch_ms(s.waiting_since)) AS oldest_ms
+FROM spans s JOIN instants i
+  ON s.queued_at <= i.at AND (s.ended_at IS NULL OR s.ended_at > i.at)
+GROUP BY ALL ORDER BY ALL
+"""
+
 DECISIONS_SQL = """
 SELECT decided_at, workflow, outcome, key, execution_id, reason, request_id, deferral
 FROM ledger
@@ -385,7 +431,8 @@ def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
 
 def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
     """Per workflow: decisions by outcome, per minute over the last hour, queued and in
-    flight beside the limit(s), and the pause."""
+    flight beside the limit(s), the queue's depth and oldest wait per minute over the last
+    hour, and the pause."""
     from datetime import UTC, timedelta
 
     from sluicegate.ops.ledger import utc_now
@@ -398,6 +445,12 @@ def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
     series: dict[str, dict[int, dict[str, int]]] = {}
     for wf, minute, outcome, n in db.query(SERIES_SQL, {"since": since}).rows:
         series.setdefault(str(wf), {}).setdefault(int(minute), {})[str(outcome)] = int(n)
+    now = utc_now()
+    queue: dict[str, list[dict[str, int]]] = {}
+    for wf, minute, n, oldest_ms in db.query(QUEUE_SERIES_SQL,
+                                             {"since": since, "now": now}).rows:
+        queue.setdefault(str(wf), []).append({"minute_ms": int(minute), "queued": int(n),
+                                              "oldest_wait_ms": max(0, int(oldest_ms))})
     flows = {w.workflow: w for w in view.workflows}
     names = sorted(set(flows) | set(totals) | set(sources.declared))
     out = []
@@ -421,6 +474,7 @@ def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
                 "by": pause.by},
             "per_minute": [{"minute_ms": m, **c} for m, c in sorted(
                 series.get(name, {}).items())],
+            "queue_per_minute": queue.get(name, []),
         })
     return {"now_ms": view.now_ms,
             "since_ms": int(since.replace(tzinfo=UTC).timestamp() * 1000),
@@ -467,7 +521,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from sluicegate.ops import runs as runs_mod
-    from sluicegate.ops.metrics import FlowCollector
+    from sluicegate.ops.metrics import FlowCollector, wait_bounds
     from sluicegate.ops.waiting import waiting_starts
 
     registry = CollectorRegistry()
@@ -478,7 +532,10 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         return [(str(w), str(o), int(n)) for w, o, n in rows]
 
     # Collected by `metrics` below, under the lock, as every other request reads.
-    registry.register(FlowCollector(lambda: sources.reader.view(None), decided))
+    registry.register(FlowCollector(
+        lambda: sources.reader.view(None), decided, declared=sources.declared,
+        outcomes=OUTCOMES, bounds=wait_bounds(sources.app),
+        dead_letters=sources.dead_letters, inputs=sources.input_offsets))
 
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer"}

@@ -5,7 +5,13 @@
   per commit cycle, never per record, so the loop's hot path is unchanged.
 - `sluicegate inspect serve` (`GET /metrics`) knows the fleet-wide picture it already
   reads for the flow view: decisions by outcome (from the ledger), queue depths, the
-  oldest wait, slots in use and pauses, per workflow. Computed when scraped.
+  oldest wait, slots in use and pauses, per workflow; keys at their limit; with the
+  declarations, the bounds a wait is judged by; dead letters; and how far the workers'
+  group has committed on each input partition, read from the broker, so that a worker
+  that stopped committing shows even when its own endpoint is stale or gone. Computed
+  when scraped.
+
+The alert rules and the dashboard built on these names are in `deploy/` (docs/operations.md).
 
 Each process uses a registry of its own, so two workers in one test process never meet.
 """
@@ -13,16 +19,29 @@ Each process uses a registry of its own, so two workers in one test process neve
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.config import Settings
 from sluicegate.ops.flow import FlowView
+from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:
+    from sluicegate.declare import App
     from sluicegate.engine.runtime import Worker
 
 # Lag needs a call per assigned partition: done at most this often, after a commit.
@@ -78,26 +97,113 @@ def serve_worker_metrics(port: int, addr: str = "127.0.0.1") -> WorkerMetrics:
     return metrics
 
 
+@dataclass(frozen=True, slots=True)
+class WaitBounds:
+    """What a workflow's declarations say about how long a start of it may wait:
+    `timeouts.start`, and the longest period of its deferring controls (a debounce's
+    period, or its timeout when it has one; a batch's timeout; a throttle's period)."""
+
+    start_timeout_s: float | None = None
+    period_s: float | None = None
+
+
+def wait_bounds(app: App | None) -> dict[str, WaitBounds]:
+    """The bounds of every workflow of `app` that has one."""
+    if app is None:
+        return {}
+    bounds = {}
+    for name, wf in app.workflows.items():
+        periods = [t.period_ms for t in wf.throttle]
+        if wf.debounce is not None:
+            periods.append(wf.debounce.timeout_ms or wf.debounce.period_ms)
+        if wf.batch is not None:
+            periods.append(wf.batch.timeout_ms)
+        start_ms = wf.timeouts.start_ms if wf.timeouts is not None else None
+        if start_ms is not None or periods:
+            bounds[name] = WaitBounds(
+                start_timeout_s=None if start_ms is None else start_ms / 1000,
+                period_s=max(periods) / 1000 if periods else None)
+    return bounds
+
+
+@dataclass(frozen=True, slots=True)
+class InputOffsets:
+    """One input partition of the workers' group: the offset the group has committed
+    (the partition's first offset when it never committed there) and the partition's end
+    as a read_committed consumer sees it (the last stable offset)."""
+
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+
+# At most this many keys at their limit are listed per workflow (the count is whole).
+KEYS_AT_LIMIT_LISTED = 20
+
+
 class FlowCollector(Collector):
-    """The inspect server's metrics, computed from a fresh flow view at each scrape."""
+    """The inspect server's metrics, computed from a fresh flow view at each scrape.
+
+    `declared` names the declared workflows, so each has a zero for every outcome before
+    its first row of it (a rule on `increase()` sees the first expiry too); `bounds` come
+    from the declarations (`wait_bounds`); `dead_letters` counts the dead letters so far
+    (None while it does not know yet: then the metric is left out);
+    `inputs` reads the workers' group's offsets from the broker."""
 
     def __init__(self, view: Callable[[], FlowView],
-                 decisions: Callable[[], list[tuple[str, str, int]]]) -> None:
+                 decisions: Callable[[], list[tuple[str, str, int]]], *,
+                 declared: Iterable[str] = (), outcomes: Iterable[str] = (),
+                 bounds: Mapping[str, WaitBounds] | None = None,
+                 dead_letters: Callable[[], int | None] | None = None,
+                 inputs: Callable[[], list[InputOffsets]] | None = None) -> None:
         self._view = view
         self._decisions = decisions
+        self._declared = tuple(declared)
+        self._outcomes = tuple(outcomes)
+        self._bounds = dict(bounds or {})
+        self._dead_letters = dead_letters
+        self._inputs = inputs
 
     def collect(self) -> Iterator[Metric]:
+        yield self._decided()
+        yield from self._flow()
+        yield from self._declared_bounds()
+        dead_letters = self._dead_letters() if self._dead_letters is not None else None
+        if dead_letters is not None:
+            dead = CounterMetricFamily("sluicegate_dead_letters", "Records written to the "
+                                       "dead-letter topic (bad input, poison records)")
+            dead.add_metric([], dead_letters)
+            yield dead
+        if self._inputs is not None:
+            yield from self._input_offsets(self._inputs())
+
+    def _decided(self) -> Metric:
         decided = CounterMetricFamily("sluicegate_decisions", "Ledger rows by workflow and "
                                       "outcome", labels=["workflow", "outcome"])
+        counts = {(w, o): 0 for w in self._declared for o in self._outcomes}
         for workflow, outcome, n in self._decisions():
+            counts[(workflow, outcome)] = n
+        for (workflow, outcome), n in sorted(counts.items()):
             decided.add_metric([workflow, outcome], n)
-        yield decided
+        return decided
+
+    def _flow(self) -> Iterator[Metric]:
         queued = GaugeMetricFamily("sluicegate_queued", "Starts waiting (latest row queued)",
                                    labels=["workflow"])
         oldest = GaugeMetricFamily("sluicegate_oldest_waiting_seconds", "Age of the oldest "
                                    "queued start", labels=["workflow"])
         slots = GaugeMetricFamily("sluicegate_in_flight", "Live runs (per concurrency slot "
                                   "held)", labels=["workflow"])
+        limit = GaugeMetricFamily("sluicegate_concurrency_limit", "The workflow's own unkeyed "
+                                  "concurrency limit (with the declarations)",
+                                  labels=["workflow"])
+        at_limit = GaugeMetricFamily("sluicegate_keys_at_limit", "Keys whose runs in flight "
+                                     "reach their concurrency limit", labels=["workflow"])
+        key_at_limit = GaugeMetricFamily(
+            "sluicegate_key_at_limit", f"1 for a key whose runs in flight reach its "
+            f"concurrency limit (at most {KEYS_AT_LIMIT_LISTED} keys per workflow)",
+            labels=["workflow", "key"])
         paused = GaugeMetricFamily("sluicegate_paused", "1 while the workflow is paused",
                                    labels=["workflow"])
         for wf in self._view().workflows:
@@ -105,5 +211,135 @@ class FlowCollector(Collector):
             queued.add_metric([wf.workflow], total.queued)
             oldest.add_metric([wf.workflow], (total.waiting_ms or 0) / 1000)
             slots.add_metric([wf.workflow], total.in_flight)
+            if wf.limit is not None:
+                limit.add_metric([wf.workflow], wf.limit)
+            full = sorted(k.key or "" for k in wf.keys
+                          if k.limit is not None and k.in_flight >= k.limit)
+            at_limit.add_metric([wf.workflow], len(full))
+            for key in full[:KEYS_AT_LIMIT_LISTED]:
+                key_at_limit.add_metric([wf.workflow, key], 1)
             paused.add_metric([wf.workflow], 1 if wf.paused else 0)
-        yield from (queued, oldest, slots, paused)
+        yield from (queued, oldest, slots, limit, at_limit, key_at_limit, paused)
+
+    def _declared_bounds(self) -> Iterator[Metric]:
+        timeout = GaugeMetricFamily("sluicegate_start_timeout_seconds", "The workflow's "
+                                    "declared timeouts.start", labels=["workflow"])
+        period = GaugeMetricFamily("sluicegate_wait_period_seconds", "The longest period of "
+                                   "the workflow's deferring controls (debounce, batch, "
+                                   "throttle)", labels=["workflow"])
+        for name, bound in sorted(self._bounds.items()):
+            if bound.start_timeout_s is not None:
+                timeout.add_metric([name], bound.start_timeout_s)
+            if bound.period_s is not None:
+                period.add_metric([name], bound.period_s)
+        yield from (timeout, period)
+
+    @staticmethod
+    def _input_offsets(inputs: list[InputOffsets]) -> Iterator[Metric]:
+        committed = GaugeMetricFamily("sluicegate_workers_committed_offset", "The offset the "
+                                      "workers' group has committed, per input partition",
+                                      labels=["topic", "partition"])
+        lag = GaugeMetricFamily("sluicegate_workers_lag", "Records of an input partition the "
+                                "workers' group has not committed yet (as read_committed "
+                                "sees the partition's end)", labels=["topic", "partition"])
+        for tp in inputs:
+            labels = [tp.topic, str(tp.partition)]
+            committed.add_metric(labels, tp.committed)
+            lag.add_metric(labels, max(0, tp.end - tp.committed))
+        yield from (committed, lag)
+
+
+class DeadLetterCount:
+    """The number of dead letters written so far: a read_committed consumer that counts the
+    dead-letter topic's records from its beginning, then only the new ones at each call.
+
+    None until the first count has reached the end of every partition: a counter exported
+    half-way through a long topic, then grown to its whole, would read as dead letters
+    arriving (each restart of the server would fire the alert)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = Topics(settings).deadletter
+        self.count = 0
+        self.caught_up = False
+        self._consumer: Consumer | None = None
+        self._at_end: dict[int, bool] = {}
+
+    def __call__(self, timeout_s: float = 5.0) -> int | None:
+        consumer = self._consumer or self._open(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        first = True
+        while first or not all(self._at_end.values()):
+            first = False
+            for msg in consumer.consume(1000, timeout=0.05):
+                partition = msg.partition()
+                if partition is None:
+                    continue
+                error = msg.error()
+                if error is None:
+                    self.count += 1
+                    self._at_end[partition] = False
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    self._at_end[partition] = True
+            if time.monotonic() > deadline:
+                break
+        self.caught_up = self.caught_up or all(self._at_end.values())
+        return self.count if self.caught_up else None
+
+    def _open(self, timeout_s: float) -> Consumer:
+        consumer = Consumer(self.settings.client_config(**{
+            "group.id": f"{self.settings.namespace}metrics-deadletters",
+            "enable.auto.commit": False, "enable.partition.eof": True,
+            "isolation.level": "read_committed", "fetch.wait.max.ms": 20,
+        }))
+        meta = consumer.list_topics(self.topic, timeout=timeout_s).topics.get(self.topic)
+        partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
+        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+        self._at_end = dict.fromkeys(partitions, False)
+        self._consumer = consumer
+        return consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def input_offsets(admin: AdminClient, settings: Settings,
+                  timeout_s: float = 5.0) -> list[InputOffsets]:
+    """Where the workers' group stands on each of its input partitions: every topic it has
+    committed offsets on, and always `starts` and `run-events`, whose partitions a stuck
+    worker may never have committed on."""
+    topics = Topics(settings)
+    group = ConsumerGroupTopicPartitions(topics.group)
+    done = admin.list_consumer_group_offsets([group], request_timeout=timeout_s)
+    found = done[topics.group].result(timeout=timeout_s).topic_partitions or []
+    committed = {(tp.topic, tp.partition): tp.offset for tp in found
+                 if tp.error is None and tp.offset >= 0}
+    names = {topics.starts, topics.run_events} | {t for t, _ in committed}
+    meta = admin.list_topics(timeout=timeout_s).topics
+    wanted = [TopicPartition(t, p) for t in sorted(names) if t in meta
+              for p in sorted(meta[t].partitions)]
+    if not wanted:
+        return []
+    ends = _offsets(admin, wanted, OffsetSpec.latest(), timeout_s)
+    firsts = _offsets(admin, [tp for tp in wanted
+                              if (tp.topic, tp.partition) not in committed],
+                      OffsetSpec.earliest(), timeout_s)
+    out = []
+    for tp in wanted:
+        at = (tp.topic, tp.partition)
+        out.append(InputOffsets(tp.topic, tp.partition,
+                                committed.get(at, firsts.get(at, 0)), ends[at]))
+    return out
+
+
+def _offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec,
+             timeout_s: float) -> dict[tuple[str, int], int]:
+    if not tps:
+        return {}
+    done = admin.list_offsets({tp: spec for tp in tps},
+                              isolation_level=IsolationLevel.READ_COMMITTED,
+                              request_timeout=timeout_s)
+    return {(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
+            for tp, future in done.items()}

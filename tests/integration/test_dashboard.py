@@ -248,6 +248,10 @@ def _check_overview_and_pause(page: Page, flow: Any) -> None:
     assert page.text("#overview-table tr[data-workflow=nosuchFlow] td.state") == "not declared"
     assert page.text("#overview-table tr[data-workflow=nosuchFlow] td.count-rejected") == "1"
     assert page.js(f"document.querySelectorAll('{row} svg.chart rect').length") > 0
+    # The queue over the last hour: its minute now has the two waiting starts.
+    queue = page.js(f"document.querySelector('{row} svg.queue title').textContent")
+    assert queue.splitlines()[-1].startswith("this minute: 2 queued, the oldest waiting ")
+    assert page.js(f"document.querySelectorAll('{row} svg.queue rect.queued').length") > 0
     page.screenshot("overview")
 
     # A pause without a reason is refused, and the refusal outlives two refreshes.

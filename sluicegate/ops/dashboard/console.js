@@ -132,6 +132,63 @@ function chart(perMinute, sinceMs) {
   return svg;
 }
 
+function waited(ms) {
+  // 2m10s, 1h05m, 45s: the flow view's way of writing a wait.
+  const s = Math.round(ms / 1000);
+  if (s < 60) return s + "s";
+  const m = Math.floor(s / 60);
+  if (m < 60) return m + "m" + String(s % 60).padStart(2, "0") + "s";
+  return Math.floor(m / 60) + "h" + String(m % 60).padStart(2, "0") + "m";
+}
+
+function queueChart(perMinute, sinceMs) {
+  // The queue over the last hour, a bar a minute for its depth and a line for how long its
+  // oldest start had waited, each to its own scale.
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "chart queue");
+  svg.setAttribute("width", "120");
+  svg.setAttribute("height", "24");
+  const depth = Math.max(1, ...perMinute.map((m) => m.queued));
+  const wait = Math.max(1, ...perMinute.map((m) => m.oldest_wait_ms));
+  const points = [];
+  for (const m of perMinute) {
+    const x = Math.floor((m.minute_ms - sinceMs) / 60000) * 2;
+    const h = Math.max(1, Math.round((m.queued / depth) * 24));
+    const r = document.createElementNS(ns, "rect");
+    r.setAttribute("x", String(x));
+    r.setAttribute("y", String(24 - h));
+    r.setAttribute("width", "2");
+    r.setAttribute("height", String(h));
+    r.setAttribute("class", "queued");
+    svg.appendChild(r);
+    points.push((x + 1) + "," + (24 - Math.round((m.oldest_wait_ms / wait) * 23)));
+  }
+  if (points.length > 1) {
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", points.join(" "));
+    line.setAttribute("class", "wait");
+    svg.appendChild(line);
+  }
+  // Minutes counted back from the one under way: no clock time, so no time zone.
+  const ago = (m) => 59 - Math.floor((m.minute_ms - sinceMs) / 60000);
+  const title = document.createElementNS(ns, "title");
+  title.textContent = perMinute.length === 0 ? "nothing waited in the last hour"
+    : perMinute.map((m) => (ago(m) === 0 ? "this minute" : ago(m) + " min ago") + ": " +
+                    m.queued + " queued, the oldest waiting " + waited(m.oldest_wait_ms))
+        .join("\n");
+  svg.appendChild(title);
+  return svg;
+}
+
+function lastHour(wf, sinceMs) {
+  // The decisions' chart above the queue's, in one cell, so the row keeps its width.
+  const box = el("div");
+  box.className = "last-hour";
+  box.append(chart(wf.per_minute, sinceMs), queueChart(wf.queue_per_minute, sinceMs));
+  return box;
+}
+
 // -- tabs -----------------------------------------------------------------------------
 
 function currentTab() {
@@ -174,8 +231,7 @@ function renderOverview(doc) {
         : full ? " (" + (full.key === null ? "(one key)" : full.key) + ": " + full.in_flight +
                  "/" + full.limit + ")" : "";
     const tr = row([wf.workflow, state, ...OUTCOMES.map((o) => wf.counts[o]), wf.queued,
-                    wf.waiting || "", wf.in_flight + limit, chart(wf.per_minute, doc.since_ms),
-                    button],
+                    wf.waiting || "", wf.in_flight + limit, lastHour(wf, doc.since_ms), button],
                    ["", wf.paused ? "text state paused"
                         : wf.declared === false ? "text state undeclared" : "text state",
                     ...OUTCOMES.map((o) => "count-" + o), "queued", "waiting", "inflight"]);

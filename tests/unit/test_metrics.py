@@ -1,0 +1,116 @@
+"""The inspect server's metrics over a flow view, without a broker: what the alert rules in
+deploy/prometheus rely on finding there."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from sluicegate.declare import App, Batch, Concurrency, Debounce, Throttle, Timeouts, Workflow
+from sluicegate.ops.flow import FlowView, KeyFlow, WorkflowFlow
+from sluicegate.ops.inspect import OUTCOMES
+from sluicegate.ops.metrics import (
+    KEYS_AT_LIMIT_LISTED,
+    FlowCollector,
+    InputOffsets,
+    WaitBounds,
+    wait_bounds,
+)
+
+
+class Job(BaseModel):
+    tenant: str
+
+
+def _registry(collector: FlowCollector) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
+
+
+def test_a_declared_workflow_has_a_zero_for_every_outcome_before_its_first_row() -> None:
+    registry = _registry(FlowCollector(lambda: FlowView(now_ms=0),
+                                       lambda: [("tour", "admitted", 3)],
+                                       declared=["tour", "quiet"], outcomes=OUTCOMES))
+    for outcome in OUTCOMES:
+        assert registry.get_sample_value("sluicegate_decisions_total",
+                                         {"workflow": "quiet", "outcome": outcome}) == 0
+    assert registry.get_sample_value("sluicegate_decisions_total",
+                                     {"workflow": "tour", "outcome": "admitted"}) == 3
+    assert registry.get_sample_value("sluicegate_decisions_total",
+                                     {"workflow": "tour", "outcome": "expired"}) == 0
+
+
+def test_keys_at_their_limit_are_counted_whole_and_listed_up_to_a_cap() -> None:
+    full = tuple(KeyFlow(key=f"t{i:03}", in_flight=2, limit=2)
+                 for i in range(KEYS_AT_LIMIT_LISTED + 5))
+    below = KeyFlow(key="small", in_flight=1, limit=2)
+    view = FlowView(now_ms=0, workflows=(
+        WorkflowFlow(workflow="perTenant", keys=(*full, below)),
+        WorkflowFlow(workflow="report", keys=(KeyFlow(key=None, in_flight=3, limit=3),),
+                     limit=3)))
+    registry = _registry(FlowCollector(lambda: view, lambda: []))
+    assert registry.get_sample_value("sluicegate_keys_at_limit",
+                                     {"workflow": "perTenant"}) == len(full)
+    listed = [s.labels["key"] for m in registry.collect() for s in m.samples
+              if s.name == "sluicegate_key_at_limit" and s.labels["workflow"] == "perTenant"]
+    assert listed == [f"t{i:03}" for i in range(KEYS_AT_LIMIT_LISTED)]
+    # The one key of an unkeyed limit is the empty text, as in the flow view's JSON.
+    assert registry.get_sample_value("sluicegate_key_at_limit",
+                                     {"workflow": "report", "key": ""}) == 1
+    assert registry.get_sample_value("sluicegate_concurrency_limit",
+                                     {"workflow": "report"}) == 3
+    assert registry.get_sample_value("sluicegate_concurrency_limit",
+                                     {"workflow": "perTenant"}) is None
+
+
+def test_wait_bounds_are_timeouts_start_and_the_longest_period_of_a_deferring_control() -> None:
+    app = App([
+        Workflow(name="edits", payload=Job, debounce=Debounce(key="tenant", period="1m")),
+        Workflow(name="capped", payload=Job,
+                 debounce=Debounce(key="tenant", period="1m", timeout="10m"),
+                 timeouts=Timeouts(start="1h")),
+        Workflow(name="paced", payload=Job, throttle=[
+            Throttle(limit=10, period="1m", key="tenant"), Throttle(limit=100, period="1h")]),
+        Workflow(name="gated", payload=Job, concurrency=Concurrency(limit=2),
+                 timeouts=Timeouts(start="30s")),
+        Workflow(name="plain", payload=Job),
+    ])
+    assert wait_bounds(app) == {
+        "edits": WaitBounds(period_s=60),
+        "capped": WaitBounds(start_timeout_s=3600, period_s=600),
+        "paced": WaitBounds(period_s=3600),
+        "gated": WaitBounds(start_timeout_s=30),
+    }
+    assert wait_bounds(None) == {}
+
+
+def test_a_batch_waits_by_its_timeout() -> None:
+    class Items(BaseModel):
+        items: list[Job]
+
+    app = App([Workflow(name="batched", payload=Items,
+                        batch=Batch(item=Job, key="tenant", max_size=10, timeout="2m"))])
+    assert wait_bounds(app) == {"batched": WaitBounds(period_s=120)}
+
+
+def test_the_lag_of_an_input_partition_is_its_end_less_the_committed_offset() -> None:
+    registry = _registry(FlowCollector(
+        lambda: FlowView(now_ms=0), lambda: [], dead_letters=lambda: 4,
+        inputs=lambda: [InputOffsets("sg.starts", 0, committed=10, end=25),
+                        InputOffsets("sg.starts", 1, committed=7, end=7)]))
+    assert registry.get_sample_value("sluicegate_workers_lag",
+                                     {"topic": "sg.starts", "partition": "0"}) == 15
+    assert registry.get_sample_value("sluicegate_workers_lag",
+                                     {"topic": "sg.starts", "partition": "1"}) == 0
+    assert registry.get_sample_value("sluicegate_workers_committed_offset",
+                                     {"topic": "sg.starts", "partition": "0"}) == 10
+    assert registry.get_sample_value("sluicegate_dead_letters_total") == 4
+
+
+def test_dead_letters_are_left_out_until_their_count_is_whole() -> None:
+    counts: list[int | None] = [None, 12]
+    registry = _registry(FlowCollector(lambda: FlowView(now_ms=0), lambda: [],
+                                       dead_letters=lambda: counts.pop(0)))
+    assert registry.get_sample_value("sluicegate_dead_letters_total") is None
+    assert registry.get_sample_value("sluicegate_dead_letters_total") == 12
