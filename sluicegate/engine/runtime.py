@@ -311,15 +311,15 @@ class Worker:
         return AdminClient(self.settings.client_config(**self._clients.config("admin")))
 
     def _new_consumer(self) -> Consumer:
-        # Static membership: a worker restarted with the same state directory takes its
-        # partitions back at once, without a rebalance of the group; a static member never
-        # leaves the group when it stops (docs/decisions/runtime-faults.md).
-        membership = {} if self._leave_on_stop else {
-            "group.instance.id": f"{self.settings.namespace}worker-{self.worker_id}"}
         return Consumer(self.settings.client_config(**{
             "group.id": self.topology.group,
             "client.id": f"worker-{self.worker_id}",
-            **membership,
+            # Static membership: a worker restarted with the same state directory takes
+            # its partitions back at once, without a rebalance of the group; a static
+            # member never leaves the group when it stops (docs/decisions/
+            # runtime-faults.md), so one that is not coming back is a dynamic member.
+            **({} if self._leave_on_stop else {
+                "group.instance.id": f"{self.settings.namespace}worker-{self.worker_id}"}),
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -142,7 +142,9 @@ def _client_settings_in_the_code() -> set[str]:
                 if keyword.arg is not None:
                     found.add(keyword.arg)
                 elif isinstance(keyword.value, ast.Dict):
-                    found.update(k.value for k in keyword.value.keys
+                    # Literal dicts, also those given under a condition inside it.
+                    found.update(k.value for d in ast.walk(keyword.value)
+                                 if isinstance(d, ast.Dict) for k in d.keys
                                  if isinstance(k, ast.Constant) and isinstance(k.value, str))
                 elif isinstance(keyword.value, ast.Call):  # **self._clients.config(...)
                     found.add("error_cb")
