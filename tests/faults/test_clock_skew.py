@@ -1,0 +1,81 @@
+"""A worker whose records the broker refuses for their timestamps (its clock is too far
+from the broker's) says so in one ERROR line, commits nothing meanwhile, and resumes when
+the timestamps are taken again (docs/decisions/runtime-faults.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
+from sluicegate.client import Client
+from sluicegate.config import Settings
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.apps.faults import app
+from tests.faults.harness import APP, MARKS, Outcomes
+from tests.integration.kafka_helpers import WorkerProcess
+
+pytestmark = MARKS
+
+REFUSED = "refuses the timestamps"
+
+
+def _ledger_takes_timestamps_behind(settings: Settings, bound_ms: str | None) -> None:
+    """How far behind the broker's clock the ledger takes a record's timestamp (None: the
+    broker's default). At 0, every record the worker stamps is refused, as a worker's
+    whose clock runs an hour ahead is by the default bound the other way."""
+    admin = AdminClient(settings.client_config())
+    resource = ConfigResource(ResourceType.TOPIC, Topics(settings).ledger)
+    resource.incremental_configs = [ConfigEntry(
+        "message.timestamp.before.max.ms", bound_ms, incremental_operation=(
+            AlterConfigOpType.DELETE if bound_ms is None else AlterConfigOpType.SET))]
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=10)
+
+
+def test_refused_timestamps_are_said_in_one_line_and_nothing_commits_until_they_are_taken(
+        settings: Settings, tmp_path: Path) -> None:
+    settings = dataclasses.replace(settings, partitions=1)
+    create_topics(settings)
+    worker = WorkerProcess(settings, APP, tmp_path / "w")
+    outcomes = Outcomes(settings)
+    try:
+        with Client(app=app, settings=settings, replies=False) as client:
+            worker.start()
+            first = client.submit("note", {"text": "before"}).request_id
+            client.flush()
+            outcomes.wait_until_decided({first}, timeout_s=60)
+            _ledger_takes_timestamps_behind(settings, "0")
+            refused = {client.submit("note", {"text": f"n{i}"}).request_id for i in range(10)}
+            client.flush()
+            deadline = time.monotonic() + 30
+            while REFUSED not in worker.log.read_text():
+                assert time.monotonic() < deadline, worker.log_tail()
+                time.sleep(0.2)
+            outcomes.settle(6.0)  # several aborted cycles, backing off
+            assert not refused & set(outcomes.final()), "a cycle committed meanwhile"
+            _ledger_takes_timestamps_behind(settings, None)
+            outcomes.wait_until_decided(refused, timeout_s=150)
+            outcomes.settle(2.0)
+            assert worker.alive, worker.log_tail()
+    finally:
+        if worker.alive:
+            assert worker.stop() == 0, worker.log_tail()
+        outcomes.close()
+    final = outcomes.final()
+    assert all(len(final[r]) == 1 for r in refused)
+    executions = Counter(a.execution_id for a in outcomes.admitted.records)
+    assert not [e for e, n in executions.items() if n > 1], "an execution admitted twice"
+    log = worker.log.read_text()
+    errors = [line for line in log.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and REFUSED in errors[0] and "clock" in errors[0], errors
