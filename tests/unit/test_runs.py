@@ -7,9 +7,9 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.admission.lease import DEFAULT_LEASE_MS, lease_of
 from sluicegate.admission.stages.runs import (
     _CANCELLING,
-    DEFAULT_LEASE_MS,
     ENDED,
     Backstop,
     RunsStage,
@@ -21,7 +21,6 @@ from sluicegate.admission.stages.runs import (
     finished_late,
     holds_lease,
     lease_lapsed,
-    lease_of,
     redriven,
 )
 from sluicegate.declare import Concurrency, Workflow

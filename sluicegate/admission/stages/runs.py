@@ -26,9 +26,10 @@ import logging
 from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
+from sluicegate.admission.lease import LEASED_STAGE, lease_of
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage, StageContext
-from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.declare import App, format_duration
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
@@ -81,12 +82,6 @@ ELIGIBLE: dict[str, frozenset[RunStatus]] = {
 }
 _OPERATED = {"cancel": Outcome.cancelled, "redrive": Outcome.redriven,
              "retry": Outcome.retried}
-# What a slot lease covers: the crash backstop of SPEC.md is a concurrency rule (the
-# deployment cap's slots live on the concurrency stage too).
-LEASED_STAGE = "concurrency"
-# A run of a workflow with no concurrency limit of its own can still hold a slot of the
-# deployment-wide cap; it gets the same default as a limit's `lease`.
-DEFAULT_LEASE_MS = 3_600_000
 FINISH_REASON = "timeouts.finish"
 
 _STATUS_OF = {
@@ -228,14 +223,6 @@ def failure_reason(event: RunEvent) -> str:
     if event.retries_spent is not None:
         return f"retries exhausted ({event.retries_spent})"
     return "the engine reported the run failed"
-
-
-def lease_of(wf: Workflow | None) -> int:
-    """The shortest lease among the workflow's concurrency limits (its slots are freed
-    together), or the default for a run that holds only a deployment-cap slot."""
-    if wf is None or not wf.concurrency:
-        return DEFAULT_LEASE_MS
-    return min(limit.lease_ms for limit in wf.concurrency)
 
 
 # -- the stage -----------------------------------------------------------------------
