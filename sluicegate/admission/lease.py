@@ -52,6 +52,8 @@ class Leases:
     def for_run(self, workflow: str, slots: Iterable[Slot]) -> tuple[int, int] | None:
         """The lease of a run of `workflow` admitted with `slots` (None: it has none)."""
         lease = self._of.get(workflow)
-        if lease is None or not any(slot.stage == LEASED_STAGE for slot in slots):
-            return None
-        return lease
+        if lease is not None:
+            for slot in slots:  # a loop, not any(): no generator on every admission
+                if slot.stage == LEASED_STAGE:
+                    return lease
+        return None
