@@ -125,6 +125,9 @@ class Engine:
             self._consumer.store_offsets(offsets=[delivery._position])
 
     def heartbeat(self, execution_id: str, workflow: str) -> None:
+        """The run is still held: call it every `Delivery.heartbeat_every_ms` for each run
+        whose admitted start has a lease, or the run is taken for lost when the lease runs
+        out (cancelled, recorded failed, its onFailure started)."""
         self._report(execution_id, workflow, RunEventKind.heartbeat)
 
     def suspended(self, execution_id: str, workflow: str, reason: str | None = None) -> None:
