@@ -59,6 +59,17 @@ def test_a_value_that_is_no_avro_is_named_by_the_producers_headers() -> None:
     assert reply.request_id == "req-go-2"
 
 
+def test_a_start_without_a_value_is_named_by_its_headers_too() -> None:
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("sluicegate.request_id", "req-go-4"), ("sluicegate.reply_partition", "0")]
+    with TestDriver(APP) as driver:
+        driver.pipe(driver.topics.starts, None, "k", headers=headers)
+        row, (reply,) = _rejected(driver)
+    assert (row.request_id, row.workflow, reply.request_id) == ("req-go-4", "", "req-go-4")
+    assert row.reason == ("empty record: a start request needs a value (request id, reply "
+                          "partition read from the record's headers)")
+
+
 def test_a_damaged_body_gives_what_it_can_and_no_reply_without_a_reply_partition() -> None:
     frame = codec.encode(_request(request_id="req-go-3"))
     with TestDriver(APP) as driver:
