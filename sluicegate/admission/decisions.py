@@ -6,6 +6,8 @@ the same transaction as its effect, and a caller that asked to wait always hears
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import ValidationError
 
 from sluicegate.admission.stage import StageContext
@@ -15,6 +17,7 @@ from sluicegate.schemas.records import (
     AdmittedStart,
     DeadLetter,
     LedgerRecord,
+    Origin,
     Outcome,
     Reply,
     StartRequest,
@@ -80,10 +83,15 @@ def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:
 
 
 def reject(ctx: StageContext, record: InputRecord, reason: str,
-           start: StartRequest | None = None, workflow: str | None = None) -> None:
-    """A bad request: dead letter with the reason, and a `rejected` ledger row."""
+           start: StartRequest | None = None, workflow: str | None = None, *,
+           salvaged: Salvaged | None = None) -> None:
+    """A bad request: dead letter with the reason, and a `rejected` ledger row (and a reply
+    to a caller that waits). A request that does not decode is named by what `salvaged`
+    could read of it, else by where it was read."""
     dead_letter(ctx, record, reason)
     now = ctx.now_ms
+    if start is None and salvaged is not None and salvaged.request_id is not None:
+        start = salvaged.as_request(now)
     row = LedgerRecord(
         request_id=start.request_id if start else request_id_for(record),
         workflow=workflow or (start.workflow if start else ""),
@@ -91,6 +99,26 @@ def reject(ctx: StageContext, record: InputRecord, reason: str,
         decided_at_ms=now, stage=ctx.stage, reason=reason,
     )
     record_decision(ctx, row, start.reply_partition if start else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Salvaged:
+    """What could be read of a start request that does not decode: enough to name the
+    request on its `rejected` row and to answer a caller that waits for it."""
+
+    request_id: str | None = None
+    workflow: str | None = None
+    reply_partition: int | None = None
+    requested_at_ms: int | None = None
+    # Where it was read, for the reason: "headers", "body", "headers and body".
+    source: str | None = None
+
+    def as_request(self, now_ms: int) -> StartRequest:
+        assert self.request_id is not None
+        return StartRequest(
+            request_id=self.request_id, workflow=self.workflow or "", payload=b"",
+            origin=Origin.event, requested_at_ms=self.requested_at_ms or now_ms,
+            reply_partition=self.reply_partition)
 
 
 

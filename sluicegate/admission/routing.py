@@ -15,6 +15,7 @@ from typing import Any
 
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.decisions import admit, dead_letter, record_decision, reject
+from sluicegate.admission.lease import Leases
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
 from sluicegate.engine.stage import Headers, InputRecord
@@ -66,6 +67,7 @@ class Router:
         self.app = app
         self.control = control
         self.payloads = Payloads.of(app.settings)
+        self.leases = Leases(app)
         self.routes: dict[str, Route] = {
             wf.name: route_for(wf, deployment_cap) for wf in app.workflows.values()
         }
@@ -195,12 +197,14 @@ class Router:
         the key of the last control the start passed: `key`, else the slot it took there,
         else its idempotency key."""
         now = ctx.now_ms
+        lease = self.leases.for_run(start.workflow, start.slots)
         admit(ctx, AdmittedStart(
             execution_id=start.execution_id, workflow=start.workflow, payload=start.payload,
             declaration_version=start.declaration_version, origin=start.origin,
             kind=start.kind, slots=list(start.slots), request_ids=list(start.request_ids),
             requested_at_ms=start.requested_at_ms, admitted_at_ms=now,
-            retry_of=start.retry_of,
+            retry_of=start.retry_of, lease_ms=lease[0] if lease else None,
+            heartbeat_every_ms=lease[1] if lease else None,
         ))
         if start.kind is AdmittedKind.start:
             self.decide(ctx, start, Outcome.admitted, execution_id=start.execution_id,

@@ -37,6 +37,20 @@ class Delivery:
     _position: TopicPartition | None = None
     _payloads: Payloads | None = None
 
+    @property
+    def lease_ms(self) -> int | None:
+        """The admitted run's lease: if sluicegate hears nothing of the run for this long
+        (the worker's own time), it records the run failed (lost), frees its holds, starts
+        its onFailure and sends a cancel. None: the run has no lease, heartbeats are not
+        needed (docs/wire-format.md, Being an engine)."""
+        return self.admitted.lease_ms if self.admitted is not None else None
+
+    @property
+    def heartbeat_every_ms(self) -> int | None:
+        """How often to call `Engine.heartbeat` for the admitted run while it is held
+        (running, or suspended in a `runs`-mode workflow); None: no heartbeat is needed."""
+        return self.admitted.heartbeat_every_ms if self.admitted is not None else None
+
     def payload(self) -> Any:
         """The admitted start's payload as data, opened if sealed (`admitted.payload`
         stays the bytes as kept)."""
@@ -111,6 +125,9 @@ class Engine:
             self._consumer.store_offsets(offsets=[delivery._position])
 
     def heartbeat(self, execution_id: str, workflow: str) -> None:
+        """The run is still held: call it every `Delivery.heartbeat_every_ms` for each run
+        whose admitted start has a lease, or the run is taken for lost when the lease runs
+        out (cancelled, recorded failed, its onFailure started)."""
         self._report(execution_id, workflow, RunEventKind.heartbeat)
 
     def suspended(self, execution_id: str, workflow: str, reason: str | None = None) -> None:

@@ -880,6 +880,75 @@ def use(codec: Codec) -> Codec:
     return previous
 
 
+# -- what can be read of a record that does not decode ------------------------------
+
+
+def leading_fields(cls: type[Record], data: bytes | None) -> dict[str, Any]:
+    """The leading fields of a `cls` that can still be read from `data` when it does not
+    decode: the body read by the current schema, field by field, up to the first field
+    that does not read (or whose type this reader does not walk: records, arrays, maps).
+    Only for a rejection that names what it can (docs/wire-format.md): nothing here is
+    trusted beyond that.
+
+    The body is read behind a single-object header whose fingerprint is `cls`'s (current
+    or released: the body is damaged further on) or unknown (a newer release, which only
+    adds fields last, or a writer that computed another fingerprint), and behind a
+    registry header; never behind another record type's fingerprint, or no header."""
+    rs = _TYPES.get(cls)
+    if rs is None or data is None or data.__class__ is not bytes:
+        return {}
+    if data.startswith(SINGLE_OBJECT_MARKER) and len(data) >= 10:
+        found = data[2:10]
+        known = next((t.cls for t in _TYPES.values() if t.fingerprint == found), None)
+        released = RELEASED.get(found)
+        if (known or (released.cls if released else cls)) is not cls:
+            return {}
+        pos = 10
+    elif data.startswith(REGISTRY_MAGIC) and len(data) >= 5:
+        pos = 5
+    else:
+        return {}
+    read: dict[str, Any] = {}
+    for field in rs.schema["fields"]:
+        try:
+            value, pos = _read_plain(field["type"], data, pos)
+        except (_NotFast, IndexError, UnicodeDecodeError):
+            break
+        read[field["name"]] = value
+    return read
+
+
+def _read_plain(t: Any, data: bytes, pos: int) -> tuple[Any, int]:
+    """One value of a primitive, enum or `["null", T]` type at `pos` (enum: the symbol)."""
+    if isinstance(t, dict) and t.get("type") in _PRIMITIVES:
+        t = t["type"]
+    if t == "long":
+        return _read_long(data, pos)
+    if t in ("string", "bytes"):
+        n, pos = _read_long(data, pos)
+        if n < 0 or pos + n > len(data):
+            raise _NotFast
+        raw = data[pos:pos + n]
+        return (raw.decode("utf-8") if t == "string" else raw), pos + n
+    if t == "boolean":
+        if data[pos] > 1:
+            raise _NotFast
+        return data[pos] == 1, pos + 1
+    if isinstance(t, dict) and t.get("type") == "enum":
+        k, pos = _read_long(data, pos)
+        if not 0 <= k < len(t["symbols"]):
+            raise _NotFast
+        return t["symbols"][k], pos
+    if isinstance(t, list) and len(t) == 2 and t[0] == "null":
+        branch, pos = _read_long(data, pos)
+        if branch == 0:
+            return None, pos
+        if branch != 1:
+            raise _NotFast
+        return _read_plain(t[1], data, pos)
+    raise _NotFast
+
+
 # -- keys and payloads ----------------------------------------------------------------
 
 

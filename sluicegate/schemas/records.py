@@ -153,6 +153,9 @@ class AdmittedStart:
     requested_at_ms: int
     admitted_at_ms: int
     retry_of: str | None = None
+    # The run's lease and the heartbeat cadence it asks of the engine (None: no lease).
+    lease_ms: int | None = None
+    heartbeat_every_ms: int | None = None
 
 
 @record

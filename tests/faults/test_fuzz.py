@@ -20,8 +20,10 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from sluicegate.admission.stages.identity import salvage
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
+from sluicegate.engine.stage import InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import LedgerRecord, Origin, Outcome, StartRequest
 from sluicegate.topology.admin import create_topics
@@ -81,11 +83,12 @@ def plan(settings: Settings, rng: random.Random) -> list[Planned]:
     for i in range(scaled(300)):
         start, key = _valid(builder, rng, i)
         records.append(Planned("valid", key, codec.encode(start), True))
-    template = codec.encode(_start(builder, "note", {"text": "template"})[0])
-    body = template[10:]
     for i in range(scaled(300)):
         what = ["random", "truncated", "wrong schema", "unknown fingerprint",
                 "registry framing", "undeclared", "bad payload", "empty"][i % 8]
+        # A request id of its own: what can be read of a broken start names its rejection.
+        template = codec.encode(_start(builder, "note", {"text": "template"})[0])
+        body = template[10:]
         value: bytes | None
         if what == "random":
             value = rng.randbytes(rng.randrange(0, 300))
@@ -157,11 +160,14 @@ def test_every_fuzzed_record_has_exactly_one_outcome(settings: Settings,
     starts = Topics(settings).starts
     valid = {request_id_of(r.value): r for r in records if r.valid}
     bad = {(r.partition, r.offset): r for r in records if not r.valid}
-    # The request id a rejection is recorded under: its own when it has one, else where
-    # the record was read.
+    # The request id a rejection is recorded under: its own when it has one, else what can
+    # be read of it (docs/decisions/matchable-rejections.md), else where it was read.
     rejected_as = {
-        request_id_of(r.value) or f"{starts}:{r.partition}:{r.offset}": r
+        request_id_of(r.value) or salvage(InputRecord(
+            starts, r.partition, r.offset, r.key, r.value, 0), settings.partitions).request_id
+        or f"{starts}:{r.partition}:{r.offset}": r
         for r in bad.values()}
+    assert len(rejected_as) == len(bad), "each bad record is rejected under an id of its own"
     outcomes = Outcomes(settings)
     worker = WorkerProcess(settings, APP, tmp_path / "w").start()
     try:

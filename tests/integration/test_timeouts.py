@@ -184,11 +184,12 @@ def test_a_silent_run_gives_its_slot_back_after_the_lease_and_heartbeats_extend_
         ledger.until(lambda rows: any(r.request_id == waiting.request_id
                                       and r.outcome is Outcome.admitted for r in rows),
                      what="the waiting start admitted into the freed slot")
-        runs.until(lambda rows: any(r.execution_id == run and not r.slots for r in rows),
-                   what="the run row without its slot")
-        # The silent run ends after all: nothing is released twice, the slot stays taken.
-        _report(producer, topics, run, "leasedJob", RunEventKind.completed, clock.now_ms())
-        runs.until(lambda rows: _status(rows, run) is RunStatus.completed, what="completed")
+        runs.until(lambda rows: _status(rows, run) is RunStatus.failed,
+                   what="the silent run recorded failed (lost)")
+        # Its engine reports it completed after all: an ended run does not change, nothing
+        # is released twice, the slot stays taken.
+        _wait_consumed(settings, topics, *_report(
+            producer, topics, run, "leasedJob", RunEventKind.completed, clock.now_ms()))
         third = client.start("leasedJob", {"jobId": "c"}, wait_decision=True)
         assert (third.status, third.deferral) == ("queued", "concurrency")
         ledger.settle()
@@ -203,3 +204,4 @@ def test_a_silent_run_gives_its_slot_back_after_the_lease_and_heartbeats_extend_
     assert row.request_id.startswith(f"run:{run}:lease")
     assert row.reason is not None and "1m" in row.reason and "heartbeat" in row.reason
     assert row.decided_at_ms == start + 110_001
+    assert _status(runs.records, run) is RunStatus.failed

@@ -118,7 +118,7 @@ def records() -> dict[str, Any]:
                                                                   "0a1b2c3d4e5f")
         driver.advance(1_000)
         driver.start("tourNarration", {"rowId": "row-42", "tenantId": "tenant-7",
-                                       "editedAt": 3}, request_id=REQUEST, reply_partition=3)
+                                       "editedAt": 3}, request_id=REQUEST, reply_partition=2)
         driver.advance(15 * 60_000)
         # A second alert within the rateLimit's window is dropped.
         driver.start("lowStockAlert", {"productId": "p2"}, request_id="alert-1")

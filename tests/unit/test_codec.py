@@ -61,7 +61,7 @@ RECORD_CLASSES = sorted(RECORD_TYPES, key=lambda c: c.__name__)
 # is in sluicegate/schemas/avro/history/ (a release's folder has it once that release is
 # out): readers of the new version must still read what the old one wrote.
 PINNED_FINGERPRINTS = {
-    "AdmittedStart": ("0c1c2e8302038724",),
+    "AdmittedStart": ("0c1c2e8302038724", "10e5af302b304c1c"),
     "CancelSweep": ("a84268df03602e6b",),
     "ControlRow": ("169fc12db8a32c7d",),
     "DeadLetter": ("41bf56937f62f2fd",),

@@ -7,9 +7,9 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.admission.lease import DEFAULT_LEASE_MS, lease_of
 from sluicegate.admission.stages.runs import (
     _CANCELLING,
-    DEFAULT_LEASE_MS,
     ENDED,
     Backstop,
     RunsStage,
@@ -17,11 +17,9 @@ from sluicegate.admission.stages.runs import (
     alive,
     apply_event,
     backstop_for,
+    failed_by_backstop,
     failure_reason,
-    finished_late,
     holds_lease,
-    lease_lapsed,
-    lease_of,
     redriven,
 )
 from sluicegate.declare import Concurrency, Workflow
@@ -145,12 +143,12 @@ def test_a_report_from_before_the_failure_does_not_reopen_it() -> None:
 
 
 @given(st.lists(events, max_size=12), st.integers(0, 10**9))
-def test_a_finish_timeout_fails_a_live_run_and_leaves_an_ended_one(
+def test_a_backstop_fails_a_live_run_and_leaves_an_ended_one(
         sequence: list[RunEvent], now: int) -> None:
     row = _row()
     for event in sequence:
         row = apply_event(row, event)
-    late = finished_late(row, now, "timeouts.finish")
+    late = failed_by_backstop(row, now, "timeouts.finish")
     if row.status in ENDED:
         assert late == row
     else:
@@ -158,12 +156,6 @@ def test_a_finish_timeout_fails_a_live_run_and_leaves_an_ended_one(
             RunStatus.failed, now, "timeouts.finish")
         # ... and then nothing the engine says afterwards changes it.
         assert apply_event(late, _event(RunEventKind.completed, now + 1)) == late
-
-
-def test_a_lapsed_lease_drops_only_the_concurrency_slots() -> None:
-    row = lease_lapsed(_row([SINGLETON, CONCURRENCY], RunStatus.running), 7, "lease expired")
-    assert row.slots == [SINGLETON]
-    assert row.status is RunStatus.running and row.last_reason == "lease expired"
 
 
 # -- the backstop -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 
 from sluicegate.admission.decisions import (
+    Salvaged,
     admit,
     describe_invalid,
     record_decision,
@@ -50,6 +51,7 @@ from sluicegate.schemas.records import (
     ReleaseKind,
     Slot,
     StartRequest,
+    changed,
 )
 from sluicegate.topology.keys import (
     ControlKey,
@@ -61,7 +63,59 @@ from sluicegate.topology.keys import (
 NAME = "identity"
 _EXPIRE = b"X"
 
+# Headers a producer may set on a start request. They are read only when its value does
+# not decode, to name the request on its rejection and answer it (docs/wire-format.md).
+REQUEST_ID_HEADER = "sluicegate.request_id"
+WORKFLOW_HEADER = "sluicegate.workflow"
+REPLY_PARTITION_HEADER = "sluicegate.reply_partition"
+# Longer text read from a broken record is taken for noise, not an id or a name.
+_MAX_SALVAGED_CHARS = 256
+
 # -- the pure core -------------------------------------------------------------------
+
+
+def salvage(record: InputRecord, partitions: int) -> Salvaged:
+    """What can be read of a start request whose value does not decode: its headers
+    first (the producer's own word), then the leading fields of its body
+    (`codec.leading_fields`). Text that is not a plausible id or name, and a reply
+    partition that `sg.replies` does not have, are left out; a reply partition is kept
+    only with a request id to answer."""
+    headers: dict[str, str] = {}
+    for name, raw in record.headers or ():
+        if name in (REQUEST_ID_HEADER, WORKFLOW_HEADER, REPLY_PARTITION_HEADER):
+            try:
+                headers[name] = raw.decode() if isinstance(raw, bytes) else raw or ""
+            except UnicodeDecodeError:
+                continue
+    body = codec.leading_fields(StartRequest, record.value)
+    sources: list[str] = []
+
+    def text(header: str, field: str) -> str | None:
+        for source, value in (("headers", headers.get(header)), ("body", body.get(field))):
+            if (isinstance(value, str) and 0 < len(value) <= _MAX_SALVAGED_CHARS
+                    and value.isprintable()):
+                sources.append(source)
+                return value
+        return None
+
+    def partition() -> int | None:
+        given = headers.get(REPLY_PARTITION_HEADER, "")
+        for source, value in (("headers", int(given) if given.isdecimal() else None),
+                              ("body", body.get("reply_partition"))):
+            if isinstance(value, int) and 0 <= value < partitions:
+                sources.append(source)
+                return value
+        return None
+
+    request_id = text(REQUEST_ID_HEADER, "request_id")
+    workflow = text(WORKFLOW_HEADER, "workflow")
+    reply = partition() if request_id is not None else None
+    requested = body.get("requested_at_ms")
+    return Salvaged(
+        request_id=request_id, workflow=workflow, reply_partition=reply,
+        requested_at_ms=requested if isinstance(requested, int) and requested > 0 else None,
+        source=" and ".join(sorted(set(sources), reverse=True)) or None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +209,7 @@ class IdentityStage(AdmissionStage):
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.value is None:
-            reject(ctx, record, "empty record: a start request needs a value")
+            self._undecodable(ctx, record, "empty record: a start request needs a value")
             return
         try:
             if record.topic == ctx.topics.starts:
@@ -178,7 +232,13 @@ class IdentityStage(AdmissionStage):
                     return
                 start = message
         except codec.DecodeError as exc:
-            reject(ctx, record, f"not a start request: {exc}")
+            self._undecodable(ctx, record, f"not a start request: {exc}")
+            return
+        if start.reply_partition is not None and not 0 <= start.reply_partition < self.partitions:
+            # No answer can be written there; the rejection says why instead.
+            reject(ctx, record, f"reply_partition {start.reply_partition} is not a partition "
+                   f"of {ctx.topics.replies} (0 to {self.partitions - 1})",
+                   changed(start, reply_partition=None))
             return
         wf = self.app.get(start.workflow)
         if wf is None:
@@ -287,6 +347,21 @@ class IdentityStage(AdmissionStage):
     def _cancel_delayed(self, ctx: StageContext, sweep: CancelSweep) -> None:
         cancelon.keep(ctx, sweep)
         self.delayed.cancel_queued(ctx, sweep)
+
+    def _undecodable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
+        """A record that is no start request: rejected under what can be read of it, so
+        that a producer waiting for its request id hears why (docs/wire-format.md)."""
+        if record.topic != ctx.topics.starts:
+            reject(ctx, record, reason)  # sluicegate's own topic: no producer waits
+            return
+        found = salvage(record, self.partitions)
+        read = [what for what, value in (("request id", found.request_id),
+                                         ("workflow", found.workflow),
+                                         ("reply partition", found.reply_partition))
+                if value is not None]
+        if read:
+            reason += f" ({', '.join(read)} read from the record's {found.source})"
+        reject(ctx, record, reason, workflow=found.workflow, salvaged=found)
 
     # -- ttl ---------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ Two backstops bound an admitted run (docs/decisions/run-backstops.md):
   engine command), recorded failed, its slots released (`expired`), and its onFailure
   workflow started;
 - the lease, when no `finish` is declared: a run holding concurrency slots that reports
-  nothing (no heartbeat, no lifecycle event) for the limit's `lease` gives its
-  concurrency slots back (`expired`), and the ledger says so (`lease_expired`).
+  nothing (no heartbeat, no lifecycle event) for the limit's `lease` is lost: cancelled,
+  recorded failed, every hold released (`expired`), a `lease_expired` ledger row, and its
+  onFailure workflow started (docs/decisions/lost-runs.md).
 
 An engine-reported failure starts the onFailure workflow too.
 """
@@ -26,9 +27,10 @@ import logging
 from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
+from sluicegate.admission.lease import LEASED_STAGE, lease_of
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage, StageContext
-from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.declare import App, format_duration
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
@@ -81,13 +83,9 @@ ELIGIBLE: dict[str, frozenset[RunStatus]] = {
 }
 _OPERATED = {"cancel": Outcome.cancelled, "redrive": Outcome.redriven,
              "retry": Outcome.retried}
-# What a slot lease covers: the crash backstop of SPEC.md is a concurrency rule (the
-# deployment cap's slots live on the concurrency stage too).
-LEASED_STAGE = "concurrency"
-# A run of a workflow with no concurrency limit of its own can still hold a slot of the
-# deployment-wide cap; it gets the same default as a limit's `lease`.
-DEFAULT_LEASE_MS = 3_600_000
 FINISH_REASON = "timeouts.finish"
+# A run whose lease ran out is lost: the failure report's reason and the cancel's id.
+LOST_REASON = "lease_expired"
 
 _STATUS_OF = {
     RunEventKind.started: RunStatus.running,
@@ -209,33 +207,19 @@ def alive(backstop: Backstop, holding: bool, now_ms: int) -> Backstop:
         now_ms + backstop.lease_ms, backstop.lease_until_ms or 0))
 
 
-def finished_late(row: RunRow, now_ms: int, reason: str) -> RunRow:
-    """The run row once timeouts.finish has cancelled the run (an ended run stays as is)."""
+def failed_by_backstop(row: RunRow, now_ms: int, reason: str) -> RunRow:
+    """The run row once a backstop (timeouts.finish, or its lease running out: the run
+    is lost) has ended it: failed, with why (an ended run stays as is)."""
     if row.status in ENDED:
         return row
     return changed(row, status=RunStatus.failed, updated_at_ms=now_ms,
                                ended_at_ms=now_ms, last_reason=reason)
 
 
-def lease_lapsed(row: RunRow, now_ms: int, reason: str) -> RunRow:
-    """The run row once its leased slots are freed: it no longer holds them (so its end
-    does not release them again), and it stays what it was otherwise."""
-    return changed(row, slots=[s for s in row.slots if s.stage != LEASED_STAGE],
-                               updated_at_ms=now_ms, last_reason=reason)
-
-
 def failure_reason(event: RunEvent) -> str:
     if event.retries_spent is not None:
         return f"retries exhausted ({event.retries_spent})"
     return "the engine reported the run failed"
-
-
-def lease_of(wf: Workflow | None) -> int:
-    """The shortest lease among the workflow's concurrency limits (its slots are freed
-    together), or the default for a run that holds only a deployment-cap slot."""
-    if wf is None or not wf.concurrency:
-        return DEFAULT_LEASE_MS
-    return min(limit.lease_ms for limit in wf.concurrency)
 
 
 # -- the stage -----------------------------------------------------------------------
@@ -454,31 +438,37 @@ class RunsStage(AdmissionStage):
     def _finish_expired(self, ctx: StageContext, row: RunRow, finish_at_ms: int) -> None:
         took = format_duration(finish_at_ms - row.admitted_at_ms)
         reason = f"{FINISH_REASON}: the run did not end within {took} of its admission"
-        failed = finished_late(row, ctx.now_ms, reason)
+        self._fail(ctx, row, reason, FINISH_REASON, Outcome.failed, "finish", "finish")
+
+    def _lease_expired(self, ctx: StageContext, row: RunRow, backstop: Backstop) -> None:
+        """Nothing was heard of the run for its lease: it is lost (the engine that held it
+        died, or lost it). docs/decisions/lost-runs.md."""
+        assert backstop.lease_ms is not None
+        silent = format_duration(backstop.lease_ms)
+        reason = (f"lost: no heartbeat or lifecycle report for {silent} (its lease); "
+                  "recorded failed, its holds freed and its engine told to cancel it")
+        self._fail(ctx, row, reason, LOST_REASON, Outcome.lease_expired, "lease",
+                   f"lease:{backstop.lease_until_ms}")
+
+    def _fail(self, ctx: StageContext, row: RunRow, reason: str, why: str, outcome: Outcome,
+              backstop: str, what: str) -> None:
+        """A backstop ends a live run: a cancel to any engine that may still hold it
+        (command id `<why>:<execution id>`), the run recorded failed, every hold released
+        (`expired`), a ledger row `run:<execution id>:<what>`, and its onFailure started
+        (request id `failure:<workflow>:<backstop>:<execution id>`) with `why` as the
+        report's reason and the detail as its error message."""
+        failed = failed_by_backstop(row, ctx.now_ms, reason)
         ctx.store.delete(_CANCELLING + row.execution_id.encode())
         ctx.send(ctx.topics.commands, row.execution_id.encode(), codec.encode(EngineCommand(
-            command_id=f"{FINISH_REASON}:{row.execution_id}", execution_id=row.execution_id,
+            command_id=f"{why}:{row.execution_id}", execution_id=row.execution_id,
             workflow=row.workflow, kind=CommandKind.cancel, issued_at_ms=ctx.now_ms,
             reason=reason,
         )))
         self.save(ctx, failed)
         self.release(ctx, failed, ReleaseKind.expired, reason)
-        self._ledger(ctx, failed, "finish", Outcome.failed, reason)
+        self._ledger(ctx, failed, what, outcome, reason)
         self._disarm(ctx, row.execution_id)
-        self._notify(ctx, failed, FINISH_REASON, "finish", error_message=reason)
-
-    def _lease_expired(self, ctx: StageContext, row: RunRow, backstop: Backstop) -> None:
-        assert backstop.lease_ms is not None
-        silent = format_duration(backstop.lease_ms)
-        reason = (f"lease expired: the run sent no heartbeat or lifecycle report for {silent}"
-                  "; its concurrency slots are freed (the engine may have lost it)")
-        self.save(ctx, lease_lapsed(row, ctx.now_ms, reason))
-        self.release(ctx, row, ReleaseKind.expired, reason, stages={LEASED_STAGE})
-        self._ledger(ctx, row, f"lease:{backstop.lease_until_ms}", Outcome.lease_expired,
-                     reason)
-        # Nothing is leased any more; a steps-mode re-admission arms the lease again.
-        self._store_backstop(ctx, row.execution_id, backstop,
-                             changed(backstop, lease_until_ms=None))
+        self._notify(ctx, failed, why, backstop, error_message=reason)
 
     # -- operators' bulk operations ------------------------------------------------------
 
