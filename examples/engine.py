@@ -1,7 +1,9 @@
 """A reference engine: runs plain Python functions as workflows.
 
 It shows the engine side of the contract: take each admitted start, report `started`,
-run it, report `completed` or `failed`. Run it on its own with
+run it, report `completed` or `failed`, and while it runs, send a heartbeat as often as
+its admitted start asks (`heartbeat_every_ms`, a quarter of its lease), or a run longer
+than its lease is taken for lost. Run it on its own with
 `python -m examples.engine --app examples.demo`.
 
 Each workflow's runs go to a thread pool of their own, as wide as the workflow's
@@ -17,6 +19,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,7 +40,8 @@ def widths(app: App) -> dict[str, int]:
 
 class FunctionEngine:
     def __init__(self, engine: Engine, functions: dict[str, Function],
-                 widths: Mapping[str, int] | None = None) -> None:
+                 widths: Mapping[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.functions = functions
         self.widths = dict(widths or {})
@@ -45,6 +49,9 @@ class FunctionEngine:
         self.failed = 0
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._counted = threading.Lock()
+        self._clock = clock
+        # The runs that asked for heartbeats: execution id -> (workflow, every s, next due).
+        self._beating: dict[str, tuple[str, float, float]] = {}
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         try:
@@ -52,6 +59,7 @@ class FunctionEngine:
                 delivery = self.engine.poll(0.2)
                 if delivery is not None:
                     self.handle(delivery)
+                self.beat()
         finally:
             for pool in self._pools.values():
                 pool.shutdown(wait=True)
@@ -67,6 +75,11 @@ class FunctionEngine:
         assert start is not None
         # Reported (and its offset stored) from the polling thread, before it runs.
         self.engine.started(delivery)
+        if delivery.heartbeat_every_ms is not None:
+            every = delivery.heartbeat_every_ms / 1000
+            with self._counted:
+                self._beating[start.execution_id] = (start.workflow, every,
+                                                     self._clock() + every)
         pool = self._pools.get(start.workflow)
         if pool is None:
             width = self.widths.get(start.workflow, 1)
@@ -74,7 +87,25 @@ class FunctionEngine:
                 max_workers=width, thread_name_prefix=f"engine-{start.workflow}")
         pool.submit(self._execute, start.execution_id, start.workflow, start.payload)
 
+    def beat(self) -> None:
+        """A heartbeat for each run still running whose time for one has come."""
+        now = self._clock()
+        with self._counted:
+            due = [(eid, wf, every) for eid, (wf, every, at) in self._beating.items()
+                   if at <= now]
+            for eid, wf, every in due:
+                self._beating[eid] = (wf, every, now + every)
+        for eid, wf, _ in due:
+            self.engine.heartbeat(eid, wf)
+
     def _execute(self, execution_id: str, workflow: str, payload: bytes) -> None:
+        try:
+            self._call(execution_id, workflow, payload)
+        finally:
+            with self._counted:
+                self._beating.pop(execution_id, None)
+
+    def _call(self, execution_id: str, workflow: str, payload: bytes) -> None:
         function = self.functions.get(workflow)
         try:
             if function is None:

@@ -44,16 +44,44 @@ class FakeEngine:
         with self.lock:
             self.reports.append(("failed", execution_id))
 
+    def heartbeat(self, execution_id: str, workflow: str) -> None:
+        with self.lock:
+            self.reports.append(("heartbeat", execution_id))
+
     def flush(self) -> None:
         pass
 
 
-def _delivery(i: int, workflow: str = "generateReport") -> Delivery:
+def _delivery(i: int, workflow: str = "generateReport",
+              heartbeat_every_ms: int | None = None) -> Delivery:
     return Delivery(admitted=AdmittedStart(
         execution_id=f"e{i}", workflow=workflow,
         payload=json.dumps({"accountId": "a1", "plan": "free"}).encode(),
         declaration_version="v1", origin=Origin.event, kind=AdmittedKind.start, slots=[],
-        request_ids=[f"r{i}"], requested_at_ms=0, admitted_at_ms=0))
+        request_ids=[f"r{i}"], requested_at_ms=0, admitted_at_ms=0,
+        lease_ms=None if heartbeat_every_ms is None else 4 * heartbeat_every_ms,
+        heartbeat_every_ms=heartbeat_every_ms))
+
+
+def test_the_engine_heartbeats_a_run_as_often_as_its_admitted_start_asks_while_it_runs(
+) -> None:
+    now = [100.0]
+    release = threading.Event()
+    fake = FakeEngine([])
+    engine = FunctionEngine(fake, {"generateReport": lambda _: release.wait(5)},
+                            clock=lambda: now[0])  # type: ignore[arg-type]
+    engine.handle(_delivery(1, heartbeat_every_ms=15_000))
+    engine.handle(_delivery(2))  # no lease: no heartbeat asked for
+    for _ in range(3):
+        engine.beat()
+        now[0] += 15.0
+    engine.beat()
+    assert [r for r in fake.reports if r[0] == "heartbeat"] == [("heartbeat", "e1")] * 3
+    release.set()
+    engine.run(lambda: True)  # stops at once, waiting for the runs to end
+    now[0] += 60.0
+    engine.beat()
+    assert len([r for r in fake.reports if r[0] == "heartbeat"]) == 3, "not once it ended"
 
 
 def test_the_engine_runs_as_many_reports_at_once_as_the_limit_allows() -> None:
