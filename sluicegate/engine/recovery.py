@@ -88,15 +88,15 @@ class Restoration:
             mine = [(topic, prefix, table, ranges[(topic, task.partition)])
                     for owner, topic, prefix, table in logs if owner is state]
             if state.node.name in kept:
-                unproven = _unproven(store, min(retention[t] for t, _, _, _ in mine),
-                                     self._read_at)
+                why = unproven(store, min(retention[t] for t, _, _, _ in mine),
+                               self._read_at)
                 for topic, _, table, (low, high) in mine:
                     at = store.changelog_offset if table is None else store.table_offset(table)
-                    if unproven is None and not low <= at + 1 <= high:
-                        unproven = f"at offset {at} is outside {topic} [{low}, {high})"
-                if unproven is not None:
+                    if why is None and not low <= at + 1 <= high:
+                        why = f"at offset {at} is outside {topic} [{low}, {high})"
+                if why is not None:
                     log.warning("store %s/%d %s: rebuilding it from its logs",
-                                state.node.name, task.partition, unproven)
+                                state.node.name, task.partition, why)
                     store.wipe()
             for topic, prefix, table, (low, high) in mine:
                 at = store.changelog_offset if table is None else store.table_offset(table)
@@ -203,7 +203,7 @@ def restore_task(task: Task, consumer: Consumer, admin: AdminClient,
     return restoration.replayed
 
 
-def _unproven(store: PartitionStore, retention_ms: int, now_ms: int) -> str | None:
+def unproven(store: PartitionStore, retention_ms: int, now_ms: int) -> str | None:
     """Why the store's logs can no longer prove what it holds, or None when they can: a
     tombstone stays in a compacted log at least `delete.retention.ms` after it was written,
     so every one written after the store was last in step with its logs is still there

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
@@ -57,6 +58,19 @@ def scaled(n: int) -> int:
 # Every fault test's marks: it needs the broker, and its time limit grows with the traffic
 # and faults (pytest's own 300 s ends a test at ten times them long before it is done).
 MARKS = [pytest.mark.broker, pytest.mark.timeout(300 * max(1.0, SCALE))]
+
+
+def alter_configs(settings: Settings, resource: ConfigResource,
+                  entries: dict[str, str | None]) -> None:
+    """Set (or, for None, put back to the default) configuration entries of a topic or a
+    broker, as an operator would."""
+    admin = AdminClient(settings.client_config())
+    resource.incremental_configs = [
+        ConfigEntry(name, value, incremental_operation=(
+            AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET))
+        for name, value in entries.items()]
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=10)
 
 
 # -- a broker of the test's own, to restart ---------------------------------------------
@@ -173,6 +187,62 @@ class CountingEngine:
                     self._engine.completed(admitted.execution_id, admitted.workflow)
         except BaseException as exc:  # surfaced by __exit__
             self.error = exc
+
+
+class HoldingEngine:
+    """An engine in a thread: it starts every run it is handed and completes it at once,
+    except the runs of the accounts it holds, which it keeps running until released."""
+
+    def __init__(self, settings: Settings, held: set[str]) -> None:
+        self._engine = Engine(group=f"{settings.namespace}engine-{uuid.uuid4().hex[:6]}",
+                              settings=settings)
+        self._held = set(held)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.handed: Counter[str] = Counter()
+        self.completed: set[str] = set()
+        self.error: BaseException | None = None
+
+    def release(self, account: str) -> None:
+        """Complete the account's runs, those held and those to come."""
+        with self._lock:
+            self._held.discard(account)
+
+    def __enter__(self) -> HoldingEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._engine.close()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        running: list[AdmittedStart] = []
+        try:
+            while not self._stop.is_set():
+                delivery = self._engine.poll(0.05)
+                if delivery is not None and delivery.admitted is not None:
+                    admitted = delivery.admitted
+                    self.handed[admitted.execution_id] += 1
+                    if self.handed[admitted.execution_id] == 1:
+                        self._engine.started(delivery)
+                        running.append(admitted)
+                with self._lock:
+                    done = [r for r in running if _account(r) not in self._held]
+                for run in done:
+                    running.remove(run)
+                    self._engine.completed(run.execution_id, run.workflow)
+                    self.completed.add(run.execution_id)
+        except BaseException as exc:  # surfaced by __exit__
+            self.error = exc
+
+
+def _account(run: AdmittedStart) -> str:
+    return str(json.loads(run.payload)["account"])
 
 
 # -- what the topics say --------------------------------------------------------------------

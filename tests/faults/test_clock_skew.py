@@ -12,23 +12,16 @@ on that topic, which a clock that is truly ahead does not)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    ResourceType,
-)
+from confluent_kafka.admin import ConfigResource, ResourceType
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.faults import app
-from tests.faults.harness import APP, MARKS, Outcomes
+from tests.faults.harness import APP, MARKS, Outcomes, alter_configs
 from tests.integration.kafka_helpers import WorkerProcess
 
 pytestmark = MARKS
@@ -40,13 +33,8 @@ def _ledger_takes_timestamps_behind(settings: Settings, bound_ms: str | None) ->
     """How far behind the broker's clock the ledger takes a record's timestamp (None: the
     broker's default). At 0, every record the worker stamps is refused, as a worker's
     whose clock runs an hour ahead is by the default bound the other way."""
-    admin = AdminClient(settings.client_config())
-    resource = ConfigResource(ResourceType.TOPIC, Topics(settings).ledger)
-    resource.incremental_configs = [ConfigEntry(
-        "message.timestamp.before.max.ms", bound_ms, incremental_operation=(
-            AlterConfigOpType.DELETE if bound_ms is None else AlterConfigOpType.SET))]
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(timeout=10)
+    alter_configs(settings, ConfigResource(ResourceType.TOPIC, Topics(settings).ledger),
+                  {"message.timestamp.before.max.ms": bound_ms})
 
 
 def test_refused_timestamps_are_said_in_one_line_and_nothing_commits_until_they_are_taken(
@@ -64,10 +52,7 @@ def test_refused_timestamps_are_said_in_one_line_and_nothing_commits_until_they_
             _ledger_takes_timestamps_behind(settings, "0")
             refused = {client.submit("note", {"text": f"n{i}"}).request_id for i in range(10)}
             client.flush()
-            deadline = time.monotonic() + 30
-            while REFUSED not in worker.log.read_text():
-                assert time.monotonic() < deadline, worker.log_tail()
-                time.sleep(0.2)
+            worker.until_logged(REFUSED)
             outcomes.settle(6.0)  # several aborted cycles, backing off
             assert not refused & set(outcomes.final()), "a cycle committed meanwhile"
             assert worker.alive, worker.log_tail()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import threading
 import time
 import uuid
 from collections import Counter
@@ -26,83 +24,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    ResourceType,
-)
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from sluicegate.client import Client, Engine
+from sluicegate.client import Client
 from sluicegate.config import Settings
-from sluicegate.schemas.records import AdmittedStart, Outcome
+from sluicegate.schemas.records import Outcome
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.apps.faults import app
-from tests.faults.harness import APP, MARKS, Outcomes
+from tests.faults.harness import APP, MARKS, HoldingEngine, Outcomes, alter_configs
 from tests.integration.kafka_helpers import WorkerProcess
 
 pytestmark = MARKS
 
 HELD = "t0"
 WORKFLOW = "oneAtATime"
-
-
-class HoldingEngine:
-    """An engine in a thread: it starts every run it is handed and completes it at once,
-    except the runs of the accounts it holds, which it keeps running until released."""
-
-    def __init__(self, settings: Settings, held: set[str]) -> None:
-        self._engine = Engine(group=f"{settings.namespace}engine-{uuid.uuid4().hex[:6]}",
-                              settings=settings)
-        self._held = set(held)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.handed: Counter[str] = Counter()
-        self.completed: set[str] = set()
-        self.error: BaseException | None = None
-
-    def release(self, account: str) -> None:
-        """Complete the account's runs, those held and those to come."""
-        with self._lock:
-            self._held.discard(account)
-
-    def __enter__(self) -> HoldingEngine:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self._engine.close()
-        if self.error is not None:
-            raise self.error
-
-    def _run(self) -> None:
-        running: list[AdmittedStart] = []
-        try:
-            while not self._stop.is_set():
-                delivery = self._engine.poll(0.05)
-                if delivery is not None and delivery.admitted is not None:
-                    admitted = delivery.admitted
-                    self.handed[admitted.execution_id] += 1
-                    if self.handed[admitted.execution_id] == 1:
-                        self._engine.started(delivery)
-                        running.append(admitted)
-                with self._lock:
-                    done = [r for r in running if _account(r) not in self._held]
-                for run in done:
-                    running.remove(run)
-                    self._engine.completed(run.execution_id, run.workflow)
-                    self.completed.add(run.execution_id)
-        except BaseException as exc:  # surfaced by __exit__
-            self.error = exc
-
-
-def _account(run: AdmittedStart) -> str:
-    return str(json.loads(run.payload)["account"])
 
 
 @contextlib.contextmanager
@@ -114,27 +50,20 @@ def tombstones_kept_one_second(settings: Settings) -> Iterator[None]:
     changelogs = [t for t in admin.list_topics(timeout=10).topics
                   if t.startswith(topics.changelog(""))]
     assert changelogs, "the namespace has no changelog topics"
-
-    def alter(resource: ConfigResource, entries: dict[str, str | None]) -> None:
-        resource.incremental_configs = [
-            ConfigEntry(name, value, incremental_operation=(
-                AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET))
-            for name, value in entries.items()]
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=10)
-
     short = {"delete.retention.ms": "1000", "segment.ms": "1000",
              "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"}
     for topic in changelogs:
-        alter(ConfigResource(ResourceType.TOPIC, topic), dict(short))
+        alter_configs(settings, ConfigResource(ResourceType.TOPIC, topic), dict(short))
     brokers = [str(b) for b in admin.list_topics(timeout=10).brokers]
     for broker in brokers:
-        alter(ConfigResource(ResourceType.BROKER, broker), {"log.cleaner.backoff.ms": "1000"})
+        alter_configs(settings, ConfigResource(ResourceType.BROKER, broker),
+                      {"log.cleaner.backoff.ms": "1000"})
     try:
         yield
     finally:
         for broker in brokers:
-            alter(ConfigResource(ResourceType.BROKER, broker), {"log.cleaner.backoff.ms": None})
+            alter_configs(settings, ConfigResource(ResourceType.BROKER, broker),
+                          {"log.cleaner.backoff.ms": None})
 
 
 def _deleted_and_cleaned(settings: Settings, marker: bytes) -> tuple[set[bytes], set[bytes]]:
@@ -217,8 +146,7 @@ def _handed_over_and_cleaned(settings: Settings, client: Client, engine: Holding
     _until_cleaned(settings, client, deleted)
 
 
-def _assert_rebuilt(worker: WorkerProcess, client: Client, outcomes: Outcomes,
-                    engine: HoldingEngine) -> None:
+def _assert_rebuilt(worker: WorkerProcess, client: Client, outcomes: Outcomes) -> None:
     """A new start of t0 is admitted at once (nothing of t0 is in flight), and nothing was
     admitted twice."""
     fourth = client.submit(WORKFLOW, {"account": HELD, "n": 3}).request_id
@@ -234,58 +162,58 @@ def _assert_rebuilt(worker: WorkerProcess, client: Client, outcomes: Outcomes,
     assert "rebuilding it from its logs" in worker.log.read_text()
 
 
-def _one_partition(settings: Settings) -> Settings:
+@dataclasses.dataclass
+class Scene:
+    """Workers A and B on one partition, B's id sorting first (the range assignor gives it
+    the partition when both are in the group), a client, the engine holding t0's runs."""
+
+    a: WorkerProcess
+    b: WorkerProcess
+    client: Client
+    engine: HoldingEngine
+    outcomes: Outcomes
+
+
+@contextlib.contextmanager
+def scene(settings: Settings, tmp_path: Path) -> Iterator[tuple[Settings, Scene]]:
     settings = dataclasses.replace(settings, partitions=1)
     create_topics(settings)
-    return settings
+    a = _worker(settings, tmp_path / "a", "bbbbbbbbbbbb")
+    b = _worker(settings, tmp_path / "b", "aaaaaaaaaaaa")
+    outcomes = Outcomes(settings)
+    try:
+        with tombstones_kept_one_second(settings), \
+                Client(app=app, settings=settings, replies=False) as client, \
+                HoldingEngine(settings, {HELD}) as engine:
+            yield settings, Scene(a, b, client, engine, outcomes)
+    finally:
+        for worker in (a, b):
+            if worker.alive:
+                worker.stop()
+        outcomes.close()
 
 
 def test_a_store_kept_across_a_restart_is_rebuilt_once_its_tombstones_are_cleaned(
         settings: Settings, tmp_path: Path) -> None:
-    settings = _one_partition(settings)
-    a = _worker(settings, tmp_path / "a", "bbbbbbbbbbbb")
-    b = _worker(settings, tmp_path / "b", "aaaaaaaaaaaa")
-    outcomes = Outcomes(settings)
-    try:
-        with tombstones_kept_one_second(settings), \
-                Client(app=app, settings=settings, replies=False) as client, \
-                HoldingEngine(settings, {HELD}) as engine:
-            a.start()
-            ids = _park_on(a, client, outcomes)
-            assert a.stop() == 0, a.log_tail()
-            b.start()
-            _handed_over_and_cleaned(settings, client, engine, outcomes, ids)
-            assert b.stop() == 0, b.log_tail()
-            a.start()
-            _assert_rebuilt(a, client, outcomes, engine)
-    finally:
-        for worker in (a, b):
-            if worker.alive:
-                worker.stop()
-        outcomes.close()
+    with scene(settings, tmp_path) as (settings, s):
+        s.a.start()
+        ids = _park_on(s.a, s.client, s.outcomes)
+        assert s.a.stop() == 0, s.a.log_tail()
+        s.b.start()
+        _handed_over_and_cleaned(settings, s.client, s.engine, s.outcomes, ids)
+        assert s.b.stop() == 0, s.b.log_tail()
+        s.a.start()
+        _assert_rebuilt(s.a, s.client, s.outcomes)
 
 
 def test_a_store_of_a_partition_lost_and_got_back_is_rebuilt_once_its_tombstones_are_cleaned(
         settings: Settings, tmp_path: Path) -> None:
-    settings = _one_partition(settings)
-    # B's id sorts first: the range assignor gives it the one partition when it joins.
-    a = _worker(settings, tmp_path / "a", "bbbbbbbbbbbb")
-    b = _worker(settings, tmp_path / "b", "aaaaaaaaaaaa")
-    outcomes = Outcomes(settings)
-    try:
-        with tombstones_kept_one_second(settings), \
-                Client(app=app, settings=settings, replies=False) as client, \
-                HoldingEngine(settings, {HELD}) as engine:
-            a.start()
-            ids = _park_on(a, client, outcomes)
-            b.start()
-            _handed_over_and_cleaned(settings, client, engine, outcomes, ids)
-            # B leaves for good; A, which kept running, gets the partition back.
-            assert b.stop() == 0, b.log_tail()
-            _assert_rebuilt(a, client, outcomes, engine)
-            assert a.alive, "A was not restarted"
-    finally:
-        for worker in (a, b):
-            if worker.alive:
-                worker.stop()
-        outcomes.close()
+    with scene(settings, tmp_path) as (settings, s):
+        s.a.start()
+        ids = _park_on(s.a, s.client, s.outcomes)
+        s.b.start()  # takes the partition from A
+        _handed_over_and_cleaned(settings, s.client, s.engine, s.outcomes, ids)
+        # B leaves for good; A, which kept running, gets the partition back.
+        assert s.b.stop() == 0, s.b.log_tail()
+        _assert_rebuilt(s.a, s.client, s.outcomes)
+        assert s.a.alive, "A did not keep running"

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import os
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,10 +141,7 @@ def test_a_full_disk_is_said_once_commits_nothing_and_resumes_when_there_is_room
                 during = [client.submit("sendReceipt", {"orderId": f"p{i}", "amount": i})
                           .request_id for i in range(50)]
                 client.flush()
-                deadline = time.monotonic() + 30
-                while "has no room" not in worker.log.read_text():
-                    assert time.monotonic() < deadline, worker.log_tail()
-                    time.sleep(0.2)
+                worker.until_logged("has no room")
                 outcomes.settle(3.0)
                 assert not set(during) & set(outcomes.final()), (
                     "a start was decided while the state directory had no room")
@@ -158,10 +154,7 @@ def test_a_full_disk_is_said_once_commits_nothing_and_resumes_when_there_is_room
                 assert worker.stop() == 0, worker.log_tail()
                 restarted_at = len(worker.log.read_text())
                 worker.start()
-                deadline = time.monotonic() + 30
-                while "has no room" not in worker.log.read_text()[restarted_at:]:
-                    assert worker.alive and time.monotonic() < deadline, worker.log_tail()
-                    time.sleep(0.2)
+                worker.until_logged("has no room", since=restarted_at)
                 filler.unlink()
                 outcomes.wait_until_decided(set(during), timeout_s=90)
                 repeats = [client.submit("sendReceipt", {"orderId": f"o{i}", "amount": i})

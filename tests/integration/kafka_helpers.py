@@ -140,6 +140,14 @@ class WorkerProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def until_logged(self, text: str, since: int = 0, timeout: float = 30.0) -> None:
+        """Until `text` is in the log after its first `since` characters, the worker alive."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log.read_text(errors="replace")[since:]:
+            assert self.alive and time.monotonic() < deadline, (
+                f"no {text!r} in the worker's log:\n{self.log_tail()}")
+            time.sleep(0.2)
+
 
 class WorkerThread:
     """A worker in this process, for tests that drive its clock directly."""

@@ -12,6 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from sluicegate.engine.recovery import unproven
 from sluicegate.engine.store import PartitionStore, StoreTransaction
 
 
@@ -404,3 +405,44 @@ def test_a_store_killed_keeps_a_committed_state_with_its_own_offsets(tmp_path: P
     with PartitionStore(tmp_path / "s") as store:
         assert (store.get(b"a"), store.get(b"b")) == (b"1", None)
         assert (store.changelog_offset, store.table_offset("runs")) == (7, 3)
+
+
+def test_a_committed_write_and_a_clean_close_say_when_the_store_was_in_step(
+        tmp_path: Path) -> None:
+    now = [1_000]
+    s = PartitionStore(tmp_path / "s", lambda: now[0])
+    s.write({b"k": b"v"}, 5)  # a replay's write: the logs may hold more
+    assert s.synced_at_ms is None
+    s.write({b"k": b"w"}, 6, synced=True)  # the owner's commit
+    assert s.synced_at_ms == 1_000
+    now[0] = 2_000
+    s.close(synced=True)
+    assert PartitionStore(tmp_path / "s").synced_at_ms == 2_000
+    now[0] = 3_000
+    reopened = PartitionStore(tmp_path / "s", lambda: now[0])
+    reopened.close()  # not known to be in step (still restoring, say): not stamped
+    assert PartitionStore(tmp_path / "s").synced_at_ms == 2_000
+
+
+def test_a_store_is_unproven_once_half_its_logs_delete_retention_has_passed(
+        tmp_path: Path) -> None:
+    s = PartitionStore(tmp_path / "s", lambda: 10_000)
+    s.write({b"k": b"v"}, 5)
+    assert "no record" in (unproven(s, 1_000, 10_000) or "")
+    s.mark_synced(10_000)
+    assert unproven(s, 1_000, 10_499) is None
+    assert "delete.retention.ms" in (unproven(s, 1_000, 10_500) or "")
+
+
+def test_a_store_that_cannot_be_opened_is_moved_aside_and_opened_empty(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "stage" / "0"
+    s = PartitionStore(path)
+    s.write({b"k": b"v"}, 5)
+    s.close()
+    (path / "CURRENT").write_bytes(b"garbage")
+    reopened = PartitionStore(path)
+    assert (reopened.changelog_offset, reopened.get(b"k")) == (-1, None)
+    (aside,) = path.parent.glob("0.unreadable-*")
+    assert (aside / "CURRENT").read_bytes() == b"garbage"
+    assert "cannot be opened" in caplog.text and str(path) in caplog.text
