@@ -241,8 +241,10 @@ class HoldingEngine:
             self.error = exc
 
 
-def _account(run: AdmittedStart) -> str:
-    return str(json.loads(run.payload)["account"])
+def _account(run: AdmittedStart) -> str | None:
+    """The account a run is for, if its workflow has one."""
+    account = json.loads(run.payload).get("account")
+    return None if account is None else str(account)
 
 
 # -- what the topics say --------------------------------------------------------------------
