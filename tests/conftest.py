@@ -40,7 +40,7 @@ from sluicegate.schemas import codec
 hypothesis_settings.register_profile("sluicegate", deadline=None)
 hypothesis_settings.load_profile("sluicegate")
 
-KAFKA_IMAGE = "apache/kafka:4.1.1"
+KAFKA_IMAGE = "apache/kafka:4.4.0"
 # Fixed ports make a leftover test broker easy to find; another run already holding them
 # (a second engineer's pytest on the same box) makes us fall back to free ports.
 TEST_PORT, TEST_CONTROLLER_PORT = 19092, 19093

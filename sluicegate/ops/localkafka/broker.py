@@ -40,7 +40,7 @@ from sluicegate.ops.localkafka.processes import (
     terminate,
 )
 
-DEFAULT_KAFKA_VERSION = "4.1.1"
+DEFAULT_KAFKA_VERSION = "4.4.0"
 DEFAULT_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 MIN_JAVA = 17  # kafka_2.13 4.x is compiled for Java 17 (minNonClientJavaVersion)
