@@ -24,6 +24,7 @@ An engine-reported failure starts the onFailure workflow too.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
@@ -241,8 +242,8 @@ class RunsStage(AdmissionStage):
         # heard from the run and when it admitted it (monotonic). Not logged: after a
         # restore the count starts at the taking.
         self._taken: dict[int, tuple[int, int]] = {}
-        self._heard: dict[int, dict[str, int]] = {}
-        self._armed: dict[int, dict[str, int]] = {}
+        self._heard: defaultdict[int, dict[str, int]] = defaultdict(dict)
+        self._armed: defaultdict[int, dict[str, int]] = defaultdict(dict)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.topic != ctx.topics.run_events:
@@ -420,14 +421,14 @@ class RunsStage(AdmissionStage):
         """How long this worker has itself gone without a report of the run: since the
         last one it read, or since it took the partition."""
         taken = self._taken_at(ctx)[1]
-        heard = self._heard.get(ctx.partition, {}).get(execution_id, taken)
+        heard = self._heard[ctx.partition].get(execution_id, taken)
         return ctx.monotonic_ms - max(heard, taken)
 
     def _finish_left(self, ctx: StageContext, row: RunRow, finish_at_ms: int) -> int:
         """What is left of the run's finish timeout, counting the time since its admission
         on this worker's own clock (the wall clock's up to the taking of the partition, for
         a run admitted before it)."""
-        armed = self._armed.get(ctx.partition, {}).get(row.execution_id)
+        armed = self._armed[ctx.partition].get(row.execution_id)
         if armed is None:
             taken_wall, taken_mono = self._taken_at(ctx)
             elapsed = taken_wall - row.admitted_at_ms + ctx.monotonic_ms - taken_mono
@@ -552,8 +553,8 @@ class RunsStage(AdmissionStage):
         wf = self.app.get(row.workflow)
         holding = holds_lease(row, self._needs_readmission(row))
         now = ctx.monotonic_ms
-        self._armed.setdefault(ctx.partition, {})[row.execution_id] = now
-        self._heard.setdefault(ctx.partition, {})[row.execution_id] = now
+        self._armed[ctx.partition][row.execution_id] = now
+        self._heard[ctx.partition][row.execution_id] = now
         self._store_backstop(ctx, row.execution_id, None,
                              backstop_for(row.admitted_at_ms, finish_ms, lease_of(wf), holding))
 
@@ -561,7 +562,7 @@ class RunsStage(AdmissionStage):
         raw = ctx.store.get(_BACKSTOP + row.execution_id.encode())
         if raw is None:
             return
-        self._heard.setdefault(ctx.partition, {})[row.execution_id] = ctx.monotonic_ms
+        self._heard[ctx.partition][row.execution_id] = ctx.monotonic_ms
         old = Backstop.decode(raw)
         holding = holds_lease(row, self._needs_readmission(row))
         self._store_backstop(ctx, row.execution_id, old, alive(old, holding, ctx.now_ms))
@@ -586,7 +587,7 @@ class RunsStage(AdmissionStage):
     def _disarm(self, ctx: StageContext, execution_id: str) -> None:
         raw = ctx.store.get(_BACKSTOP + execution_id.encode())
         for runs in (self._heard, self._armed):
-            runs.get(ctx.partition, {}).pop(execution_id, None)
+            runs[ctx.partition].pop(execution_id, None)
         if raw is not None:
             self._store_backstop(ctx, execution_id, Backstop.decode(raw), Backstop())
 
