@@ -149,6 +149,13 @@ VARIABLES: tuple[Variable, ...] = (
              "Where a worker keeps its state stores and its identity (`worker.id`, which "
              "names its static group membership and transactional id). One worker per "
              "directory: a second one is refused.", "Worker"),
+    Variable("state_backend", Text(r"memory|rocksdb", "`memory` or `rocksdb`"), "memory",
+             "Where a worker keeps its tasks' state. `memory`: the working copy in memory, "
+             "rebuilt from the changelogs at every assignment (the fastest, and never "
+             "stale). `rocksdb`: RocksDB stores under the state directory, for state larger "
+             "than memory, restored from where they left off "
+             "(docs/decisions/state-backends.md; docs/benchmarks.md has the memory and "
+             "restore figures of each).", "Worker"),
     Variable("commit_interval_ms", Whole(1, TRANSACTION_TIMEOUT_MS // 2), "100",
              "A worker's transaction commits after this long: what a decision waits for to "
              "become visible. At most half the transaction timeout sluicegate gives the "
@@ -309,6 +316,7 @@ class Settings:
     partitions: int = field(default_factory=partial(_from_env, "partitions"))
     replication: int = field(default_factory=partial(_from_env, "replication"))
     state_dir: Path = field(default_factory=partial(_from_env, "state_dir"))
+    state_backend: str = field(default_factory=partial(_from_env, "state_backend"))
     commit_interval_ms: int = field(default_factory=partial(_from_env, "commit_interval_ms"))
     commit_max_records: int = field(default_factory=partial(_from_env, "commit_max_records"))
     restore_step_ms: int = field(default_factory=partial(_from_env, "restore_step_ms"))

@@ -220,7 +220,8 @@ class TestDriver:
                       if state.store is not None} for p, task in self.tasks.items()}
         self.tasks = {
             p: Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
-                    self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms)
+                    self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
+                    self.settings.state_backend)
             for p in range(self.settings.partitions)}
         # What the worker does once a task's stores are restored: `restored` in a
         # transaction, then every row of the control table told to its stages.

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
-from sluicegate.engine.store import PartitionStore
+from sluicegate.engine.store import Store
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.transactions import Stopping, describe
 
@@ -81,7 +81,7 @@ class Restoration:
         retention = delete_retention(admin, sorted({topic for owner, topic, _, _ in logs
                                                     if owner.node.name in kept}))
         # What is left to replay: (store, the log from where the store is, its end, ...).
-        self._left: list[tuple[PartitionStore, TopicPartition, int, bytes, str | None]] = []
+        self._left: list[tuple[Store, TopicPartition, int, bytes, str | None]] = []
         for state in task.stateful():
             store = state.store
             assert store is not None
@@ -149,7 +149,7 @@ class Restoration:
             self.consumer.unassign()
             self._assigned = False
 
-    def _fetch(self, store: PartitionStore, tp: TopicPartition, high: int, prefix: bytes,
+    def _fetch(self, store: Store, tp: TopicPartition, high: int, prefix: bytes,
                table: str | None) -> bool:
         """One fetch of `tp` into `store`; True when the log is replayed to `high`."""
         consumer = self.consumer
@@ -203,7 +203,7 @@ def restore_task(task: Task, consumer: Consumer, admin: AdminClient,
     return restoration.replayed
 
 
-def unproven(store: PartitionStore, retention_ms: int, now_ms: int) -> str | None:
+def unproven(store: Store, retention_ms: int, now_ms: int) -> str | None:
     """Why the store's logs can no longer prove what it holds, or None when they can: a
     tombstone stays in a compacted log at least `delete.retention.ms` after it was written,
     so every one written after the store was last in step with its logs is still there

@@ -932,8 +932,9 @@ class Worker:
 
     def _commit(self) -> None:
         started = time.monotonic()
-        free = free_bytes(self.settings.state_dir)
-        if free < self.settings.min_free_bytes:
+        on_disk = self.settings.state_backend != "memory"
+        free = free_bytes(self.settings.state_dir) if on_disk else 0
+        if on_disk and free < self.settings.min_free_bytes:
             # Never commit what the stores may not be able to write.
             raise StoreUnwritable(self.settings.state_dir, f"less than "
                                   f"{format_bytes(self.settings.min_free_bytes)} free")
@@ -1209,7 +1210,7 @@ class Worker:
     def _new_task(self, partition: int) -> Task:
         return Task(partition, self.topology, self.settings.state_dir, self._send,
                     self.clock.now_ms, self.settings.max_record_bytes,
-                    monotonic=self.clock.monotonic_ms)
+                    monotonic=self.clock.monotonic_ms, backend=self.settings.state_backend)
 
     def _reopen(self, partition: int) -> None:
         """A restoring task's stores are closed (what they could not write is in their

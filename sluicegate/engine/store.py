@@ -1,8 +1,10 @@
-"""Per-partition RocksDB state, and the buffered writes of one commit cycle.
+"""Per-partition state, and the buffered writes of one commit cycle.
 
-A store is trusted only up to the changelog offset written with its data, so
-the data and that offset always move together in one WriteBatch. See
-docs/decisions/state-store-layout.md.
+Two backends answer the `Store` interface: RocksDB (`PartitionStore`, here), for state
+larger than memory, and memory (`engine.memstore.MemoryStore`), the default
+(docs/decisions/state-backends.md). A RocksDB store is trusted only up to the changelog
+offset written with its data, so the data and that offset always move together in one
+WriteBatch (docs/decisions/state-store-layout.md).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from rocksdict import (
     BlockBasedOptions,
@@ -28,6 +30,8 @@ from rocksdict import (
     WriteOptions,
 )
 from sortedcontainers import SortedList
+
+from sluicegate.engine.memstore import MemoryStore
 
 # The offsets live in their own column family so that user keys can be any bytes.
 META_CF = "meta"
@@ -133,9 +137,46 @@ def _out_of_space(exc: BaseException) -> bool:
     return "No space left on device" in text or "Disk quota exceeded" in text
 
 
+class Store(Protocol):
+    """What the runtime and a cycle's transaction need of a partition's store."""
+
+    persistent: bool
+    revision: int
+
+    @property
+    def changelog_offset(self) -> int: ...
+    def table_offset(self, table: str) -> int: ...
+    @property
+    def holds_rows(self) -> bool: ...
+    @property
+    def synced_at_ms(self) -> int | None: ...
+    def mark_synced(self, at_ms: int) -> None: ...
+    def get(self, key: bytes) -> bytes | None: ...
+    def items(self, prefix: bytes,
+              start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
+    def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int | None,
+              tables: Mapping[str, int] | None = None, synced: bool = False) -> None: ...
+    def wipe(self) -> None: ...
+    def close(self, synced: bool = False) -> None: ...
+
+
+BACKENDS = ("memory", "rocksdb")
+
+
+def open_store(backend: str, path: Path, clock: Callable[[], int] | None = None) -> Store:
+    """The store of one (stage, partition): in memory, or RocksDB at `path`."""
+    if backend == "memory":
+        return MemoryStore()
+    if backend == "rocksdb":
+        return PartitionStore(path, clock)
+    raise ValueError(f"no state backend {backend!r}: it is one of {', '.join(BACKENDS)}")
+
+
 class PartitionStore:
     """One RocksDB (raw bytes) per (stage, partition) at `path`. `clock` (epoch ms) stamps
     the time a commit's write or a clean close leaves the store in step with its logs."""
+
+    persistent = True
 
     def __init__(self, path: Path, clock: Callable[[], int] | None = None) -> None:
         self.path = Path(path)
@@ -411,7 +452,7 @@ class StoreTransaction:
     (the passthrough) never builds it.
     """
 
-    def __init__(self, store: PartitionStore, max_record_bytes: int | None = None) -> None:
+    def __init__(self, store: Store, max_record_bytes: int | None = None) -> None:
         self.store = store
         self._buffer: dict[bytes, bytes | None] = {}
         # The buffer's keys in order, or None until an ordered read asks for it.

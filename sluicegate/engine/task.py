@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sluicegate.engine.stage import Send, Stage, StageContext
-from sluicegate.engine.store import PartitionStore, StoreTransaction, StoreUnwritable
+from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable, open_store
 from sluicegate.engine.timers import Timers
 from sluicegate.engine.topology import Node, Table, Topology
 
@@ -25,7 +25,7 @@ class StageState:
 
     node: Node
     ctx: StageContext[Any]
-    store: PartitionStore | None = None
+    store: Store | None = None
     tx: StoreTransaction | None = None
     timers: Timers | None = None
 
@@ -53,21 +53,23 @@ class Task:
         send: Send,
         clock: Callable[[], int],
         max_record_bytes: int | None = None,
-        stores: Mapping[str, PartitionStore] | None = None,
+        stores: Mapping[str, Store] | None = None,
         monotonic: Callable[[], int] | None = None,
+        backend: str = "memory",
     ) -> None:
         """`clock`: the wall clock's now in epoch ms; `monotonic`: the worker's own time
         (engine/clock.py), the wall clock when not given. `stores`: stores already open, by
         stage name, to take over instead of opening them (the test driver's restart keeps
-        its stores open)."""
+        its stores open); `backend`: where the stores keep their rows, `memory` or
+        `rocksdb` (under `state_dir`)."""
         self.partition = partition
         self.now_ms = clock
         self.states: dict[str, StageState] = {}
         for node in topology.nodes:
             store = tx = timers = None
             if node.changelog is not None:
-                store = (stores or {}).get(node.name) or PartitionStore(
-                    state_dir / node.name / str(partition), clock)
+                store = (stores or {}).get(node.name) or open_store(
+                    backend, state_dir / node.name / str(partition), clock)
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,

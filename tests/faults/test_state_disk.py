@@ -60,7 +60,8 @@ def _decide(client: Client, outcomes: Outcomes, workflow: str, payload: dict[str
                          ids=["truncated-sst", "garbage-current", "garbage-manifest"])
 def test_a_store_that_cannot_be_opened_is_moved_aside_and_rebuilt(
         settings: Settings, tmp_path: Path, corrupt: object) -> None:
-    settings = dataclasses.replace(settings, partitions=1)
+    # A RocksDB store's files, corrupted: the in-memory backend has none.
+    settings = dataclasses.replace(settings, partitions=1, state_backend="rocksdb")
     create_topics(settings)
     worker = WorkerProcess(settings, APP, tmp_path / "w")
     outcomes = Outcomes(settings)
@@ -123,7 +124,8 @@ def _fill(disk: Path) -> Path:
 
 def test_a_full_disk_is_said_once_commits_nothing_and_resumes_when_there_is_room(
         settings: Settings, tmp_path: Path) -> None:
-    settings = dataclasses.replace(settings, partitions=2)
+    # The RocksDB stores' disk fills: the in-memory backend writes none.
+    settings = dataclasses.replace(settings, partitions=2, state_backend="rocksdb")
     create_topics(settings)
     with small_disk(tmp_path / "disk", 64) as disk:
         worker = WorkerProcess(settings, APP, disk / "state")

@@ -91,6 +91,7 @@ def settings_env(settings: Settings, state_dir: Path, **extra: str) -> dict[str,
         "SLUICEGATE_NAMESPACE": settings.namespace,
         "SLUICEGATE_PARTITIONS": str(settings.partitions),
         "SLUICEGATE_STATE_DIR": str(state_dir),
+        "SLUICEGATE_STATE_BACKEND": settings.state_backend,
         "SLUICEGATE_COMMIT_INTERVAL_MS": str(settings.commit_interval_ms),
         "PYTHONPATH": str(ROOT),
     })

@@ -12,14 +12,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from sluicegate.engine.memstore import MemoryStore
 from sluicegate.engine.recovery import unproven
-from sluicegate.engine.store import PartitionStore, StoreTransaction
+from sluicegate.engine.store import BACKENDS, PartitionStore, StoreTransaction, open_store
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Any:
-    with PartitionStore(tmp_path / "stage-0") as s:
-        yield s
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A store of each backend: both answer every read and write the same way."""
+    s = open_store(request.param, tmp_path / "stage-0")
+    yield s
+    s.close()
 
 
 def test_a_store_never_written_makes_no_files_until_its_first_write(tmp_path: Path) -> None:
@@ -82,7 +85,17 @@ def test_items_of_a_prefix_end_at_its_last_row_whatever_its_bytes(
     assert list(store.items(prefix)) == []
 
 
-def test_items_sees_the_store_as_of_the_call(store: PartitionStore) -> None:
+def test_items_of_a_memory_store_go_on_from_their_last_row_after_a_write() -> None:
+    store = MemoryStore()
+    store.write({b"a": b"1", b"c": b"3", b"d": b"4"}, 0)
+    rows = store.items(b"")
+    assert next(rows) == (b"a", b"1")
+    store.write({b"b": b"2", b"c": None}, 1)
+    assert list(rows) == [(b"b", b"2"), (b"d", b"4")]
+
+
+def test_items_of_a_rocksdb_store_see_it_as_of_the_call(tmp_path: Path) -> None:
+    store = PartitionStore(tmp_path / "s")
     store.write({b"a": b"1", b"c": b"3"}, 0)
     rows = store.items(b"")
     store.write({b"b": b"2", b"c": None}, 1)
@@ -129,8 +142,9 @@ def test_reopening_gives_the_same_rows_and_offset(tmp_path: Path) -> None:
 
 
 def test_rows_and_offset_go_to_rocksdb_in_one_write_batch(
-    store: PartitionStore, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = PartitionStore(tmp_path / "s")
     # The atomicity argument: RocksDB applies one WriteBatch all-or-nothing,
     # so a crash can never leave the rows without the offset or vice versa.
     store.write({}, None)  # RocksDB opens at a store's first write
@@ -294,7 +308,7 @@ class TransactionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="sluicegate-store-"))
-        self.store = PartitionStore(self.dir / "s")
+        self.store = self.open()
         self.tx = StoreTransaction(self.store)
         self.stored: dict[bytes, bytes] = {}
         self.buffer: dict[bytes, bytes | None] = {}
@@ -341,9 +355,7 @@ class TransactionMachine(RuleBasedStateMachine):
             self.tx.discard()
         else:
             # Only what was committed survives a restart.
-            self.store.close()
-            self.store = PartitionStore(self.dir / "s")
-            self.tx = StoreTransaction(self.store)
+            self.restart()
         self.buffer = {}
 
     @rule(key=KEYS)
@@ -372,15 +384,37 @@ class TransactionMachine(RuleBasedStateMachine):
         assert self.store.changelog_offset == self.offset
         assert self.tx.changes == self.buffer
 
+    def open(self) -> Any:
+        return PartitionStore(self.dir / "s")
+
+    def restart(self) -> None:
+        """Only what was committed survives a restart."""
+        self.store.close()
+        self.store = self.open()
+        self.tx = StoreTransaction(self.store)
+
     def teardown(self) -> None:
         self.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-TransactionMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None
-)
+class MemoryTransactionMachine(TransactionMachine):
+    """The same over the in-memory store, whose rows do not outlive the process: a restart
+    is a new transaction over the committed store, as the test driver's restart keeps it."""
+
+    def open(self) -> Any:
+        return MemoryStore()
+
+    def restart(self) -> None:
+        self.tx = StoreTransaction(self.store)
+
+
+for machine in (TransactionMachine, MemoryTransactionMachine):
+    machine.TestCase.settings = settings(max_examples=100, stateful_step_count=30,
+                                         deadline=None)
 test_transaction_behaves_like_a_dict_over_a_dict = TransactionMachine.TestCase
+test_transaction_over_memory_behaves_like_a_dict_over_a_dict = (
+    MemoryTransactionMachine.TestCase)
 
 
 _KILLED_AFTER_WRITING = """
