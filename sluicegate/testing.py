@@ -56,7 +56,6 @@ from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from itertools import repeat
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -223,9 +222,11 @@ class TestDriver:
                     self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
                     self.settings.state_backend)
             for p in range(self.settings.partitions)}
-        # What the worker does once a task's stores are restored: `restored` in a
+        # What the worker does once a task's stores are restored: the derived rows made
+        # again from the others (their logs do not carry them), `restored` in a
         # transaction, then every row of the control table told to its stages.
         for task in self.tasks.values():
+            task.rebuild_derived()
             for state in task.stateful():
                 state.stage.restored(state.ctx)
             for row in list(self.control.rows.values()):
@@ -480,26 +481,14 @@ class TestDriver:
 
     def _commit_state(self, state: StageState, partition: int) -> None:
         assert state.tx is not None
-        changes = state.tx.changes
         last: dict[str, int] = {}
-        if all(self._counted(topic) for topic in (state.changelog,
-                                                  *(t.topic for t in state.tables))):
-            # No log of this store is kept or read (a lean driver): count, make nothing. A
-            # table's rows are those under its prefix (no two tables' prefixes overlap).
-            in_tables = 0
-            for table in state.tables:
-                n = sum(map(bytes.startswith, changes, repeat(table.prefix)))
-                in_tables += n
-                self._count(last, table.topic, partition, n)
-            self._count(last, state.changelog, partition, len(changes) - in_tables)
-        else:
-            for key, value in list(changes.items()):
-                topic, log_key = state.changelog, key
-                for table in state.tables:
-                    if key.startswith(table.prefix):
-                        topic, log_key = table.topic, key[len(table.prefix):]
-                        break
-                last[topic] = self._write(topic, partition, log_key, value)
+        for topic, rows in state.logged().items():
+            if self._counted(topic):
+                # No log of this topic is kept or read (a lean driver): count, make nothing.
+                self._count(last, topic, partition, len(rows))
+                continue
+            for key, value in rows:
+                last[topic] = self._write(topic, partition, key, value)
         state.tx.commit(last.get(state.changelog), {
             table.name: last[table.topic] for table in state.tables if table.topic in last})
 

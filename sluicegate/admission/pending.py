@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sluicegate.declare import Workflow
-from sluicegate.engine.stage import Headers
+from sluicegate.engine.stage import Headers, StoreReader
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
@@ -95,6 +95,84 @@ def unpack_headers(raw: bytes) -> Headers:
         headers.append((name, raw[at + 4:at + 4 + m]))
         at += 4 + m
     return headers
+
+
+# The queues' bookkeeping rows: a queue's count, its sequence and its last row, a fair
+# queue's total. Each follows from the queues' rows (`derive`), so none is logged
+# (docs/decisions/derived-rows.md); a stage whose queues these are lists them among its
+# `derived` prefixes.
+DERIVED = (_COUNT, _SEQ, _LAST, _TOTAL)
+
+
+def agrees(kept: dict[bytes, bytes], derived: dict[bytes, bytes]) -> bool:
+    """Whether bookkeeping rows kept up to date as starts came and went do what the rows
+    `derive` made would: the same rows, but for a sequence, which the queue keeps at the
+    last it gave out (kept while the queue is empty, so a refill's rows sort past the
+    rows taken before) and `derive` at the highest its rows hold, if any (the next start
+    gets a higher one either way)."""
+    if kept.keys() - derived.keys() - {key for key in kept if key.startswith(_SEQ)}:
+        return False
+    return all(kept.get(key) == value or (key.startswith(_SEQ) and key in kept
+                                          and int(kept[key]) >= int(value))
+               for key, value in derived.items())
+
+
+def derive(store: StoreReader) -> dict[bytes, bytes]:
+    """The bookkeeping rows of every queue in `store`, from the queues' rows: per queue its
+    count, the highest sequence it holds and its last row (its rows are read in order, so
+    the last read is the last), and per fair queue the count of all its lanes."""
+    rows: dict[bytes, bytes] = {}
+    counts: dict[bytes, int] = {}
+    named = b""
+    n = 0
+    last = b""
+    seq = 0
+    for key, _ in store.items(_QUEUE):
+        if not named or not key.startswith(named, len(_QUEUE)):
+            if named:
+                counts[named] = n
+                rows[_COUNT + named], rows[_SEQ + named] = str(n).encode(), str(seq).encode()
+                rows[_LAST + named] = last
+            (size,) = struct.unpack_from(">H", key, len(_QUEUE))
+            named = key[len(_QUEUE):len(_QUEUE) + 2 + size]
+            n = seq = 0
+        n += 1
+        last = key
+        at = len(_QUEUE) + len(named) + 8
+        seq = max(seq, struct.unpack_from(">Q", key, at)[0])
+    if named:
+        counts[named] = n
+        rows[_COUNT + named], rows[_SEQ + named] = str(n).encode(), str(seq).encode()
+        rows[_LAST + named] = last
+    totals: dict[bytes, int] = {}
+    for key, _ in store.items(_LANES):
+        (size,) = struct.unpack_from(">H", key, len(_LANES))
+        budget = key[len(_LANES) + 2:len(_LANES) + 2 + size]
+        lane = key[len(_LANES) + 2 + size:]
+        total = _TOTAL + _name(budget)
+        totals[total] = totals.get(total, 0) + counts.get(_name(budget + b"\x1f" + lane), 0)
+    rows.update((key, str(total).encode()) for key, total in totals.items() if total)
+    return rows
+
+
+def lane_rows(store: StoreReader, budget: bytes) -> Iterator[tuple[str, bytes, bytes]]:
+    """(lane, row key, row value) of every start waiting in the fair queue `budget`."""
+    markers = _LANES + _name(budget)
+    for marker, _ in list(store.items(markers)):
+        lane = marker[len(markers):]
+        for row, value in store.items(_QUEUE + _name(budget + b"\x1f" + lane)):
+            yield lane.decode(), row, value
+
+
+def fair_budgets(store: StoreReader) -> list[bytes]:
+    """The fair queues of `store` with starts waiting (their budgets), in order."""
+    budgets: list[bytes] = []
+    for key, _ in store.items(_LANES):
+        (size,) = struct.unpack_from(">H", key, len(_LANES))
+        budget = key[len(_LANES) + 2:len(_LANES) + 2 + size]
+        if not budgets or budgets[-1] != budget:
+            budgets.append(budget)
+    return budgets
 
 
 def queue_names(tx: StoreTransaction) -> list[bytes]:

@@ -106,12 +106,20 @@ class Restoration:
                                        high, prefix, table))
             if not any(left[0] is store for left in self._left):
                 store.mark_synced(self._read_at)
+        # The stores the restoration writes (or wiped): their derived rows are made again
+        # once it ends, as are those of a store in memory, which hold none yet.
+        self._written: list[Store] = [state.store for state in task.stateful()
+                                      if state.store is not None
+                                      and (not state.store.persistent
+                                           or any(left[0] is state.store
+                                                  for left in self._left))]
+        self._derived = False
         self._assigned = False
         self._deadline = 0.0
 
     @property
     def done(self) -> bool:
-        return not self._left
+        return not self._left and self._derived
 
     def step(self, budget_s: float) -> bool:
         """Replay for about `budget_s` (at least one fetch); True once every log is."""
@@ -141,7 +149,10 @@ class Restoration:
                                    f"offset {high}")
             if time.monotonic() >= until:
                 break
-        return not self._left
+        if not self._left and not self._derived:
+            self.task.rebuild_derived(self._written)
+            self._derived = True
+        return self.done
 
     def abandon(self) -> None:
         """Stop here: the stores keep what was replayed (each write with its offset)."""

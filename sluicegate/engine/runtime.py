@@ -992,18 +992,8 @@ class Worker:
     def _produce_logs(self, state: StageState, partition: int) -> None:
         """The cycle's store writes of one stage and partition: each row to its log (the
         changelog, or the topic of a table the stage publishes), in that partition."""
-        assert state.tx is not None
-        logs: dict[str, list[tuple[bytes, bytes | None]]] = {}
-        tables = state.tables
-        for key, value in state.tx.changes.items():
-            topic, log_key = state.changelog, key
-            for table in tables:
-                if key.startswith(table.prefix):
-                    topic, log_key = table.topic, key[len(table.prefix):]
-                    break
-            logs.setdefault(topic, []).append((log_key, value))
         produce = self._txn.producer.produce
-        for topic, rows in logs.items():
+        for topic, rows in state.logged().items():
             last = len(rows) - 1
             for i, (key, value) in enumerate(rows):
                 deadline = None

@@ -9,7 +9,7 @@ processor does).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -114,6 +114,15 @@ class Stage(ABC):
     its store and what it publishes from it) is the topology's (`engine.topology.Node`),
     as Kafka Streams keeps a processor's wiring in its `Topology`."""
 
+    # The key prefixes of the store rows that are derived from its other rows (counters,
+    # indexes): kept in the store for reads, never logged, and made again by `derive`
+    # when the store is restored (docs/decisions/derived-rows.md).
+    derived: tuple[bytes, ...] = ()
+
+    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+        """Every derived row (under `derived`), computed from the store's other rows."""
+        return {}
+
     @abstractmethod
     def process(self, ctx: StageContext[Any], record: InputRecord) -> None:
         """Handle one input record. Bad input is the stage's to dead-letter and ledger."""
@@ -151,6 +160,14 @@ class Stage(ABC):
         task of a stage that reads the table (`Node.reads`); and once a task is restored,
         each of the table's rows (`GlobalTable.rows`). Runs in the current transaction, so
         it may send."""
+
+
+class StoreReader(Protocol):
+    """The reads a stage's `derive` makes of its restored store."""
+
+    def get(self, key: bytes, /) -> bytes | None: ...
+    def items(self, prefix: bytes, start: bytes | None = None,
+              /) -> Iterator[tuple[bytes, bytes]]: ...
 
 
 # Where a record that is not processed is told: (its stage's context, the record, why).

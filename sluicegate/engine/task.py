@@ -7,7 +7,7 @@ holds the state of each key that hashes to p, in every stage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,26 @@ class StageState:
     @property
     def tables(self) -> tuple[Table, ...]:
         return self.node.tables
+
+    def logged(self) -> dict[str, list[tuple[bytes, bytes | None]]]:
+        """The cycle's store writes by the log each goes to, in the order written: the
+        changelog, or the topic of a table the stage publishes (its key without the
+        table's prefix). A derived row goes to none (`Stage.derived`)."""
+        assert self.tx is not None
+        logs: dict[str, list[tuple[bytes, bytes | None]]] = {}
+        tables = self.node.tables
+        derived = self.node.stage.derived
+        changelog = self.changelog
+        for key, value in self.tx.changes.items():
+            if derived and key.startswith(derived):
+                continue
+            topic, log_key = changelog, key
+            for table in tables:
+                if key.startswith(table.prefix):
+                    topic, log_key = table.topic, key[len(table.prefix):]
+                    break
+            logs.setdefault(topic, []).append((log_key, value))
+        return logs
 
 
 class Task:
@@ -78,6 +98,26 @@ class Task:
 
     def stateful(self) -> Iterator[StageState]:
         return (s for s in self.states.values() if s.store is not None)
+
+    def rebuild_derived(self, stores: Iterable[Store] | None = None) -> int:
+        """Make every derived row of the stores again from their other rows (all of this
+        task's, or `stores`), dropping what they held under the derived prefixes (rows of
+        an earlier release's changelog, or rows the replay left behind): their logs do not
+        carry them. Returns the rows written."""
+        written = 0
+        chosen = None if stores is None else {id(store) for store in stores}
+        for state in self.stateful():
+            stage, store = state.stage, state.store
+            assert store is not None
+            if not stage.derived or (chosen is not None and id(store) not in chosen):
+                continue
+            rows: dict[bytes, bytes | None] = {
+                key: None for prefix in stage.derived for key, _ in store.items(prefix)}
+            rows.update(stage.derive(store))
+            if rows:
+                store.write(rows, None)
+                written += len(rows)
+        return written
 
     def discard(self) -> None:
         """Drop this cycle's writes: the transaction aborted (the timers notice by themselves)."""

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from pydantic import BaseModel
 
+from sluicegate.admission import pending
 from sluicegate.admission.pending import COUNTED
 from sluicegate.admission.stages.concurrency import (
     NAME,
@@ -572,6 +573,16 @@ def test_a_partition_first_assigned_empty_does_not_sweep_at_its_first_restart(
 TENANTS = ("a", "b", "c")
 
 
+def assert_derived_rows_follow(d: TestDriver) -> None:
+    """The rows the concurrency stage keeps up to date as it goes and never logs are the
+    rows it would derive from its other rows at a restore."""
+    stage = d.stage("concurrency")
+    store = d.store("concurrency")
+    kept = {key: value for prefix in stage.derived for key, value in store.items(prefix)}
+    derived = stage.derive(store)
+    assert pending.agrees(kept, derived), (kept, derived)
+
+
 class OneKeyPerTenant(RuleBasedStateMachine):
     """Limit 2 per tenant, strict priority: never more than 2 holders per tenant, the
     waiting start admitted next is the reference queue's head (priority, then arrival),
@@ -623,6 +634,16 @@ class OneKeyPerTenant(RuleBasedStateMachine):
             assert set(held) == self.running[tenant]
             assert len(held) <= self.LIMIT
             assert len(held) == self.LIMIT or not self.waiting[tenant], "a free slot idles"
+
+    @invariant()
+    def derived_rows_follow_from_the_others(self) -> None:
+        assert_derived_rows_follow(self.h)
+
+    @rule()
+    def restart(self) -> None:
+        """Another worker takes over: the derived rows are made again from the others."""
+        self.h.commit()
+        self.h.restart()
 
     def teardown(self) -> None:
         # Every waiting start is admitted once the runs end.
@@ -703,6 +724,15 @@ class SharedPool(RuleBasedStateMachine):
         held = holders(self.h, "pool:p\x1f")
         assert sorted(held) == sorted(self.running)
         assert len(held) <= self.LIMIT
+
+    @invariant()
+    def derived_rows_follow_from_the_others(self) -> None:
+        assert_derived_rows_follow(self.h)
+
+    @rule()
+    def restart(self) -> None:
+        self.h.commit()
+        self.h.restart()
 
     def teardown(self) -> None:
         while self.running:

@@ -16,12 +16,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from sluicegate.admission.pending import (
     COUNTED,
+    DERIVED,
     FairQueue,
     Parked,
     PendingQueue,
+    agrees,
+    derive,
     pack_headers,
     unpack_headers,
 )
+from sluicegate.engine.memstore import MemoryStore
 from sluicegate.engine.stage import Headers
 from sluicegate.engine.store import PartitionStore, StoreTransaction
 from sluicegate.schemas import codec
@@ -280,6 +284,46 @@ def test_an_empty_queue_is_answered_without_an_ordered_read(store: PartitionStor
     queue.park(_start(1))
     head = queue.peek()
     assert head is not None and head.start.execution_id == "x1"
+
+
+def _bookkeeping(tx: StoreTransaction) -> dict[bytes, bytes]:
+    return {key: value for prefix in DERIVED for key, value in tx.items(prefix)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["park", "take", "remove", "commit"]),
+                          st.sampled_from(["a", "b", "c"]),
+                          st.sampled_from([0.0, 0.0, 1.0, 5.0])), max_size=40),
+       st.sampled_from(["strict", "age"]))
+def test_the_queues_bookkeeping_is_what_derive_makes_from_their_rows(
+        ops: list[tuple[str, str, float]], mode: str) -> None:
+    """Counts, sequences, last rows and a fair queue's total are kept up to date as starts
+    park and leave, and never logged: at every step they are what `derive` makes from
+    the queues' rows at a restore, an emptied queue leaving none behind."""
+    tx = StoreTransaction(MemoryStore())
+    fair = FairQueue(tx, b"budget\x1fkey", mode)
+    alone = PendingQueue(tx, b"alone")
+    n = 0
+    offset = 0
+    for op, lane, priority in ops:
+        if op == "park":
+            n += 1
+            fair.park(lane, _start(n, priority))
+            alone.park(_start(n, priority), mode)
+        elif op == "take":
+            head = fair.next()
+            if head is not None:
+                fair.take(*head)
+            alone.pop()
+        elif op == "remove":
+            head = fair.next()
+            if head is not None:
+                fair.remove(*head)
+        else:
+            tx.commit(offset)
+            offset += 1
+        kept, derived = _bookkeeping(tx), derive(tx)
+        assert agrees(kept, derived), (kept, derived)
 
 
 def test_a_key_that_never_queued_is_forgotten_without_writing_anything(

@@ -24,13 +24,14 @@ import struct
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sluicegate.admission import pending
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
-from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -150,6 +151,24 @@ class ConcurrencyStage(QueueStage):
     name = NAME
     carries = (PendingStart, Release, CancelSweep)
     expects = "a pending start or a release"
+    # Slots held per key follow from the holders, the waiting index from the queues, and
+    # the queues' bookkeeping from their rows: none is logged.
+    derived = (_HELD, _WAITING, *pending.DERIVED)
+
+    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+        rows = super().derive(store)
+        held: dict[bytes, int] = {}
+        for row, _ in store.items(_HOLDER):
+            (size,) = struct.unpack_from(">I", row, len(_HOLDER))
+            key = row[len(_HOLDER):len(_HOLDER) + 4 + size]
+            held[key] = held.get(key, 0) + 1
+        rows.update((_HELD + key, str(n).encode()) for key, n in held.items())
+        for budget in pending.fair_budgets(store):
+            key = _prefixed(budget.decode())
+            for lane, row, value in pending.lane_rows(store, budget):
+                start = codec.decode(PendingStart, value)
+                rows[_WAITING + key + start.execution_id.encode()] = _prefixed(lane) + row
+        return rows
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)

@@ -6,11 +6,12 @@ arrival (docs/decisions/cancelon-correlator.md)."""
 
 from __future__ import annotations
 
+from sluicegate.admission import pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import ControlStage
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
-from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.stage import InputRecord, StoreReader
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, PendingStart, Record, Release
 
@@ -20,6 +21,11 @@ class QueueStage(ControlStage):
     # that is none of them is described in its dead letter.
     carries: tuple[type[Record], ...] = (PendingStart, CancelSweep)
     expects = "a pending start"
+    # Its queues' bookkeeping follows from their rows (admission/pending.py).
+    derived: tuple[bytes, ...] = pending.DERIVED
+
+    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+        return pending.derive(store)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         message = record.message
