@@ -89,8 +89,20 @@ class Gate:
         self.driver.close()
 
 
+def records(driver: TestDriver) -> int:
+    """Every record the driver's stages have written (kept or only counted), changelogs
+    included; a start handed over in-process is none."""
+    return sum(driver.offsets().values())
+
+
 def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
-        profiler: cProfile.Profile | None = None, priority: str = "none") -> float:
+        profiler: cProfile.Profile | None = None, priority: str = "none",
+        at_once: bool = False, counts: dict[str, float] | None = None) -> float:
+    """CPU per start; `at_once`: each run completes before the next start arrives, which
+    then takes the slot it freed at once (nothing queued: `depth` is ignored). `counts`
+    gets the records written per measured start."""
+    if at_once:
+        depth = 0
     app = gate_app(limit, priority)
     maker = StartMaker(app)
     values = [maker.make_payload(WORKFLOW, {"id": f"j{i}", "grp": f"k{i % keys}",
@@ -111,18 +123,25 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
         settle_garbage_collector()
         # Two records a start: its own, and the report of the run it lets through.
         per_cycle = max(1, commit_every // 2)
+        written = records(gate.driver)
         t0 = time.process_time()
         if profiler:
             profiler.enable()
         for first in range(fill, len(values), per_cycle):
             with gate.driver.cycle():
                 for value in values[first:first + per_cycle]:
-                    gate.arrive(value)
-                    gate.complete(engine.popleft())
+                    if at_once:
+                        gate.complete(engine.popleft())
+                        gate.arrive(value)
+                    else:
+                        gate.arrive(value)
+                        gate.complete(engine.popleft())
                     engine.extend(gate.admitted_since())
         if profiler:
             profiler.disable()
         us = (time.process_time() - t0) / starts * 1e6
+        if counts is not None:
+            counts["records"] = (records(gate.driver) - written) / starts
         # Every completion admitted exactly one start from the queue.
         assert gate.admitted - admitted_before == starts, (gate.admitted, admitted_before)
     finally:
@@ -139,18 +158,24 @@ def main() -> None:
     parser.add_argument("--commit-every", type=int, default=10_000)
     parser.add_argument("--priority", choices=("none", "strict", "age"), default="none",
                         help="order each key's queue by the starts' priority (-600..600)")
+    parser.add_argument("--at-once", action="store_true",
+                        help="each start takes a slot freed just before it: none queues")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="cProfile order (--profile)")
     args = parser.parse_args()
     ordered = "" if args.priority == "none" else f", {args.priority} priority"
+    how = "admitted at once" if args.at_once else "queued"
     print(f"concurrency limit {args.limit} per key over {args.keys} keys{ordered}, "
-          f"{args.starts:,} starts measured, commit every {args.commit_every:,} records")
-    print("| queued | CPU µs/start |\n|---:|---:|")
+          f"{args.starts:,} starts measured ({how}), commit every {args.commit_every:,} "
+          f"records")
+    print("| queued | CPU µs/start | records/start |\n|---:|---:|---:|")
     for depth in (int(d) for d in args.depths.split(",")):
         profiler = cProfile.Profile() if args.profile else None
+        counts: dict[str, float] = {}
         us = run(depth, args.starts, args.keys, args.limit, args.commit_every, profiler,
-                 args.priority)
-        print(f"| {depth:,} | {us:.1f} |", flush=True)
+                 args.priority, args.at_once, counts)
+        print(f"| {0 if args.at_once else depth:,} | {us:.1f} | {counts['records']:.2f} |",
+              flush=True)
         if profiler is not None:
             pstats.Stats(profiler).sort_stats(args.sort).print_stats(40)
 

@@ -156,6 +156,12 @@ VARIABLES: tuple[Variable, ...] = (
              "than memory, restored from where they left off "
              "(docs/decisions/state-backends.md; docs/benchmarks.md has the memory and "
              "restore figures of each).", "Worker"),
+    Variable("log_derived", Whole(0, 1), "0",
+             "1 while rolling a fleet from a release that logs every row of its stores (the "
+             "releases before derived rows, docs/decisions/derived-rows.md): the worker "
+             "logs its derived rows too, so a worker of the release before that takes a "
+             "partition over finds them. Roll once with 1, then again without it, as Kafka "
+             "Streams' `upgrade.from` does (docs/operations.md).", "Worker"),
     Variable("commit_interval_ms", Whole(1, TRANSACTION_TIMEOUT_MS // 2), "100",
              "A worker's transaction commits after this long: what a decision waits for to "
              "become visible. At most half the transaction timeout sluicegate gives the "
@@ -317,6 +323,7 @@ class Settings:
     replication: int = field(default_factory=partial(_from_env, "replication"))
     state_dir: Path = field(default_factory=partial(_from_env, "state_dir"))
     state_backend: str = field(default_factory=partial(_from_env, "state_backend"))
+    log_derived: int = field(default_factory=partial(_from_env, "log_derived"))
     commit_interval_ms: int = field(default_factory=partial(_from_env, "commit_interval_ms"))
     commit_max_records: int = field(default_factory=partial(_from_env, "commit_max_records"))
     restore_step_ms: int = field(default_factory=partial(_from_env, "restore_step_ms"))

@@ -482,7 +482,7 @@ class TestDriver:
     def _commit_state(self, state: StageState, partition: int) -> None:
         assert state.tx is not None
         last: dict[str, int] = {}
-        for topic, rows in state.logged().items():
+        for topic, rows in state.logged(bool(self.settings.log_derived)).items():
             if self._counted(topic):
                 # No log of this topic is kept or read (a lean driver): count, make nothing.
                 self._count(last, topic, partition, len(rows))
@@ -563,6 +563,11 @@ class TestDriver:
         first = self._taken.get(topic, 0)
         self._taken[topic] = len(log)
         return log[first:]
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """Per (topic, partition), the records written to it so far (kept or only
+        counted), changelogs included."""
+        return dict(self._offsets)
 
     def count(self, topic: str) -> int:
         """How many records were written to `topic`, kept or not (those dropped by a

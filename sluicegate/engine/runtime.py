@@ -993,7 +993,7 @@ class Worker:
         """The cycle's store writes of one stage and partition: each row to its log (the
         changelog, or the topic of a table the stage publishes), in that partition."""
         produce = self._txn.producer.produce
-        for topic, rows in state.logged().items():
+        for topic, rows in state.logged(bool(self.settings.log_derived)).items():
             last = len(rows) - 1
             for i, (key, value) in enumerate(rows):
                 deadline = None

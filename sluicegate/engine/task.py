@@ -43,14 +43,15 @@ class StageState:
     def tables(self) -> tuple[Table, ...]:
         return self.node.tables
 
-    def logged(self) -> dict[str, list[tuple[bytes, bytes | None]]]:
+    def logged(self, derived_too: bool = False) -> dict[str, list[tuple[bytes, bytes | None]]]:
         """The cycle's store writes by the log each goes to, in the order written: the
         changelog, or the topic of a table the stage publishes (its key without the
-        table's prefix). A derived row goes to none (`Stage.derived`)."""
+        table's prefix). A derived row goes to none (`Stage.derived`), unless
+        `derived_too` (a roll from a release that logs them: SLUICEGATE_LOG_DERIVED)."""
         assert self.tx is not None
         logs: dict[str, list[tuple[bytes, bytes | None]]] = {}
         tables = self.node.tables
-        derived = self.node.stage.derived
+        derived = () if derived_too else self.node.stage.derived
         changelog = self.changelog
         for key, value in self.tx.changes.items():
             if derived and key.startswith(derived):

@@ -758,3 +758,24 @@ class FairPool(SharedPool):
 
 TestFairPool = FairPool.TestCase
 TestFairPool.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+@pytest.mark.parametrize("log_derived", [0, 1])
+def test_the_gates_counters_reach_its_changelog_only_while_rolling_from_a_release_that_logs_them(
+        log_derived: int) -> None:
+    wf = Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, key="tenant"))
+    with TestDriver(App([wf]), Settings(partitions=1, log_derived=log_derived),
+                    start_ms=T0) as d:
+        first = start(d, "w", {"tenant": "a"})
+        start(d, "w", {"tenant": "a"})
+        d.commit()
+        release(d, first)
+        d.commit()
+        derived = d.stage(NAME).derived
+        logged = [w.key for w in d.sent(d.topics.changelog(NAME))]
+        assert logged, "the holders and the queue are logged either way"
+        assert any(key.startswith(derived) for key in logged) == bool(log_derived)
+        # Taken over (its derived rows made again), the gate holds the same: one run.
+        d.restart()
+        assert holders(d, "w\x1fa") == [d.admitted[-1].execution_id]
+        assert_derived_rows_follow(d)
