@@ -118,6 +118,9 @@ class Stage(ABC):
     # indexes): kept in the store for reads, never logged, and made again by `derive`
     # when the store is restored (docs/decisions/derived-rows.md).
     derived: tuple[bytes, ...] = ()
+    # The prefixes of the keys of the timers it derives (kept under
+    # DERIVED_TIMER_PREFIX, which `derived` then lists, and which `derive` makes too).
+    derived_timers: tuple[bytes, ...] = ()
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         """Every derived row (under `derived`), computed from the store's other rows."""

@@ -92,7 +92,7 @@ class Task:
                 store = (stores or {}).get(node.name) or open_store(
                     backend, state_dir / node.name / str(partition), clock)
                 tx = StoreTransaction(store, max_record_bytes)
-                timers = Timers(tx)
+                timers = Timers(tx, node.stage.derived_timers)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
                                topology.dead_letter, monotonic)
             self.states[node.name] = StageState(node, ctx, store, tx, timers)

@@ -3,8 +3,9 @@
 Being ordinary rows, timers go through the changelog, survive restarts and move
 with the partition. The key layout of a stage store:
 
-    STATE_PREFIX + stage key                 the stage's own rows
-    TIMER_PREFIX + due (8 bytes BE) + key    one timer; value = its payload
+    STATE_PREFIX + stage key                         the stage's own rows
+    TIMER_PREFIX + due (8 bytes BE) + key            one timer; value = its payload
+    DERIVED_TIMER_PREFIX + due (8 bytes BE) + key    one derived timer (never logged)
 
 Every row of a stage store must sit under one of these prefixes: stages build
 their keys as STATE_PREFIX + key, never with a bare first byte 0x00.
@@ -18,28 +19,87 @@ from sluicegate.engine.store import StoreTransaction
 
 TIMER_PREFIX = b"\x00T"
 STATE_PREFIX = b"\x00S"
+# The timers a stage derives from its other rows (`Stage.derived_timers`): an index of
+# their own, never logged, made again at restore (docs/decisions/derived-rows.md).
+DERIVED_TIMER_PREFIX = b"\x00t"
 
 _DUE = struct.Struct(">Q")
 _HEAD = len(TIMER_PREFIX) + _DUE.size
 _MAX_DUE = 2**64 - 1
 
 
-def timer_key(due_ms: int, key: bytes) -> bytes:
+def timer_key(due_ms: int, key: bytes, prefix: bytes = TIMER_PREFIX) -> bytes:
     # Big-endian unsigned, so byte order is due order and a scan from
-    # TIMER_PREFIX visits timers earliest first (ties by key).
+    # the prefix visits timers earliest first (ties by key).
     if not 0 <= due_ms <= _MAX_DUE:
         raise ValueError(f"timer due time {due_ms} ms is outside 0..2**64-1 (epoch ms)")
-    return TIMER_PREFIX + _DUE.pack(due_ms) + key
+    return prefix + _DUE.pack(due_ms) + key
 
 
-def parse_timer_key(raw: bytes) -> tuple[int, bytes]:
-    if len(raw) < _HEAD or not raw.startswith(TIMER_PREFIX):
-        raise ValueError(f"{raw!r} is not a timer key (expected TIMER_PREFIX + 8-byte due + key)")
-    return _DUE.unpack_from(raw, len(TIMER_PREFIX))[0], raw[_HEAD:]
+def parse_timer_key(raw: bytes, prefix: bytes = TIMER_PREFIX) -> tuple[int, bytes]:
+    if len(raw) < _HEAD or not raw.startswith(prefix):
+        raise ValueError(f"{raw!r} is not a timer key (expected {prefix!r} + 8-byte due + key)")
+    return _DUE.unpack_from(raw, len(prefix))[0], raw[_HEAD:]
 
 
 class Timers:
-    """The timer index of one task store, with its earliest due time kept in memory.
+    """A stage's timers on one task: those it logs, and those it derives from its other
+    rows (`derived`: the timer keys starting with one of these prefixes), each in an index
+    of its own under its own prefix, fired together in due order."""
+
+    __slots__ = ("_derived", "_derived_keys", "_logged")
+
+    def __init__(self, tx: StoreTransaction, derived: tuple[bytes, ...] = ()) -> None:
+        self._logged = TimerIndex(tx)
+        self._derived_keys = derived
+        self._derived = TimerIndex(tx, DERIVED_TIMER_PREFIX) if derived else None
+
+    def _index(self, key: bytes) -> TimerIndex:
+        if self._derived is not None and key.startswith(self._derived_keys):
+            return self._derived
+        return self._logged
+
+    def rebind(self, tx: StoreTransaction) -> None:
+        self._logged.rebind(tx)
+        if self._derived is not None:
+            self._derived.rebind(tx)
+
+    def schedule(self, due_ms: int, key: bytes, value: bytes = b"") -> None:
+        """Add a timer; (due_ms, key) identifies it, so moving one means cancel + schedule."""
+        self._index(key).schedule(due_ms, key, value)
+
+    def cancel(self, due_ms: int, key: bytes) -> None:
+        self._index(key).cancel(due_ms, key)
+
+    def due(self, now_ms: int, limit: int = 1000) -> list[tuple[int, bytes, bytes]]:
+        """Timers due at or before `now_ms`, earliest first; the caller cancels each it handles."""
+        fired = self._logged.due(now_ms, limit)
+        if self._derived is None:
+            return fired
+        derived = self._derived.due(now_ms, limit)
+        if not derived:
+            return fired
+        return sorted(fired + derived)[:limit]
+
+    @property
+    def next_due(self) -> int | None:
+        logged = self._logged.next_due
+        if self._derived is None:
+            return logged
+        derived = self._derived.next_due
+        if logged is None or (derived is not None and derived < logged):
+            return derived
+        return logged
+
+    def reload(self) -> None:
+        self._logged.reload()
+        if self._derived is not None:
+            self._derived.reload()
+
+
+class TimerIndex:
+    """The timers of one task store under one prefix, with their earliest due time kept in
+    memory.
 
     `next_due` is exact at all times: the cache is dropped whenever the transaction's view
     changes other than through it (discard, restore writes, wipe), so no reload() is
@@ -51,8 +111,9 @@ class Timers:
     due) are stepped over once, not at every look (docs/decisions/store-buffer-index.md).
     """
 
-    def __init__(self, tx: StoreTransaction) -> None:
+    def __init__(self, tx: StoreTransaction, prefix: bytes = TIMER_PREFIX) -> None:
         self._tx = tx
+        self._prefix = prefix
         # The revision of `tx` that _next describes; None = stale.
         self._seen: tuple[int, int] | None = None
         self._next: int | None = None
@@ -64,17 +125,17 @@ class Timers:
 
     def schedule(self, due_ms: int, key: bytes, value: bytes = b"") -> None:
         """Add a timer; (due_ms, key) identifies it, so moving one means cancel + schedule."""
-        raw = timer_key(due_ms, key)
+        raw = timer_key(due_ms, key, self._prefix)
         self._sync()
         tx = self._tx
         tx.put(raw, value)
-        if raw < tx.floor(TIMER_PREFIX):
-            tx.set_floor(TIMER_PREFIX, raw)
+        if raw < tx.floor(self._prefix):
+            tx.set_floor(self._prefix, raw)
         if self._next_known and (self._next is None or due_ms < self._next):
             self._next = due_ms
 
     def cancel(self, due_ms: int, key: bytes) -> None:
-        raw = timer_key(due_ms, key)
+        raw = timer_key(due_ms, key, self._prefix)
         self._sync()
         self._tx.delete(raw)
         if self._next == due_ms:
@@ -87,8 +148,8 @@ class Timers:
             return []
         fired: list[tuple[int, bytes, bytes]] = []
         tx = self._tx
-        for raw, value in tx.items(TIMER_PREFIX, tx.floor(TIMER_PREFIX)):
-            due_ms, key = parse_timer_key(raw)
+        for raw, value in tx.items(self._prefix, tx.floor(self._prefix)):
+            due_ms, key = parse_timer_key(raw, self._prefix)
             if due_ms > now_ms or len(fired) >= limit:
                 break
             fired.append((due_ms, key, value))
@@ -100,9 +161,9 @@ class Timers:
         if not self._next_known:
             self._next = None
             tx = self._tx
-            for raw, _ in tx.items(TIMER_PREFIX, tx.floor(TIMER_PREFIX)):
-                tx.set_floor(TIMER_PREFIX, raw)
-                self._next = parse_timer_key(raw)[0]
+            for raw, _ in tx.items(self._prefix, tx.floor(self._prefix)):
+                tx.set_floor(self._prefix, raw)
+                self._next = parse_timer_key(raw, self._prefix)[0]
                 break
             self._next_known = True
         return self._next

@@ -113,3 +113,42 @@ def test_a_file_clock_step_moves_the_wall_clock_of_its_readers_alone(tmp_path: P
     FileClock.write(path, 1_000 + HOUR + 50)
     clock = FileClock(path)
     assert (clock.now_ms(), clock.monotonic_ms()) == (1_000 + HOUR + 50, 1_050)
+
+
+def _runs_rows(driver: TestDriver) -> dict[bytes, bytes]:
+    stage = driver.stage("runs")
+    store = driver.store("runs")
+    return {key: value for prefix in stage.derived for key, value in store.items(prefix)}
+
+
+def test_a_runs_deadlines_are_derived_from_its_row_and_never_logged() -> None:
+    """The backstops and their timers are made again from the run rows at a restore: a
+    finish timeout as it was, a lease from the run's admission (then counted from the
+    taking, above); an ended run has none. None of them reaches the changelog."""
+    with TestDriver(APP) as driver:
+        leased = driver.start("leased", {"tenant": "a"})
+        timed = driver.start("timed", {"tenant": "b"})
+        ended = driver.start("leased", {"tenant": "c"})
+        driver.advance(MINUTE)
+        driver.report(leased.execution_id, RunEventKind.started)
+        driver.report(ended.execution_id, RunEventKind.completed)
+        driver.commit()
+        kept = _runs_rows(driver)
+        derived = driver.stage("runs").derive(driver.store("runs"))
+        def of(rows: dict[bytes, bytes], handle: object) -> set[bytes]:
+            return {k for k in rows if k.endswith(handle.execution_id.encode())}  # type: ignore[attr-defined]
+
+        # The finish timeout's rows are the same; the lease's moved with the report.
+        assert of(kept, timed) == of(derived, timed) and len(of(derived, timed)) == 2
+        assert len(of(derived, leased)) == 2  # its backstop and its lease's timer
+        assert of(kept, ended) == of(derived, ended) == set()
+        assert not [w for w in driver.sent(driver.topics.changelog("runs"))
+                    if w.key is not None and w.key.startswith(driver.stage("runs").derived)]
+        driver.restart()
+        assert _runs_rows(driver) == derived
+        # The finish timeout fires when it always would have.
+        driver.advance(9 * MINUTE - 1)
+        assert _outcomes(driver, Outcome.failed) == []
+        driver.advance(1)
+        assert [r.execution_id for r in driver.ledger
+                if r.outcome is Outcome.failed] == [timed.execution_id]

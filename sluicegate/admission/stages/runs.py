@@ -32,8 +32,8 @@ from sluicegate.admission.lease import LEASED_STAGE, lease_of
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, format_duration
-from sluicegate.engine.stage import Headers, InputRecord
-from sluicegate.engine.timers import STATE_PREFIX
+from sluicegate.engine.stage import Headers, InputRecord, StoreReader
+from sluicegate.engine.timers import DERIVED_TIMER_PREFIX, STATE_PREFIX, timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     ENDED,
@@ -228,6 +228,11 @@ def failure_reason(event: RunEvent) -> str:
 
 class RunsStage(AdmissionStage):
     name = NAME
+    # A live run's deadlines (its backstop row and their timers) follow from its row and
+    # its workflow's declaration: kept, never logged, made again at restore (a lease then
+    # runs from the restore, as it does for a run whose report was not heard).
+    derived = (_BACKSTOP, DERIVED_TIMER_PREFIX)
+    derived_timers = (_FINISH, _LEASE)
 
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
@@ -545,6 +550,39 @@ class RunsStage(AdmissionStage):
             tag=f"{what}:{row.execution_id}")
 
     # -- deadlines: a row and its timers ------------------------------------------------
+
+    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+        """Every live run's backstop and its timers, as `_arm` made them and the run's
+        reports moved them, but for the lease, which runs from the run's admission (its
+        timer then finds the run quiet only since the restore, and moves on)."""
+        rows: dict[bytes, bytes] = {}
+        for _, raw in store.items(RUN_ROWS):
+            row = codec.decode(RunRow, raw)
+            if row.status in ENDED:
+                continue
+            backstop = self._backstop_of(row)
+            if backstop is None or backstop.idle:
+                continue
+            ident = row.execution_id.encode()
+            rows[_BACKSTOP + ident] = backstop.encode()
+            for kind, due in ((_FINISH, backstop.finish_at_ms),
+                              (_LEASE, backstop.lease_until_ms)):
+                if due is not None:
+                    rows[timer_key(due, kind + ident, DERIVED_TIMER_PREFIX)] = b""
+        return rows
+
+    def _backstop_of(self, row: RunRow) -> Backstop | None:
+        """A live run's deadlines from its row: None for a run `_arm` gives none."""
+        finish_ms = self._finish_ms.get(row.workflow)
+        if finish_ms is None and not row.slots:
+            return None
+        leased = any(slot.stage == LEASED_STAGE for slot in row.slots)
+        backstop = backstop_for(row.admitted_at_ms, finish_ms,
+                                lease_of(self.app.get(row.workflow)), leased)
+        if leased and not holds_lease(row, self._needs_readmission(row)):
+            # Suspended in steps mode: its slot is given back, and no lease runs.
+            backstop = alive(backstop, False, row.updated_at_ms)
+        return backstop
 
     def _arm(self, ctx: StageContext, row: RunRow) -> None:
         finish_ms = self._finish_ms.get(row.workflow)
