@@ -1,11 +1,16 @@
-"""Instructions per start of the passthrough's two stages in memory, counted by callgrind.
+"""Instructions per start in memory, counted by callgrind: the passthrough's two stages,
+or (`--gate`) the concurrency gate.
 
 `python -m bench.instructions [--tree DIR]`: runs `bench.micro --once` under valgrind's
 callgrind for 4,000 and for 12,000 starts (the same 12,000 made in both) and prints the
-difference per start. Unlike a time, the count does not move with other load on the
-machine, so it is the steady guide while working on the stages (docs/benchmarks.md);
-the broker benchmark (`bench.passthrough`) says what a change is worth in the worker.
-Needs valgrind (`apt-get install valgrind`); takes about a minute.
+difference per start. `python -m bench.instructions --gate [--tree DIR]`: the same with
+`bench.gate_micro` (limit 50 per key over 200 keys, 1,000 queued, a cycle every 680
+records) for 2,000 and 6,000 starts, once with every start queued and admitted from the
+queue, once with every start admitted at once, with the records written per start.
+Unlike a time, the count does not move with other load on the machine, so it is the
+steady guide while working on the stages (docs/benchmarks.md); the broker benchmarks
+(`bench.passthrough`, `bench.gate`) say what a change is worth in the worker. Needs
+valgrind (`apt-get install valgrind`); takes about a minute (the gate: several).
 """
 
 from __future__ import annotations
@@ -31,11 +36,41 @@ def instructions(tree: Path, starts: int) -> int:
     return int(found.group(1))
 
 
+GATE_SMALL, GATE_LARGE = 2_000, 6_000
+
+
+def gate_instructions(tree: Path, starts: int, at_once: bool) -> tuple[int, float]:
+    """The instructions of one `bench.gate_micro` process, and the records it wrote per
+    measured start."""
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         "-m", "bench.gate_micro", "--depths", "1000", "--starts", str(starts),
+         "--commit-every", "680", *(["--at-once"] if at_once else [])],
+        cwd=tree, capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    row = re.search(r"^\|[^|]*\|[^|]*\| ([\d.]+) \|$", out.stdout, re.MULTILINE)
+    if found is None or row is None:
+        raise SystemExit(f"no instruction count or records in the output:\n{out.stdout}"
+                         f"\n{out.stderr}")
+    return int(found.group(1)), float(row.group(1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tree", type=Path, default=Path.cwd(),
                         help="the source tree to count (an exported commit, say)")
+    parser.add_argument("--gate", action="store_true",
+                        help="the concurrency gate rather than the passthrough")
     args = parser.parse_args()
+    if args.gate:
+        for at_once, what in ((False, "queued gated start"),
+                              (True, "gated start admitted at once")):
+            small, _ = gate_instructions(args.tree, GATE_SMALL, at_once)
+            large, records = gate_instructions(args.tree, GATE_LARGE, at_once)
+            per_start = (large - small) // (GATE_LARGE - GATE_SMALL)
+            print(f"{args.tree}: {per_start:,} instructions per {what}, {records:.2f} "
+                  f"records per start (its start and its run's report included)")
+        return
     per_start = (instructions(args.tree, LARGE) - instructions(args.tree, SMALL)) // (
         LARGE - SMALL)
     print(f"{args.tree}: {per_start:,} instructions per start")
