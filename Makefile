@@ -42,8 +42,11 @@ unit: setup
 integration: setup
 	$(BIN)/pytest tests/integration tests/faults -q
 
+# Every suite on the default state backend (memory), then the unit and fault suites again
+# on RocksDB (docs/decisions/state-backends.md).
 test: lint rules
 	$(BIN)/pytest -q
+	SLUICEGATE_STATE_BACKEND=rocksdb $(BIN)/pytest -q tests/unit tests/faults
 
 # The fault suite (tests/faults, part of `make test`) with ten times the traffic and faults.
 faults: setup
