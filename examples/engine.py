@@ -73,8 +73,11 @@ class FunctionEngine:
             return
         start = delivery.admitted
         assert start is not None
-        # Reported (and its offset stored) from the polling thread, before it runs.
-        self.engine.started(delivery)
+        # Reported (and its start acknowledged) from the polling thread, before it runs;
+        # a start of a run begun before (delivered twice) is not run again.
+        if not self.engine.started(delivery):
+            log.info("start of %s delivered again: already begun here", start.execution_id)
+            return
         if delivery.heartbeat_every_ms is not None:
             every = delivery.heartbeat_every_ms / 1000
             with self._counted:
@@ -128,10 +131,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--app", default="examples.demo", help="module with FUNCTIONS")
     parser.add_argument("--group", default="sg.example-engine")
+    parser.add_argument("--share-group", action="store_true",
+                        help="take admitted starts in a share group (Kafka 4.2 or later)")
+    parser.add_argument("--instance", help="with --share-group: this instance's name, kept "
+                        "across restarts (its commands resume where they stopped)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     module = importlib.import_module(args.app)
-    runner = FunctionEngine(Engine(group=args.group), module.FUNCTIONS, widths(module.app))
+    engine = Engine(group=args.group, share_group=args.share_group, instance=args.instance)
+    runner = FunctionEngine(engine, module.FUNCTIONS, widths(module.app))
     with contextlib.suppress(KeyboardInterrupt):
         runner.run(lambda: False)
 

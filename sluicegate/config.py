@@ -250,6 +250,8 @@ RUNTIME_KAFKA: dict[str, str] = {
     "fetch.wait.max.ms": "each reader waits as long as its latency allows",
     "topic.metadata.refresh.interval.ms": "a new cancelOn event topic is noticed within "
                                           "seconds",
+    "share.acknowledgement.mode": "explicit: an engine on a share group accepts a start "
+                                  "once its run is reported started",
 }
 
 # SLUICEGATE_ variables that are not settings of a process but of one command, one tool or

@@ -1,7 +1,7 @@
 """The Python SDK: `Client` for producers, `AsyncClient` its asyncio twin, `Engine` for engines."""
 
 from sluicegate.client.aio import AsyncClient
-from sluicegate.client.engine import Delivery, Engine
+from sluicegate.client.engine import Delivery, Engine, RecentRuns, RunsBegun
 from sluicegate.client.errors import (
     BlockingCallerRefused,
     ClientError,
@@ -26,6 +26,8 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "RateLimited",
+    "RecentRuns",
+    "RunsBegun",
     "SingletonHeld",
     "UnknownWorkflow",
 ]

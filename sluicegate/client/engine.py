@@ -1,31 +1,90 @@
 """The engine SDK: consume admitted starts, report each run's lifecycle, receive commands.
 
-An engine consumes `sg.admitted` and `sg.commands` in one consumer group. Both topics are
-keyed by execution id with the same partition count, and the range assignor gives an
-engine instance the same partitions of both, so the commands for a run reach the
-instance that holds it. Offsets are committed after a run has been reported `started`
-(at-least-once towards the engine: an engine that dies before that sees the start again,
-and the execution id lets it recognise a run it already began), and a command's once the
-engine asks for its next delivery, that is after it acted on the command (an engine that
-dies while acting on it gets it again; `command_id` tells a repeat).
+Two ways to take admitted starts (docs/wire-format.md, Being an engine):
+
+- **A consumer group** (the default). An engine consumes `sg.admitted` and `sg.commands`
+  in one consumer group. Both topics are keyed by execution id with the same partition
+  count, and the range assignor gives an engine instance the same partitions of both, so
+  the commands for a run reach the instance that holds it. Runs of one key start in order;
+  instances beyond the partition count idle.
+- **A share group** (`share_group=True`, KIP-932). Every instance takes admitted starts
+  from every partition, each record on its own, so a fleet can be as wide as it likes and a
+  slow run holds back no other; a start whose instance died before acknowledging it is
+  delivered to another. No order between runs. Commands stay on a consumer group, one per
+  instance (`<group>.commands.<instance>`): every instance reads every command and acts on
+  the runs it holds, since a run may be held by any instance.
+
+Either way delivery is at-least-once: a start is acknowledged (its offset committed, or its
+share-group record accepted) after the run has been reported `started`, so an engine that
+dies before that sees the start again, on this instance or another. `started` dedupes by
+execution id through `begun` (a store of the runs begun: this process's memory by default,
+one every instance shares if a run started twice on two instances is worse than a lost
+one). A command's offset is committed once the engine asks for its next delivery, that is
+after it acted on the command (an engine that dies while acting on it gets it again;
+`command_id` tells a repeat).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    AcknowledgeType,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    ShareConsumer,
+    TopicPartition,
+)
 
 from sluicegate.config import Settings
 from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
 from sluicegate.schemas.payloads import Payloads
-from sluicegate.schemas.records import AdmittedStart, EngineCommand, RunEvent, RunEventKind
+from sluicegate.schemas.records import (
+    AdmittedKind,
+    AdmittedStart,
+    EngineCommand,
+    RunEvent,
+    RunEventKind,
+)
+from sluicegate.topology.admin import configure_share_group
 from sluicegate.topology.framing import configure_codec
 from sluicegate.topology.topics import Topics
+
+
+class RunsBegun(Protocol):
+    """The runs an engine has begun, by execution id: what `Engine.started` dedupes by."""
+
+    def claim(self, execution_id: str) -> bool:
+        """Record that this run begins; False if it was already begun (nothing recorded).
+        An engine whose instances share one store makes this atomic across them (an
+        insert under a unique key)."""
+        ...
+
+
+class RecentRuns:
+    """The last `keep` execution ids begun in this process: dedupes a start delivered
+    twice to the same instance (a rebalance, a lock that ran out), not one delivered to
+    another instance after this one died."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.keep = keep
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def claim(self, execution_id: str) -> bool:
+        if execution_id in self._ids:
+            return False
+        self._ids[execution_id] = None
+        if len(self._ids) > self.keep:
+            self._ids.popitem(last=False)
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +93,13 @@ class Delivery:
 
     admitted: AdmittedStart | None = None
     command: EngineCommand | None = None
+    # A share group's count of the times this start was delivered (1 the first time);
+    # None on a consumer group, which does not count.
+    delivery_count: int | None = None
+    # Consumer group: the offset to commit once the start is reported; share group: the
+    # record itself, to acknowledge.
     _position: TopicPartition | None = None
+    _acquired: TopicPartition | None = None
     _payloads: Payloads | None = None
 
     @property
@@ -58,28 +123,62 @@ class Delivery:
         return (self._payloads or Payloads(None)).open(self.admitted.payload)
 
 
+def _where(msg: Message) -> tuple[str, int, int]:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
 class Engine:
+    """Takes admitted starts and commands, reports runs (module docstring).
+
+    `share_group`: take admitted starts in the share group `group` (Kafka 4.2 or later);
+    `instance` names this instance's consumer group of commands, `<group>.commands.
+    <instance>` (a new random one by default: give each instance a name it keeps across
+    restarts, so a restarted instance resumes its commands where it stopped instead of
+    reading the topic from its start). `begun`: the runs begun, which `started` dedupes by.
+    """
+
     def __init__(self, bootstrap: str | None = None, *, group: str,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, share_group: bool = False,
+                 instance: str | None = None, begun: RunsBegun | None = None) -> None:
         settings = settings or Settings()
         if bootstrap is not None:
             settings = settings.with_(bootstrap=bootstrap)
         self.settings = settings
         self.topics = Topics(settings)
+        self.share_group = share_group
+        self.instance = instance or uuid.uuid4().hex[:12]
+        self.begun: RunsBegun = begun if begun is not None else RecentRuns()
         self._payloads = Payloads.of(settings)
         check_access(settings)
         configure_codec(settings)
-        self._consumer = Consumer(settings.client_config(**{
-            "group.id": group,
+        consumer_config = {
             "isolation.level": "read_committed",
             "enable.auto.commit": True,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "range",
             "fetch.wait.max.ms": 20,
             "session.timeout.ms": 10000,
-        }))
-        self._consumer.subscribe([self.topics.admitted, self.topics.commands])
+        }
+        self._share: ShareConsumer | None = None
+        if share_group:
+            configure_share_group(settings, group)
+            self._share = ShareConsumer(settings.client_config(**{
+                "group.id": group,
+                # Each start is accepted once its run is reported started, not when polled.
+                "share.acknowledgement.mode": "explicit",
+                "fetch.wait.max.ms": 20,
+            }))
+            self._share.subscribe([self.topics.admitted])
+            # Every command reaches every instance: the run it names may be held by any.
+            self._consumer = Consumer(settings.client_config(
+                **consumer_config, **{"group.id": f"{group}.commands.{self.instance}"}))
+            self._consumer.subscribe([self.topics.commands])
+        else:
+            self._consumer = Consumer(settings.client_config(
+                **consumer_config, **{"group.id": group, "partition.assignment.strategy": "range"}))
+            self._consumer.subscribe([self.topics.admitted, self.topics.commands])
         self._producer = Producer(settings.client_config(**{
             "partitioner": "murmur2_random",
             "enable.idempotence": True,
@@ -89,20 +188,76 @@ class Engine:
         # The last command delivered: its offset is stored when the next delivery is asked
         # for (or the engine closes), once the engine has acted on it.
         self._command_done: TopicPartition | None = None
+        # Share group: the starts of the last poll not handed out yet, and those handed out
+        # and not acknowledged (all must be before the share consumer polls again).
+        self._fetched: deque[Message] = deque()
+        self._unacknowledged: set[tuple[str, int, int]] = set()
+        self._acknowledged = False  # since the share consumer last sent acknowledgements
 
     def poll(self, timeout: float = 1.0) -> Delivery | None:
         self._acknowledge_command()
-        msg = self._consumer.poll(timeout)
+        if self._share is None:
+            return self._from_consumer(self._consumer.poll(timeout))
+        # Commands first, without waiting: a cancel is not held up behind a batch of starts.
+        command = self._from_consumer(self._consumer.poll(0))
+        if command is not None:
+            return command
+        if not self._fetched:
+            self._fetch(timeout)
+        while self._fetched:
+            msg = self._fetched.popleft()
+            if msg.error() is None:
+                if msg.value() is not None:
+                    return self._from_share(msg)
+                # No start to hand out, but every record fetched must be acknowledged.
+                self._unacknowledged.add(_where(msg))
+        return None
+
+    def _from_consumer(self, msg: Message | None) -> Delivery | None:
         if msg is None or msg.error() is not None or msg.value() is None:
             return None
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        assert topic is not None and partition is not None and offset is not None
+        topic, partition, offset = _where(msg)
         position = TopicPartition(topic, partition, offset + 1)
-        if msg.topic() == self.topics.admitted:
+        if topic == self.topics.admitted:
             return Delivery(admitted=codec.decode(AdmittedStart, msg.value()),
                             _position=position, _payloads=self._payloads)
         self._command_done = position
         return Delivery(command=codec.decode(EngineCommand, msg.value()))
+
+    def _from_share(self, msg: Message) -> Delivery:
+        topic, partition, offset = _where(msg)
+        self._unacknowledged.add((topic, partition, offset))
+        return Delivery(admitted=codec.decode(AdmittedStart, msg.value()),
+                        delivery_count=msg.delivery_count(),
+                        _acquired=TopicPartition(topic, partition, offset),
+                        _payloads=self._payloads)
+
+    def _fetch(self, timeout: float) -> None:
+        """The next batch of starts from the share group, after acknowledging the last
+        one's: a start handed out and not reported (the caller moved on without calling
+        `started`: it answered it otherwise, or ignored it) is accepted too, as a consumer
+        group's later offset covers it. The reports go to the broker before the
+        acknowledgements, which this poll sends."""
+        assert self._share is not None
+        for topic, partition, offset in self._unacknowledged:
+            self._share.acknowledge_offset(topic, partition, offset, AcknowledgeType.ACCEPT)
+            self._acknowledged = True
+        self._unacknowledged.clear()
+        if self._acknowledged:
+            self.flush()
+            self._acknowledged = False
+        self._fetched.extend(self._share.poll(timeout))
+
+    def _acknowledge_start(self, delivery: Delivery) -> None:
+        if delivery._position is not None:
+            self._consumer.store_offsets(offsets=[delivery._position])
+        acquired = delivery._acquired
+        if acquired is not None and self._share is not None:
+            key = (acquired.topic, acquired.partition, acquired.offset)
+            if key in self._unacknowledged:
+                self._unacknowledged.discard(key)
+                self._share.acknowledge_offset(*key, AcknowledgeType.ACCEPT)
+                self._acknowledged = True
 
     def _acknowledge_command(self) -> None:
         if self._command_done is not None:
@@ -117,12 +272,19 @@ class Engine:
 
     # -- lifecycle reports -----------------------------------------------------------
 
-    def started(self, delivery: Delivery, run_id: str | None = None) -> None:
-        assert delivery.admitted is not None
-        self._report(delivery.admitted.execution_id, delivery.admitted.workflow,
-                     RunEventKind.started, run_id=run_id)
-        if delivery._position is not None:
-            self._consumer.store_offsets(offsets=[delivery._position])
+    def started(self, delivery: Delivery, run_id: str | None = None) -> bool:
+        """Report the run started and acknowledge its start; call it before asking for the
+        next delivery. False if a `start` of this execution id was already begun (`begun`
+        says so): nothing is reported, the start is acknowledged, do not run it. A
+        `resume` is always reported (the run was begun before it suspended)."""
+        start = delivery.admitted
+        assert start is not None
+        if start.kind is AdmittedKind.start and not self.begun.claim(start.execution_id):
+            self._acknowledge_start(delivery)
+            return False
+        self._report(start.execution_id, start.workflow, RunEventKind.started, run_id=run_id)
+        self._acknowledge_start(delivery)
+        return True
 
     def heartbeat(self, execution_id: str, workflow: str) -> None:
         """The run is still held: call it every `Delivery.heartbeat_every_ms` for each run
@@ -183,6 +345,11 @@ class Engine:
         self.flush()
         if acted:
             self._acknowledge_command()
+        if self._share is not None:
+            # The starts reported are accepted; those fetched and not handed out, or handed
+            # out and not reported, go back to the group for another instance.
+            self._share.commit_sync()
+            self._share.close()
         self._consumer.close()
 
     def __enter__(self) -> Engine:

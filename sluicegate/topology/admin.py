@@ -6,7 +6,14 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from sluicegate.config import Settings
 from sluicegate.declare import App
@@ -104,6 +111,35 @@ def require_topics(settings: Settings, timeout_s: float = 30.0) -> None:
             + (". Create them with `sluicegate topics create` (idempotent)." if missing
                else ". A topic's partition count must equal SLUICEGATE_PARTITIONS"
                f" ({settings.partitions}) for every stage to see a key on the same task."))
+
+
+# What a share group of engines needs that Kafka's defaults do not give (group configs,
+# KIP-932): the admitted starts written before the group's first member joined
+# (`latest` would skip them: runs that never run), and only committed ones (sluicegate
+# writes them in transactions; `read_uncommitted` would run starts of aborted ones).
+SHARE_GROUP_CONFIG = {
+    "share.auto.offset.reset": "earliest",
+    "share.isolation.level": "read_committed",
+}
+
+
+def configure_share_group(settings: Settings, group: str, timeout_s: float = 30.0) -> None:
+    """Set SHARE_GROUP_CONFIG on the share group `group` (idempotent; the group need not
+    exist yet). Needs the ALTER_CONFIGS permission on the group."""
+    admin = AdminClient(settings.client_config())
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in SHARE_GROUP_CONFIG.items()])
+    for future in admin.incremental_alter_configs([resource]).values():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            raise TopologyError(
+                f"cannot configure share group {group!r} "
+                f"({', '.join(f'{k}={v}' for k, v in SHARE_GROUP_CONFIG.items())}): "
+                f"{exc.args[0]}. The broker must have share groups (Kafka 4.2 or later, "
+                "feature share.version 1 or more) and this client the ALTER_CONFIGS "
+                "permission on the group.") from exc
 
 
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) -> None:

@@ -62,12 +62,15 @@ def java_engine_jar() -> Path:
 class JavaEngineProcess:
     """`java -jar` the engine, on the test's namespace, logging to a file."""
 
-    def __init__(self, settings: Settings, jar: Path, log: Path, **env: str) -> None:
+    def __init__(self, settings: Settings, jar: Path, log: Path, *args: str,
+                 group: str | None = None, **env: str) -> None:
+        """`args`: more options of the engine's."""
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                ["java", "-jar", str(jar), "--group", f"java-engine-{uuid.uuid4().hex[:6]}",
-                 "--heartbeat-ms", "1000"],
+                ["java", "-jar", str(jar), "--group",
+                 group or f"java-engine-{uuid.uuid4().hex[:6]}", "--heartbeat-ms", "1000",
+                 *args],
                 cwd=ROOT, env=settings_env(settings, log.parent / "unused-state", **env),
                 stdout=out, stderr=subprocess.STDOUT)
 
@@ -78,6 +81,11 @@ class JavaEngineProcess:
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def started(self) -> list[str]:
+        """The execution ids it logged as started."""
+        return [line.split()[1] for line in self.log.read_text(errors="replace").splitlines()
+                if line.startswith("started ")]
 
 
 @pytest.fixture
@@ -210,3 +218,64 @@ def test_with_a_schema_registry_the_java_engine_reads_and_writes_registry_frames
     assert most_in_flight([codec.decode(AdmittedStart, v) for v in admitted.records],
                           [codec.decode(RunEvent, v) for v in done],
                           lambda a: a.workflow) == {"javaJob": 2}
+
+
+def test_java_engines_on_a_share_group_share_one_partition_and_a_cancel_finds_its_run(
+        settings: Settings, tmp_path: Path, java_engine_jar: Path) -> None:
+    one = settings.with_(partitions=1)
+    create_topics(one)
+    topics = Topics(one)
+    events = TopicReader(one, topics.run_events, RunEvent)
+    worker = WorkerProcess(one, APP, tmp_path / "worker").start()
+    group = f"java-share-{uuid.uuid4().hex[:6]}"
+    engines = [JavaEngineProcess(one, java_engine_jar, tmp_path / f"java-{i}.log",
+                                 "--share-group", "--instance", f"j{i}", group=group)
+               for i in range(2)]
+    submitted = 0
+    try:
+        with Client(app=APP, settings=one) as client:
+            # Starts until both instances have run one: one partition, two instances.
+            deadline = time.monotonic() + 120
+            while not all(engine.started() for engine in engines):
+                assert time.monotonic() < deadline and submitted < 500, "\n".join(
+                    engine.tail() for engine in engines)
+                client.submit("javaJob", {"n": submitted, "holdMs": 200})
+                submitted += 1
+                events.poll(0.1)
+            events.until(lambda rows: len(reported(rows, RunEventKind.completed)) >= submitted,
+                         timeout=60, what=f"{submitted} runs completed")
+            # A long run, on whichever instance: every instance reads every command, the
+            # one holding the run stops it.
+            long = client.start("javaJob", {"n": submitted, "holdMs": 600_000},
+                                wait_decision=True)
+            assert long.status == "admitted"
+            events.until(lambda rows: long.execution_id in reported(rows, RunEventKind.started),
+                         timeout=60, what="the long run started")
+            deadline = time.monotonic() + 30
+            while long.execution_id not in {r.execution_id for r in bulk.read_runs(one)
+                                            if r.status is RunStatus.running}:
+                assert time.monotonic() < deadline, "the long run never showed as running"
+            result = bulk.apply_cancel(one, "javaJob", "test: stop the long run", 1,
+                                       only=[long.execution_id])
+            assert [r.execution_id for r in result.succeeded] == [long.execution_id]
+            events.until(lambda rows: long.execution_id in reported(rows, RunEventKind.cancelled),
+                         timeout=30, what="the long run cancelled")
+        events.settle(1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + "\n".join(e.tail() for e in engines)) from None
+    finally:
+        for engine in engines:
+            engine.stop()
+        worker.stop()
+    started = [e.execution_id for e in events.records if e.kind is RunEventKind.started]
+    assert len(started) == len(set(started)) == submitted + 1
+    assert sorted(started) == sorted(engines[0].started() + engines[1].started())
+    assert reported(events.records, RunEventKind.cancelled)[long.execution_id].reason == (
+        "test: stop the long run")
+    assert len(reported(events.records, RunEventKind.completed)) == submitted
+    # The limit of 2 holds by the engines' clocks: started to completed.
+    moments = sorted([(e.at_ms, 1) for e in events.records if e.kind is RunEventKind.started]
+                     + [(e.at_ms, -1) for e in events.records
+                        if e.kind in (RunEventKind.completed, RunEventKind.cancelled)])
+    running = [sum(step for _, step in moments[:i + 1]) for i in range(len(moments))]
+    assert max(running) <= 2

@@ -15,7 +15,7 @@ from typing import Any
 
 from examples import demo
 from examples.engine import FunctionEngine, widths
-from sluicegate.client import Delivery
+from sluicegate.client import Delivery, RecentRuns
 from sluicegate.ops.demo import kafka_down_command
 from sluicegate.schemas.records import AdmittedKind, AdmittedStart, Origin
 
@@ -27,14 +27,18 @@ class FakeEngine:
         self.deliveries = deliveries
         self.reports: list[tuple[str, str]] = []
         self.lock = threading.Lock()
+        self.begun = RecentRuns()
 
     def poll(self, timeout: float) -> Delivery | None:
         return self.deliveries.pop(0) if self.deliveries else None
 
-    def started(self, delivery: Delivery) -> None:
+    def started(self, delivery: Delivery) -> bool:
         assert delivery.admitted is not None
+        if not self.begun.claim(delivery.admitted.execution_id):
+            return False
         with self.lock:
             self.reports.append(("started", delivery.admitted.execution_id))
+        return True
 
     def completed(self, execution_id: str, workflow: str) -> None:
         with self.lock:
@@ -107,6 +111,16 @@ def test_the_engine_runs_as_many_reports_at_once_as_the_limit_allows() -> None:
     assert (engine.completed, engine.failed) == (6, 0)
     assert most == 2, "never more at once than the declared limit"
     assert [kind for kind, _ in fake.reports].count("completed") == 6
+
+
+def test_the_engine_does_not_run_again_a_start_delivered_twice() -> None:
+    calls: list[str] = []
+    fake = FakeEngine([_delivery(1), _delivery(2), _delivery(1)])
+    engine = FunctionEngine(fake, {"generateReport": lambda p: calls.append(p["accountId"])})  # type: ignore[arg-type]
+    engine.run(lambda: not fake.deliveries)
+    assert (engine.completed, len(calls)) == (2, 2)
+    assert [r for r in fake.reports if r[0] == "started"] == [("started", "e1"),
+                                                              ("started", "e2")]
 
 
 def test_the_parting_command_names_the_venvs_script_when_it_is_not_on_path(

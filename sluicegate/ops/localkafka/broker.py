@@ -370,6 +370,8 @@ def server_properties(
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
         "transaction.state.log.num.partitions=1",
+        # Share groups (engines on a share group) need nothing else on 4.4.0: the format
+        # gives a new cluster share.version=2 (docs/decisions/local-broker.md).
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "min.insync.replicas=1",

@@ -22,16 +22,23 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import org.apache.avro.Schema;
 import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.consumer.RangeAssignor;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
@@ -45,7 +52,13 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * field, default 100), then completes, or fails with the payload's `fail` text if it has one.
  * A cancel command stops a run and reports it cancelled; a redrive runs a failed run again.
  *
+ * With --share-group it takes admitted starts in the share group G (Kafka 4.2 or later),
+ * any number of instances from the same partitions, and reads the commands in a consumer
+ * group of its own, G.commands.<instance>: every instance sees every command and acts on the
+ * runs it holds.
+ *
  * Usage: java -jar sluicegate-java-engine.jar [run] [--group G] [--heartbeat-ms N]
+ *            [--share-group [--instance NAME]]
  *        java -jar sluicegate-java-engine.jar check-golden docs/wire-format/golden.json
  * Settings: SLUICEGATE_BOOTSTRAP (127.0.0.1:9092), SLUICEGATE_NAMESPACE (sg.),
  * SLUICEGATE_ENCRYPTION_KEYS (to open sealed payloads), SLUICEGATE_SCHEMA_REGISTRY_URL and
@@ -67,7 +80,10 @@ public final class JavaEngine {
     private final String admittedTopic;
     private final String commandsTopic;
     private final String eventsTopic;
+    /** The admitted starts and the commands; with a share group, the commands only. */
     private final KafkaConsumer<String, byte[]> consumer;
+    /** The admitted starts, with a share group; null otherwise. */
+    private final KafkaShareConsumer<String, byte[]> shareConsumer;
     private final KafkaProducer<String, byte[]> producer;
     private final long heartbeatMs;
     private final ScheduledExecutorService clock = Executors.newSingleThreadScheduledExecutor();
@@ -108,14 +124,31 @@ public final class JavaEngine {
         }
     }
 
-    JavaEngine(String bootstrap, String namespace, String group, long heartbeatMs) {
+    /** What a share group of engines needs beside Kafka's defaults (docs/wire-format.md). */
+    static final Map<String, String> SHARE_GROUP_CONFIG = Map.of(
+        "share.auto.offset.reset", "earliest",
+        "share.isolation.level", "read_committed");
+
+    JavaEngine(String bootstrap, String namespace, String group, long heartbeatMs, String instance) {
         this.admittedTopic = namespace + "admitted";
         this.commandsTopic = namespace + "commands";
         this.eventsTopic = namespace + "run-events";
         this.heartbeatMs = heartbeatMs;
         Properties consumerConfig = new Properties();
         consumerConfig.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        consumerConfig.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        if (instance == null) {
+            consumerConfig.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+            this.shareConsumer = null;
+        } else {
+            consumerConfig.put(ConsumerConfig.GROUP_ID_CONFIG, group + ".commands." + instance);
+            configureShareGroup(bootstrap, group);
+            Properties shareConfig = new Properties();
+            shareConfig.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+            shareConfig.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+            // Each start is accepted once its run is reported started, not when polled.
+            shareConfig.put("share.acknowledgement.mode", "explicit");
+            this.shareConsumer = new KafkaShareConsumer<>(shareConfig, new StringDeserializer(), new ByteArrayDeserializer());
+        }
         // Range: the same partition numbers of sg.admitted and sg.commands, so a run's
         // commands come to the instance that has its start.
         consumerConfig.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, RangeAssignor.class.getName());
@@ -133,13 +166,38 @@ public final class JavaEngine {
         this.producer = new KafkaProducer<>(producerConfig, new StringSerializer(), new ByteArraySerializer());
     }
 
+    private static void configureShareGroup(String bootstrap, String group) {
+        Properties adminConfig = new Properties();
+        adminConfig.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        List<AlterConfigOp> ops = SHARE_GROUP_CONFIG.entrySet().stream()
+            .map(e -> new AlterConfigOp(new ConfigEntry(e.getKey(), e.getValue()), AlterConfigOp.OpType.SET))
+            .toList();
+        try (Admin admin = Admin.create(adminConfig)) {
+            admin.incrementalAlterConfigs(Map.of(new ConfigResource(ConfigResource.Type.GROUP, group), ops))
+                .all().get(30, TimeUnit.SECONDS);
+        } catch (Exception e) {
+            throw new IllegalStateException("cannot configure share group " + group + " " + SHARE_GROUP_CONFIG
+                + " (the broker needs share groups: Kafka 4.2 or later, share.version 1 or more): " + e, e);
+        }
+    }
+
     void run() {
-        consumer.subscribe(List.of(admittedTopic, commandsTopic));
+        if (shareConsumer == null) {
+            consumer.subscribe(List.of(admittedTopic, commandsTopic));
+        } else {
+            shareConsumer.subscribe(List.of(admittedTopic));
+            consumer.subscribe(List.of(commandsTopic));
+        }
         clock.scheduleAtFixedRate(this::heartbeats, heartbeatMs, heartbeatMs, TimeUnit.MILLISECONDS);
-        log("engine up: reading " + admittedTopic + " and " + commandsTopic + ", heartbeat every " + heartbeatMs + " ms");
+        log("engine up: reading " + admittedTopic + (shareConsumer == null ? "" : " (share group)")
+            + " and " + commandsTopic + ", heartbeat every " + heartbeatMs + " ms");
         try {
             while (!stopping) {
-                ConsumerRecords<String, byte[]> records = consumer.poll(Duration.ofMillis(200));
+                if (shareConsumer != null) {
+                    takeShared();
+                }
+                ConsumerRecords<String, byte[]> records =
+                    consumer.poll(Duration.ofMillis(shareConsumer == null ? 200 : 20));
                 Map<TopicPartition, OffsetAndMetadata> done = new HashMap<>();
                 for (ConsumerRecord<String, byte[]> record : records) {
                     handle(record);
@@ -161,14 +219,44 @@ public final class JavaEngine {
             }
         } finally {
             clock.shutdownNow();
+            if (shareConsumer != null) {
+                shareConsumer.close();
+            }
             consumer.close();
             producer.close();
+        }
+    }
+
+    /**
+     * The admitted starts of one share-group poll: each handled (begun, dropped as begun
+     * before, or answered), the reports flushed to the broker, and only then each record
+     * accepted, so a start whose instance dies first goes to another instance.
+     */
+    private void takeShared() {
+        ConsumerRecords<String, byte[]> records = shareConsumer.poll(Duration.ofMillis(200));
+        for (ConsumerRecord<String, byte[]> record : records) {
+            short deliveries = record.deliveryCount().orElse((short) 1);
+            if (deliveries > 1) {
+                log("delivery " + deliveries + " of " + record.key());
+            }
+            admitted(frames.decode(admittedSchema, record.value()));
+        }
+        if (!records.isEmpty()) {
+            producer.flush();
+            failOnSendError();
+            for (ConsumerRecord<String, byte[]> record : records) {
+                shareConsumer.acknowledge(record, AcknowledgeType.ACCEPT);
+            }
+            shareConsumer.commitSync();
         }
     }
 
     void stop() {
         stopping = true;
         consumer.wakeup();
+        if (shareConsumer != null) {
+            shareConsumer.wakeup();
+        }
     }
 
     private void handle(ConsumerRecord<String, byte[]> record) {
@@ -326,21 +414,32 @@ public final class JavaEngine {
         }
         String group = "sluicegate-java-engine";
         long heartbeatMs = 60_000;
+        boolean share = false;
+        String instance = null;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "run" -> { }
                 case "--group" -> group = args[++i];
                 case "--heartbeat-ms" -> heartbeatMs = Long.parseLong(args[++i]);
+                case "--share-group" -> share = true;
+                case "--instance" -> instance = args[++i];
                 default -> {
-                    System.err.println("unknown argument " + args[i]
-                        + "; usage: [run] [--group G] [--heartbeat-ms N] | check-golden FILE");
+                    System.err.println("unknown argument " + args[i] + "; usage: [run] [--group G]"
+                        + " [--heartbeat-ms N] [--share-group [--instance NAME]] | check-golden FILE");
                     System.exit(2);
                 }
             }
         }
+        if (share && instance == null) {
+            // A name it keeps across restarts resumes its commands where it stopped.
+            instance = UUID.randomUUID().toString().substring(0, 12);
+        } else if (!share && instance != null) {
+            System.err.println("--instance names a share-group instance: add --share-group");
+            System.exit(2);
+        }
         String bootstrap = System.getenv().getOrDefault("SLUICEGATE_BOOTSTRAP", "127.0.0.1:9092");
         String namespace = System.getenv().getOrDefault("SLUICEGATE_NAMESPACE", "sg.");
-        JavaEngine engine = new JavaEngine(bootstrap, namespace, group, heartbeatMs);
+        JavaEngine engine = new JavaEngine(bootstrap, namespace, group, heartbeatMs, instance);
         Thread main = Thread.currentThread();
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             engine.stop();
