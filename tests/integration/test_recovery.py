@@ -71,7 +71,7 @@ def _restore(worker: Worker, settings: Settings) -> tuple[int, float]:
     replayed, started = 0, time.monotonic()
     for partition in PARTITIONS:
         task = Task(partition, worker.topology, settings.state_dir, lambda *a: None,
-                    lambda: 0)
+                    lambda: 0, backend=settings.state_backend)
         try:
             replayed += restore_task(task, worker.restorer, worker.admin)
             for state in task.stateful():
@@ -100,7 +100,8 @@ def test_one_consumer_restores_many_small_stores_without_waiting_on_each(
     # Per store: "b" and "c" of the last write, and "a" (its put and its delete in two
     # cycles, replayed from two fetches or one).
     assert stores * 3 <= replayed <= stores * 4
-    assert again == 0
+    # A store in memory replays its whole log again; one on disk has it all already.
+    assert again == (replayed if settings.state_backend == "memory" else 0)
     # Waiting half a second per store for a batch that never fills, or for the
     # end-of-partition event after an empty fetch, would take at least `stores * 0.5` s.
     assert first < stores * 0.25, f"restoring {stores} stores took {first:.1f}s"
@@ -130,7 +131,9 @@ def test_a_long_changelog_is_restored_a_step_at_a_time_and_goes_on_after_a_stop(
         time.sleep(0.05)
     worker = Worker(_kept(settings, (stage,)), settings)
     try:
-        task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0)
+        # A store that keeps what a restoration left half way: RocksDB's.
+        task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0,
+                    backend="rocksdb")
         try:
             # The store was in step with its log (as of the task's clock), which has grown
             # since: a restoration left half way goes on from what the store holds. (A store
