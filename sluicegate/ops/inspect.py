@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sluicegate.config import Settings
-from sluicegate.ops.services.overview import OUTCOMES
 
 if TYPE_CHECKING:
     import uvicorn
@@ -390,7 +389,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from sluicegate.ops.services.control import set_paused as write_pause
     from sluicegate.ops.services.deadletters import recent
     from sluicegate.ops.services.metrics import FlowCollector, wait_bounds
-    from sluicegate.ops.services.overview import decisions, overview
+    from sluicegate.ops.services.overview import OUTCOMES, decisions, overview
     from sluicegate.ops.services.waiting import waiting_starts
 
     registry = CollectorRegistry()

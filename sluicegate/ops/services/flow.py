@@ -4,17 +4,18 @@ section 4; seed 000, "Seeing what happened").
 
 Three sources, each read the way its owner writes it:
 
-- the admissions ledger, through the incremental DuckDB copy of `sluicegate.ops.services.ledger`:
-  `queued` counts the starts whose latest row is `queued`; `collapsed`, `dropped` and
-  `expired` count final outcomes;
-- the compacted runs table `sg.runs` (`RunsTable`), read to its end: a live run counts
-  once under each concurrency slot it holds (`in_flight`), or under no key when it holds
-  none;
+- the admissions ledger, through its incremental DuckDB copy (`services.ledger`): `queued`
+  counts the starts whose latest row is `queued`; `collapsed`, `dropped` and `expired`
+  count final outcomes;
+- the compacted runs table `sg.runs` (`services.runs.RunsTable`), read to its end: a live
+  run counts once under each concurrency slot it holds (`in_flight`), or under no key when
+  it holds none;
 - the control table `sg.control` (`ControlTable`): the pause row of each workflow.
 
 `compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
-counts. The text and JSON forms are `FlowView.text()` and `FlowView.to_json()`; the CLI
-and `GET /inspect/workflows/flow-control` print the same JSON. See docs/operations.md.
+counts; `FlowReader` keeps the three sources open, `read_flow` reads them once. The text
+and JSON forms are `FlowView.text()` and `FlowView.to_json()`; the CLI and
+`GET /inspect/workflows/flow-control` print the same JSON. See docs/operations.md.
 """
 
 from __future__ import annotations

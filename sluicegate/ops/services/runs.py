@@ -3,12 +3,14 @@
 ID is an execution id (or the first characters of one, as the demo and the dashboard
 print it), a request id, or an idempotency key. The answer joins two sources:
 
-- the ledger (the incremental DuckDB copy of `sluicegate.ops.services.ledger`): every row of every
-  request that names the run, in the order they were decided: queued, collapsed into the
-  run, admitted, existing, cancelled with its reason, and the rows about the run itself
-  (`run:<execution id>:...`: a lapsed lease, timeouts.finish, a bulk operation);
-- the compacted runs table `sg.runs` (`RunsIndex`): the run's row, and each change of
-  its status this reader saw (admitted, running, completed, ...).
+- the ledger (the incremental DuckDB copy of `sluicegate.ops.services.ledger`): every row
+  of every request that names the run, in the order they were decided: queued, collapsed
+  into the run, admitted, existing, cancelled with its reason, and the rows about the run
+  itself (`run:<execution id>:...`: a lapsed lease, timeouts.finish, a bulk operation);
+- the compacted runs table `sg.runs` (`RunsTable`, which the flow view, bulk operations
+  and the name checks read too): the run's row, and each change of its status this
+  reader saw (admitted, running, completed, ...); and the identity changelog
+  (`RunsIndex`), for the run an idempotency key names.
 """
 
 from __future__ import annotations
