@@ -48,7 +48,7 @@ The scenarios (`--scenarios`, default all):
                slot goes back) and resumed (it is re-admitted when a slot frees), then
                completed: two admitted records per start;
   pause        the passthrough paused through the control table (`sluicegate.ops.
-               workflows.write_control`, what `sluicegate workflows pause` writes),
+               services.control.write_control`, what `sluicegate workflows pause` writes),
                `--starts` produced and parked, then unpaused: starts/s is the drain's
                (the span of the admitted records), CPU per start is park + drain;
   priority     conc50 with an age-mode priority (-600..600 s) ordering the queue;
@@ -163,7 +163,7 @@ from bench.records import StartMaker, admission_sizes
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.ops.localkafka.processes import free_ports
-from sluicegate.ops.workflows import write_control
+from sluicegate.ops.services.control import write_control
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (

@@ -176,7 +176,7 @@ def _report(_signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGUSR2, _report)
-    from sluicegate.ops.cli import main as sluicegate_main
+    from sluicegate.ops.cli.root import main as sluicegate_main
 
     sys.argv[0] = "sluicegate"
     sluicegate_main()

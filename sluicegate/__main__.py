@@ -1,4 +1,4 @@
 # The signals are kept before anything else is imported (sluicegate/ops/signals.py).
-from sluicegate.ops.signals import main
+from sluicegate.ops.cli.entry import main
 
 main()

@@ -1,7 +1,8 @@
-"""`sluicegate inspect serve`: the operator's console, its JSON, and /metrics.
+"""The inspect server: the operator's console, its JSON, and /metrics
+(`sluicegate inspect serve`, sluicegate/ops/cli/inspect.py).
 
-A Starlette application under uvicorn (docs/decisions/inspect-server.md). Endpoints
-(docs/operations.md):
+A Starlette application under uvicorn, thin over `sluicegate.ops.services`
+(docs/decisions/inspect-server.md). Endpoints (docs/operations.md):
 
 - `GET /`: the console (sluicegate/ops/dashboard/), the write token injected.
 - `GET /inspect/workflows/flow-control[?workflow=W]`: the flow view, as
@@ -10,12 +11,12 @@ A Starlette application under uvicorn (docs/decisions/inspect-server.md). Endpoi
   over the last hour), queued and in flight beside the limit, the queue's depth and
   oldest wait per minute over the last hour, the pause.
 - `GET /inspect/waiting[?workflow=W&key=K]`: each waiting start and why
-  (sluicegate.ops.waiting).
-- `GET /inspect/runs/<ID>`: a run or request, whole (sluicegate.ops.runs).
+  (sluicegate.ops.services.waiting).
+- `GET /inspect/runs/<ID>`: a run or request, whole (sluicegate.ops.services.runs).
 - `GET /inspect/deadletters[?limit=N]`: recent dead letters with their reasons.
 - `GET /inspect/decisions[?workflow=W&limit=N]`: the newest ledger rows (the live tail).
 - `POST /inspect/workflows/<W>/pause|unpause`, `POST /inspect/bulk/preview|apply`.
-- `GET /metrics`: Prometheus (sluicegate.ops.metrics.FlowCollector).
+- `GET /metrics`: Prometheus (sluicegate.ops.services.metrics.FlowCollector).
 
 Safety: it listens on 127.0.0.1 unless told otherwise; it answers only requests whose
 `Host` is one of its own names (a DNS-rebinding page cannot read it); a POST needs
@@ -34,7 +35,6 @@ import hmac
 import html
 import json
 import logging
-import os
 import secrets
 import socket
 import threading
@@ -43,9 +43,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
-
-import typer
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluicegate.config import Settings
 
@@ -56,17 +54,15 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from sluicegate.declare import App
-    from sluicegate.ops.flow import FlowReader, FlowView, WorkflowFlow
-    from sluicegate.ops.metrics import DeadLetterCount, InputOffsets
-    from sluicegate.ops.runs import RunsIndex
+    from sluicegate.ops.services.deadletters import DeadLetterCount
+    from sluicegate.ops.services.flow import FlowReader, FlowView
+    from sluicegate.ops.services.metrics import InputOffsets
+    from sluicegate.ops.services.runs import RunsIndex
 
 # Starlette, uvicorn, DuckDB and prometheus_client are imported when the server starts,
 # so that every other `sluicegate` command starts as fast as before.
 
 log = logging.getLogger(__name__)
-
-app = typer.Typer(help="The operator's console over HTTP, its JSON, and Prometheus metrics.",
-                  no_args_is_help=True)
 
 FLOW_PATH = "/inspect/workflows/flow-control"
 BULK_VERBS = ("cancel", "replay")
@@ -79,8 +75,6 @@ DOWN_FOR_S = 2.0
 # How long a request waits for the one before it to finish reading the sources.
 BUSY_S = 30.0
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-OUTCOMES = ("admitted", "existing", "collapsed", "dropped", "rejected", "expired", "failed",
-            "cancelled")
 
 
 class RequestError(ValueError):
@@ -125,14 +119,14 @@ class NoBulkOps:
 
 
 class ModuleBulkOps:
-    """The bulk operations of `sluicegate.ops.bulk`, in the shapes the console reads.
+    """The bulk operations of `sluicegate.ops.services.bulk`, in the shapes the console reads.
     An apply acts only on the runs its preview listed (`only`), never on more."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
     def preview(self, request: dict[str, Any]) -> dict[str, Any]:
-        from sluicegate.ops import bulk
+        from sluicegate.ops.services import bulk
 
         if request["verb"] == "cancel":
             result = bulk.preview_cancel(self.settings, _required(request, "workflow"),
@@ -151,7 +145,7 @@ class ModuleBulkOps:
                 "ineligible": result.ineligible}
 
     def apply(self, request: dict[str, Any]) -> dict[str, Any]:
-        from sluicegate.ops import bulk
+        from sluicegate.ops.services import bulk
 
         only = request.get("only")
         if not isinstance(only, list):
@@ -286,7 +280,7 @@ class Sources:
         """The lock, once Kafka answered (Unavailable otherwise)."""
         from confluent_kafka import KafkaException
 
-        from sluicegate.ops.ledger import LedgerSqlError
+        from sluicegate.ops.services.ledger import LedgerSqlError
 
         if not self.lock.acquire(timeout=BUSY_S):
             raise Unavailable(f"the server is still busy with an earlier read after {BUSY_S:g}s")
@@ -332,7 +326,7 @@ class Sources:
     def check_workflow(self, name: str) -> None:
         """404 for a workflow that is not declared (with --app) or, without declarations,
         never seen by the cluster (docs/decisions/names-checked.md)."""
-        from sluicegate.ops.names import UnknownName, check_workflow, seen_workflows
+        from sluicegate.ops.services.names import UnknownName, check_workflow, seen_workflows
 
         known = self.declared or seen_workflows(
             self.reader.db, self.reader.runs.live.values(), self.reader.control.rows)
@@ -344,7 +338,7 @@ class Sources:
     def dead_letters(self) -> int | None:
         """How many dead letters were written so far (read on from the last call); None
         until the count has once reached the end of the topic."""
-        from sluicegate.ops.metrics import DeadLetterCount
+        from sluicegate.ops.services.deadletters import DeadLetterCount
 
         if self._dead_letters is None:
             self._dead_letters = DeadLetterCount(self.settings)
@@ -352,7 +346,7 @@ class Sources:
 
     def input_offsets(self) -> list[InputOffsets]:
         """The workers' group's committed offsets and lag per input partition."""
-        from sluicegate.ops.metrics import input_offsets
+        from sluicegate.ops.services.metrics import input_offsets
 
         return input_offsets(self._admin, self.settings, timeout_s=PROBE_S)
 
@@ -361,135 +355,6 @@ class Sources:
         self.runs.close()
         if self._dead_letters is not None:
             self._dead_letters.close()
-
-
-# -- the documents ---------------------------------------------------------------------
-
-# The requests with each counted outcome; failed and cancelled also count rows about runs
-# (`run:<execution id>:...`: timeouts.finish, a bulk cancel).
-_COUNTED = f"""
-  outcome IN ({", ".join(f"'{o}'" for o in OUTCOMES)})
-  AND (outcome IN ('failed', 'cancelled') OR NOT starts_with(request_id, 'run:'))
-"""
-
-OVERVIEW_SQL = f"""
-SELECT workflow, outcome, count(DISTINCT request_id) AS n
-FROM ledger WHERE {_COUNTED}
-GROUP BY ALL ORDER BY ALL
-"""
-
-SERIES_SQL = f"""
-SELECT workflow, epoch_ms(date_trunc('minute', decided_at)) AS minute, outcome,
-       count(DISTINCT request_id) AS n
-FROM ledger WHERE decided_at >= $since AND {_COUNTED}
-GROUP BY ALL ORDER BY ALL
-"""
-
-# Per workflow and minute of the last hour: the starts waiting at the minute's end (or now,
-# for the minute under way), and how long the oldest of them had waited then (from when its
-# group began waiting, as the flow view's `waiting=`). A start waits from its first queued
-# row to its first row of any other outcome.
-QUEUE_SERIES_SQL = """
-WITH spans AS (
-    SELECT workflow, request_id,
-           min(decided_at) FILTER (WHERE outcome = 'queued') AS queued_at,
-           min(least(requested_at, decided_at - to_milliseconds(waited_ms)))
-               FILTER (WHERE outcome = 'queued') AS waiting_since,
-           min(decided_at) FILTER (WHERE outcome <> 'queued') AS ended_at
-    FROM ledger
-    WHERE NOT starts_with(request_id, 'run:')
-    GROUP BY ALL
-    HAVING queued_at IS NOT NULL AND (ended_at IS NULL OR ended_at >= $since)
-), instants AS (
-    SELECT minute, least(minute + INTERVAL 1 MINUTE, $now) AS at
-    FROM (SELECT unnest(generate_series($since, $now, INTERVAL 1 MINUTE)) AS minute)
-)
-SELECT s.workflow, epoch_ms(i.minute) AS minute, count(*) AS queued,
-       max(epoch_ms(i.at) - epoch_ms(s.waiting_since)) AS oldest_ms
-FROM spans s JOIN instants i
-  ON s.queued_at <= i.at AND (s.ended_at IS NULL OR s.ended_at > i.at)
-GROUP BY ALL ORDER BY ALL
-"""
-
-DECISIONS_SQL = """
-SELECT decided_at, workflow, outcome, key, execution_id, reason, request_id, deferral
-FROM ledger
-WHERE $workflow IS NULL OR workflow = $workflow
-ORDER BY decided_at DESC, _partition DESC, _offset DESC
-LIMIT $limit
-"""
-
-
-def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
-    """The key with the most runs in flight against a keyed limit, if any."""
-    keyed = [k for k in (flow.keys if flow is not None else ()) if k.limit is not None]
-    if not keyed:
-        return None
-    key = max(keyed, key=lambda k: (k.in_flight / (k.limit or 1), k.in_flight))
-    return {"key": key.key, "in_flight": key.in_flight, "limit": key.limit}
-
-
-def overview(sources: Sources, view: FlowView) -> dict[str, Any]:
-    """Per workflow: decisions by outcome, per minute over the last hour, queued and in
-    flight beside the limit(s), the queue's depth and oldest wait per minute over the last
-    hour, and the pause."""
-    from datetime import UTC, timedelta
-
-    from sluicegate.ops.ledger import utc_now
-
-    db = sources.reader.db
-    totals: dict[str, dict[str, int]] = {}
-    for wf, outcome, n in db.query(OVERVIEW_SQL).rows:
-        totals.setdefault(str(wf), {})[str(outcome)] = int(n)
-    since = utc_now().replace(second=0, microsecond=0) - timedelta(minutes=59)
-    series: dict[str, dict[int, dict[str, int]]] = {}
-    for wf, minute, outcome, n in db.query(SERIES_SQL, {"since": since}).rows:
-        series.setdefault(str(wf), {}).setdefault(int(minute), {})[str(outcome)] = int(n)
-    now = utc_now()
-    queue: dict[str, list[dict[str, int]]] = {}
-    for wf, minute, n, oldest_ms in db.query(QUEUE_SERIES_SQL,
-                                             {"since": since, "now": now}).rows:
-        queue.setdefault(str(wf), []).append({"minute_ms": int(minute), "queued": int(n),
-                                              "oldest_wait_ms": max(0, int(oldest_ms))})
-    flows = {w.workflow: w for w in view.workflows}
-    names = sorted(set(flows) | set(totals) | set(sources.declared))
-    out = []
-    for name in names:
-        flow = flows.get(name)
-        total = flow.total() if flow is not None else None
-        pause = flow.pause if flow is not None else None
-        out.append({
-            "workflow": name,
-            "declared": name in sources.declared if sources.declared else None,
-            "counts": {o: totals.get(name, {}).get(o, 0) for o in OUTCOMES},
-            "queued": total.queued if total else 0,
-            "waiting": total.waiting if total else None,
-            "in_flight": total.in_flight if total else 0,
-            # An unkeyed limit's (the whole workflow's), and the fullest key of a keyed one.
-            "limit": total.limit if total else None,
-            "fullest_key": _fullest(flow),
-            "paused": bool(flow and flow.paused),
-            "pause": None if pause is None else {
-                "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,
-                "by": pause.by},
-            "per_minute": [{"minute_ms": m, **c} for m, c in sorted(
-                series.get(name, {}).items())],
-            "queue_per_minute": queue.get(name, []),
-        })
-    return {"now_ms": view.now_ms,
-            "since_ms": int(since.replace(tzinfo=UTC).timestamp() * 1000),
-            "workflows": out}
-
-
-def decisions(sources: Sources, workflow: str | None, limit: int) -> list[dict[str, Any]]:
-    from sluicegate.ops.runs import _iso
-
-    rows = sources.reader.db.query(DECISIONS_SQL, {"workflow": workflow, "limit": limit})
-    return [{"decided_at": _iso(decided), "workflow": wf, "outcome": outcome, "key": key,
-             "execution_id": execution_id, "reason": reason, "request_id": request_id,
-             "deferral": deferral}
-            for decided, wf, outcome, key, execution_id, reason, request_id, deferral
-            in rows.rows]
 
 
 # -- the application -------------------------------------------------------------------
@@ -520,9 +385,12 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from sluicegate.ops import runs as runs_mod
-    from sluicegate.ops.metrics import FlowCollector, wait_bounds
-    from sluicegate.ops.waiting import waiting_starts
+    from sluicegate.ops.services import runs as runs_mod
+    from sluicegate.ops.services.control import set_paused as write_pause
+    from sluicegate.ops.services.deadletters import recent
+    from sluicegate.ops.services.metrics import FlowCollector, wait_bounds
+    from sluicegate.ops.services.overview import OUTCOMES, decisions, overview
+    from sluicegate.ops.services.waiting import waiting_starts
 
     registry = CollectorRegistry()
 
@@ -597,7 +465,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         return view.to_json()
 
     def overview_doc(request: Request) -> Any:
-        return overview(sources, sources.reader.view(None))
+        return overview(sources.reader.db, sources.reader.view(None), sources.declared)
 
     def waiting_doc(request: Request) -> Any:
         view = sources.reader.view(None)
@@ -620,8 +488,6 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             raise Refused(404, str(exc)) from None
 
     def deadletters_doc(request: Request) -> Any:
-        from sluicegate.ops.deadletters import recent
-
         limit = _int(request.query_params.get("limit"), 50, 1, 1000)
         return {"deadletters": recent(sources.settings, limit)}
 
@@ -629,12 +495,9 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         sources.reader.view(None)
         name = workflow_param(request)
         limit = _int(request.query_params.get("limit"), 50, 1, 1000)
-        return {"decisions": decisions(sources, name, limit)}
+        return {"decisions": decisions(sources.reader.db, name, limit)}
 
     def set_paused(request: Request, body: dict[str, Any]) -> Any:
-        from sluicegate.ops.workflows import write_control
-        from sluicegate.schemas.records import ControlRow
-
         name, action = request.path_params["workflow"], request.path_params["action"]
         if action not in ("pause", "unpause"):
             raise Refused(404, f"no such action: {action} (pause or unpause)")
@@ -644,9 +507,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         with sources.reading():
             sources.reader.view(None)
             sources.check_workflow(name)
-            write_control(sources.settings, ControlRow(
-                workflow=name, paused=action == "pause", at_ms=time.time_ns() // 1_000_000,
-                reason=reason, by=str(body.get("by") or "dashboard")))
+            write_pause(sources.settings, name, action == "pause", reason,
+                        str(body.get("by") or "dashboard"))
         return {"workflow": name, "paused": action == "pause"}
 
     def bulk_op(request: Request, body: dict[str, Any]) -> Any:
@@ -803,62 +665,18 @@ def open_server(settings: Settings, *, db: Path | str = ":memory:",
     """A server on `settings`' topics; `db` is the ledger copy (in memory by default, so
     the server never holds the file `sluicegate ledger` uses). `app` (or just `declared`
     names) are the declarations: names are checked against them, limits shown."""
-    from sluicegate.ops.flow import FlowReader, concurrency_limits
-    from sluicegate.ops.ledger import LedgerDb
-    from sluicegate.ops.runs import RunsIndex
+    from sluicegate.ops.services.flow import FlowReader, concurrency_limits
+    from sluicegate.ops.services.ledger import LedgerDb
+    from sluicegate.ops.services.runs import RunsIndex
 
     names = tuple(declared or (sorted(app.workflows) if app is not None else ()))
     reader = FlowReader(settings, LedgerDb(db), names, limits=concurrency_limits(app))
-    sources = Sources(settings, reader, RunsIndex(settings), app, names, app_spec)
+    # The lookups read the flow view's runs table: one reader of sg.runs per server.
+    sources = Sources(settings, reader, RunsIndex(settings, reader.runs), app, names,
+                      app_spec)
     try:
         return InspectServer(sources, bulk, host=host, port=port, token=token,
                              allowed=allowed_hosts)
     except BaseException:
         sources.close()
         raise
-
-
-@app.command("serve")
-def serve(
-    port: Annotated[int, typer.Option(help="The port to listen on.")] = 8787,
-    host: Annotated[str, typer.Option(
-        help="The address to listen on (0.0.0.0: every interface; then anyone who can "
-             "reach it can read it, and change it with the token).")] = "127.0.0.1",
-    allowed_host: Annotated[list[str] | None, typer.Option(
-        "--allowed-host", help="Another name this server is reached by (its Host header); "
-                               "repeatable.")] = None,
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", help="Module with the declarations: list every declared workflow, check "
-                      "names against them, show limits.")] = None,
-    db: Annotated[Path | None, typer.Option(
-        "--db", help="Keep the ledger copy in this DuckDB file (default: in memory).")] = None,
-    bootstrap: Annotated[str | None, typer.Option(
-        help="Kafka bootstrap servers.", envvar="SLUICEGATE_BOOTSTRAP")] = None,
-    namespace: Annotated[str | None, typer.Option(
-        help="Topic name prefix (default sg.).", envvar="SLUICEGATE_NAMESPACE")] = None,
-) -> None:
-    """Serve the console, its JSON and /metrics until Ctrl-C. Changes (pause, bulk) need
-    the token: SLUICEGATE_INSPECT_TOKEN, else one made now and printed once."""
-    from sluicegate.ops.cli import _settings
-
-    settings = _settings(bootstrap, namespace)
-    declared_app = None
-    if app_spec is not None:
-        from sluicegate.declare import load_app
-
-        declared_app = load_app(app_spec, settings)
-    token = os.environ.get(TOKEN_ENV) or None
-    server = open_server(settings, db=db or ":memory:", app=declared_app,
-                         bulk=ModuleBulkOps(settings), host=host, port=port, token=token,
-                         allowed_hosts=tuple(allowed_host or ()), app_spec=app_spec)
-    typer.echo(f"serving {server.url}/ (flow: {server.url}{FLOW_PATH}, metrics: "
-               f"{server.url}/metrics)")
-    if host not in LOOPBACK_NAMES:
-        typer.echo(f"listening on {host}, not only on this machine: whoever reaches it can "
-                   "read the console, and change things with the token", err=True)
-    if token is None:
-        typer.echo(f"token: {server.token}  (a change sends it as `Authorization: Bearer "
-                   f"<token>`; the console's page has it already; {TOKEN_ENV} chooses it)")
-    else:
-        typer.echo(f"token: the one {TOKEN_ENV} gives")
-    server.serve_forever()

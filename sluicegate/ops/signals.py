@@ -4,10 +4,11 @@ A worker stops gracefully on SIGTERM or SIGINT, but its handlers could only be i
 once its command ran: after the command line's imports, the broker probe and the app's
 load, a second or more. A supervisor's SIGTERM in that window killed it (exit -15, 143 in
 a shell) and a Ctrl-C showed a traceback of whatever was importing. So the command line's
-entry point (`main` here, the `sluicegate` script and `python -m sluicegate`) first *keeps*
-both signals, before importing anything else; then the command decides what a stop
-means: the worker takes the kept stop as its own (`STOP`), every other command gets the
-default behaviour back (`release`), with a signal kept meanwhile acted on there and then.
+entry point (`sluicegate.ops.cli.entry`: the `sluicegate` script and `python -m
+sluicegate`) first *keeps* both signals, before importing anything else; then the command
+decides what a stop means: the worker takes the kept stop as its own (`STOP`), every
+other command gets the default behaviour back (`release`), with a signal kept meanwhile
+acted on there and then. `ctrl_c_stops` is for the commands that run until Ctrl-C.
 
 Light on purpose: nothing but the standard library is imported before the handlers are.
 """
@@ -65,9 +66,9 @@ def release() -> None:
         signal.raise_signal(signal.SIGTERM)
 
 
-def main() -> None:
-    """The command line: the signals kept first, then everything else imported."""
-    hold()
-    from sluicegate.ops.cli import main as cli_main
-
-    cli_main()
+def ctrl_c_stops() -> None:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in this process even when it was started
+    with SIGINT ignored (a background job of a non-interactive shell, nohup), where
+    Python leaves an inherited SIG_IGN in place. Only the main thread can set it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)

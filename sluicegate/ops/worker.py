@@ -104,7 +104,7 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     worker = Worker.for_app(app, settings, clock=clock_from_env(), leave_on_stop=leave_on_stop)
     settle_garbage_collector()
     if metrics_port is not None:
-        from sluicegate.ops.metrics import serve_worker_metrics
+        from sluicegate.ops.services.metrics import serve_worker_metrics
 
         worker.metrics = serve_worker_metrics(metrics_port, metrics_host)
         log.info("metrics on %s:%d/metrics", metrics_host, metrics_port)

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.engine.clock import ManualClock
-from sluicegate.ops import bulk
-from sluicegate.ops.workflows import app as workflows_cli
+from sluicegate.ops.cli.workflows import app as workflows_cli
+from sluicegate.ops.services import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,

@@ -9,7 +9,7 @@ import pytest
 
 from sluicegate.client import Client, Handle
 from sluicegate.config import Settings
-from sluicegate.ops.workflows import write_control
+from sluicegate.ops.services.control import write_control
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,

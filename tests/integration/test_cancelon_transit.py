@@ -15,7 +15,7 @@ from sluicegate.admission.routing import Router
 from sluicegate.admission.stages.cancelon import KEPT, SWEEP_GRACE_MS, decode_for
 from sluicegate.client import Client, Handle
 from sluicegate.config import Settings
-from sluicegate.ops.workflows import write_control
+from sluicegate.ops.services.control import write_control
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,

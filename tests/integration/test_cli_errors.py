@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.ops.ledger import LedgerDb, ask, fill
+from sluicegate.ops.services.ledger import LedgerDb, ask, fill
 from sluicegate.schemas.records import LedgerRecord, Outcome
 from tests.integration.cli import ROOT, sluicegate
 

@@ -11,7 +11,7 @@ import pytest
 
 from sluicegate.admission.control import ControlTable
 from sluicegate.config import Settings
-from sluicegate.ops.workflows import write_control
+from sluicegate.ops.services.control import write_control
 from sluicegate.schemas.records import ControlRow
 from sluicegate.topology.admin import create_topics
 from tests.integration.cli import on

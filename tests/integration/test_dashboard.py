@@ -29,8 +29,8 @@ from confluent_kafka import Producer
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.ops import bulk
 from sluicegate.ops.inspect import ModuleBulkOps, open_server
+from sluicegate.ops.services import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     LedgerRecord,

@@ -15,10 +15,10 @@ from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.clock import ManualClock
-from sluicegate.ops.cli import app as cli
+from sluicegate.ops.cli.root import app as cli
 from sluicegate.ops.inspect import FLOW_PATH, open_server
-from sluicegate.ops.metrics import WorkerMetrics
-from sluicegate.ops.workflows import write_control
+from sluicegate.ops.services.control import write_control
+from sluicegate.ops.services.metrics import WorkerMetrics
 from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome, RunRow
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics

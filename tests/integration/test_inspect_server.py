@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from sluicegate.admission.control import ControlTable
 from sluicegate.config import Settings
 from sluicegate.ops.inspect import TOKEN_ENV, InspectServer, open_server
-from sluicegate.ops.metrics import serve_worker_metrics
+from sluicegate.ops.services.metrics import serve_worker_metrics
 from sluicegate.topology.admin import create_topics
 
 pytestmark = pytest.mark.broker
@@ -185,7 +185,7 @@ def test_the_server_and_the_worker_metrics_listen_on_loopback_by_default(
 def test_the_worker_command_passes_metrics_host_on(monkeypatch: pytest.MonkeyPatch,
                                                     bootstrap: str) -> None:
     from sluicegate.ops import worker
-    from sluicegate.ops.cli import app as cli
+    from sluicegate.ops.cli.root import app as cli
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(worker, "run_worker", lambda spec, settings, **kw: seen.update(kw))

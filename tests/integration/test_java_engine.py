@@ -18,7 +18,7 @@ import pytest
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
-from sluicegate.ops import bulk
+from sluicegate.ops.services import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.codec import RECORD_TYPES
 from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind, RunStatus

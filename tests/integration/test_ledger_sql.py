@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
-from sluicegate.ops.cli import app as cli
+from sluicegate.ops.cli.root import app as cli
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import LedgerRecord, Outcome
 from sluicegate.topology.admin import create_topics

@@ -10,6 +10,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from typer.testing import CliRunner
 
+from sluicegate.ops.cli.localkafka import app
 from sluicegate.ops.localkafka.broker import (
     BrokerError,
     LocalBroker,
@@ -19,7 +20,6 @@ from sluicegate.ops.localkafka.broker import (
     ensure_broker,
     stop_broker,
 )
-from sluicegate.ops.localkafka.cli import app
 from sluicegate.ops.localkafka.processes import free_ports
 
 pytestmark = pytest.mark.broker

@@ -16,7 +16,7 @@ from sluicegate.client.engine import Delivery
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.clock import ManualClock
-from sluicegate.ops import bulk
+from sluicegate.ops.services import bulk
 from sluicegate.schemas.records import (
     AdmittedStart,
     CommandKind,

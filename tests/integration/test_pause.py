@@ -13,7 +13,7 @@ from sluicegate.admission.control import ControlTable
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.engine.clock import ManualClock
-from sluicegate.ops.cli import app as cli
+from sluicegate.ops.cli.root import app as cli
 from sluicegate.schemas.records import AdmittedStart, ControlRow, LedgerRecord, Outcome
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics

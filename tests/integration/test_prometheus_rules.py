@@ -28,7 +28,7 @@ from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Timeouts, Workflow
 from sluicegate.ops.inspect import open_server
-from sluicegate.ops.metrics import serve_worker_metrics
+from sluicegate.ops.services.metrics import serve_worker_metrics
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import LedgerRecord, Origin, Outcome, StartRequest
 from sluicegate.topology.admin import create_topics

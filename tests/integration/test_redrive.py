@@ -8,7 +8,7 @@ import pytest
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.engine.clock import ManualClock
-from sluicegate.ops import bulk
+from sluicegate.ops.services import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,

@@ -23,7 +23,7 @@ from sluicegate.client import Client
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
-from sluicegate.ops.cli import app as cli
+from sluicegate.ops.cli.root import app as cli
 from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.ops.localkafka.registry import ensure_registry, stop_registry
 from sluicegate.schemas.codec import RECORD_TYPES, Codec

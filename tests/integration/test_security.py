@@ -20,6 +20,7 @@ from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
 from sluicegate.kafkautil import KafkaAuthError
+from sluicegate.ops.cli.localkafka import app as kafka_cli
 from sluicegate.ops.localkafka.broker import (
     LocalBroker,
     SaslPlain,
@@ -28,7 +29,6 @@ from sluicegate.ops.localkafka.broker import (
     stop_broker,
     tls_files,
 )
-from sluicegate.ops.localkafka.cli import app as kafka_cli
 from sluicegate.ops.localkafka.processes import free_ports
 from sluicegate.schemas.records import LedgerRecord, Outcome
 from sluicegate.topology.admin import create_topics

@@ -15,7 +15,7 @@ from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
 from sluicegate.kafkautil import watermarks
-from sluicegate.ops.cli import app as cli
+from sluicegate.ops.cli.root import app as cli
 from sluicegate.schemas import RECORD_TYPES, codec
 from sluicegate.topology.admin import TopologyError, create_topics
 from sluicegate.topology.topics import Topics

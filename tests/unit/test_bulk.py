@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluicegate.admission.stages.runs import retry_id
-from sluicegate.ops.bulk import ELIGIBLE, Verb, ineligible, plan, selected
+from sluicegate.ops.services.bulk import ELIGIBLE, Verb, ineligible, plan, selected
 from sluicegate.schemas.records import RunRow, RunStatus
 
 

@@ -22,9 +22,9 @@ from sluicegate.ops.inspect import (
     cross_site,
     host_name,
 )
-from sluicegate.ops.ledger import LedgerDb, fill
-from sluicegate.ops.runs import NotFound, RunsIndex, lookup, text
-from sluicegate.ops.waiting import waiting_starts
+from sluicegate.ops.services.ledger import LedgerDb, fill
+from sluicegate.ops.services.runs import NotFound, RunsIndex, lookup, text
+from sluicegate.ops.services.waiting import waiting_starts
 from sluicegate.schemas.records import (
     ControlRow,
     LedgerRecord,
@@ -183,8 +183,8 @@ def _history() -> tuple[LedgerDb, RunsIndex]:
         rec("other", Outcome.admitted, T0, "tourNarration", execution_id="e-other"),
     ])
     runs = RunsIndex(Settings())
-    runs._apply(eid.encode(), _encoded(RUN, RunStatus.admitted))
-    runs._apply(eid.encode(), _encoded(RUN, RunStatus.completed))
+    runs.apply(eid.encode(), _encoded(RUN, RunStatus.admitted))
+    runs.apply(eid.encode(), _encoded(RUN, RunStatus.completed))
     return db, runs
 
 
@@ -245,9 +245,9 @@ def test_a_run_is_found_by_its_idempotency_key_from_its_first_start_on() -> None
         fill(db, driver.ledger)
         runs = RunsIndex(Settings())
         for written in driver.sent(driver.topics.runs):
-            runs._apply(written.key, written.value)
+            runs.apply(written.key, written.value)
         for written in driver.sent(driver.topics.changelog("identity")):
-            runs._apply_key(written.key, written.value)
+            runs.apply_key(written.key, written.value)
     doc = lookup(db, runs, "k:r1")
     assert doc["matched"] == "idempotency key"
     assert doc["execution_ids"] == [admitted.execution_id]
@@ -256,7 +256,7 @@ def test_a_run_is_found_by_its_idempotency_key_from_its_first_start_on() -> None
 
 
 def test_a_sealed_payload_is_null_in_json_with_a_note_saying_what_it_is() -> None:
-    from sluicegate.ops.runs import run_json
+    from sluicegate.ops.services.runs import run_json
 
     doc = run_json(dataclasses.replace(RUN, payload=b"sg1:k1:gAAAAA"), [])
     assert doc["payload"] is None
@@ -315,10 +315,9 @@ def test_the_server_answers_to_its_own_names_only() -> None:
 
 def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
     import time
-    from types import SimpleNamespace
 
-    from sluicegate.ops.flow import compute, concurrency_limits
-    from sluicegate.ops.inspect import overview
+    from sluicegate.ops.services.flow import compute, concurrency_limits
+    from sluicegate.ops.services.overview import overview
 
     now = int(time.time() * 1000)
     minute = now - now % 60_000
@@ -338,9 +337,7 @@ def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
     view = compute({}, {("perTenant", "acme"): 2, ("perTenant", "bolt"): 1},
                    {"perTenant": pause}, now, declared=["perTenant", "stock"],
                    limits=concurrency_limits(APP))
-    sources = SimpleNamespace(reader=SimpleNamespace(db=db), app=APP,
-                              declared=frozenset({"perTenant", "stock"}))
-    doc = overview(sources, view)  # type: ignore[arg-type]
+    doc = overview(db, view, frozenset({"perTenant", "stock"}))
 
     per_tenant, stock = doc["workflows"]
     assert per_tenant["counts"] == {"admitted": 3, "existing": 1, "collapsed": 0,
@@ -383,9 +380,9 @@ def test_the_console_gives_the_date_of_a_time_that_is_not_today() -> None:
 def test_the_demo_and_the_tail_print_utc() -> None:
     from rich.console import Console
 
-    from sluicegate.ops.demo import _print
+    from sluicegate.ops.cli.output import print_decision
 
     console = Console(record=True, width=200)
-    _print(console, LedgerRecord(request_id="r", workflow="w", outcome=Outcome.admitted,
+    print_decision(console, LedgerRecord(request_id="r", workflow="w", outcome=Outcome.admitted,
                                  requested_at_ms=T0, decided_at_ms=T0 + 5 * S))
     assert console.export_text().startswith("00:00:05 admitted")

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
-from sluicegate.ops.flow import compute
-from sluicegate.ops.inspect import overview
-from sluicegate.ops.ledger import LedgerDb, fill
+from sluicegate.ops.services.flow import compute
+from sluicegate.ops.services.ledger import LedgerDb, fill
+from sluicegate.ops.services.overview import overview
 from sluicegate.schemas.records import Outcome
 from tests.unit.test_console import queued, rec
 
@@ -30,9 +29,7 @@ def test_the_overview_shows_each_minute_s_queue_depth_and_oldest_wait_over_the_h
         rec("old", Outcome.expired, m - 2 * 3600_000),
     ])
     view = compute({}, {}, {}, now, declared=["perTenant", "stock"])
-    sources = SimpleNamespace(reader=SimpleNamespace(db=db), app=None,
-                              declared=frozenset({"perTenant", "stock"}))
-    doc = overview(sources, view)  # type: ignore[arg-type]
+    doc = overview(db, view, frozenset({"perTenant", "stock"}))
 
     per_tenant, stock = doc["workflows"]
     # Each minute is seen at its end: the minute q1 was queued in, up to its last whole one.

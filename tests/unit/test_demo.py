@@ -16,7 +16,7 @@ from typing import Any
 from examples import demo
 from examples.engine import FunctionEngine, widths
 from sluicegate.client import Delivery, RecentRuns
-from sluicegate.ops.demo import kafka_down_command
+from sluicegate.ops.cli.demo import kafka_down_command
 from sluicegate.schemas.records import AdmittedKind, AdmittedStart, Origin
 
 
@@ -144,7 +144,7 @@ def test_ctrl_c_stops_a_process_started_with_sigint_ignored() -> None:
     # A background job of a non-interactive shell (or nohup) starts with SIGINT ignored,
     # and Python keeps it so: the demo and `ledger tail` would run on after Ctrl-C.
     script = ("import sys, time\n"
-              "from sluicegate.ops.demo import ctrl_c_stops\n"
+              "from sluicegate.ops.signals import ctrl_c_stops\n"
               "ctrl_c_stops()\n"
               "try:\n"
               "    print('ready', flush=True)\n"

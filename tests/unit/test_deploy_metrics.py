@@ -16,9 +16,9 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluicegate.ops.flow import FlowView, KeyFlow, WorkflowFlow
-from sluicegate.ops.inspect import OUTCOMES
-from sluicegate.ops.metrics import FlowCollector, InputOffsets, WaitBounds, WorkerMetrics
+from sluicegate.ops.services.flow import FlowView, KeyFlow, WorkflowFlow
+from sluicegate.ops.services.metrics import FlowCollector, InputOffsets, WaitBounds, WorkerMetrics
+from sluicegate.ops.services.overview import OUTCOMES
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "sluicegate.rules.yml"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.ops.flow import SlotLimit, compute, flow_view, in_flight
-from sluicegate.ops.ledger import LedgerDb, fill
+from sluicegate.ops.services.flow import SlotLimit, compute, flow_view, in_flight
+from sluicegate.ops.services.ledger import LedgerDb, fill
 from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome, RunRow, RunStatus, Slot
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sluicegate.config import Settings
-from sluicegate.ops.cli import app as cli
-from sluicegate.ops.ledger_cli import ksql_definitions
+from sluicegate.ops.cli.root import app as cli
+from sluicegate.ops.services.ledger import ksql_definitions
 from sluicegate.schemas.codec import RECORD_TYPES
 from sluicegate.schemas.records import LedgerRecord, Outcome
 from sluicegate.topology.topics import Topics

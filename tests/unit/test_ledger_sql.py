@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from sluicegate.config import Settings
-from sluicegate.ops.ledger import (
+from sluicegate.ops.services.ledger import (
     COLUMNS,
     QUESTIONS,
     LedgerDb,
@@ -416,7 +416,7 @@ def test_a_file_of_another_namespace_is_refused(tmp_path: Path) -> None:
 def test_the_ksql_definitions_ship_with_the_package_and_name_the_namespace_topic() -> None:
     from typer.testing import CliRunner
 
-    from sluicegate.ops.cli import app as cli
+    from sluicegate.ops.cli.root import app as cli
 
     result = CliRunner().invoke(cli, ["ledger", "ksql", "--namespace", "prod."])
     assert result.exit_code == 0, result.output

@@ -7,15 +7,15 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from sluicegate.declare import App, Batch, Concurrency, Debounce, Throttle, Timeouts, Workflow
-from sluicegate.ops.flow import FlowView, KeyFlow, WorkflowFlow
-from sluicegate.ops.inspect import OUTCOMES
-from sluicegate.ops.metrics import (
+from sluicegate.ops.services.flow import FlowView, KeyFlow, WorkflowFlow
+from sluicegate.ops.services.metrics import (
     KEYS_AT_LIMIT_LISTED,
     FlowCollector,
     InputOffsets,
     WaitBounds,
     wait_bounds,
 )
+from sluicegate.ops.services.overview import OUTCOMES
 
 
 class Job(BaseModel):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.ops.ledger import LedgerDb, fill
-from sluicegate.ops.names import UnknownName, check_workflow, seen_workflows
+from sluicegate.ops.services.ledger import LedgerDb, fill
+from sluicegate.ops.services.names import UnknownName, check_workflow, seen_workflows
 from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome
 
 KNOWN = {"generateReport", "sendReceipt", "indexDocument"}

@@ -21,7 +21,7 @@ from sluicegate.config import Settings
 
 if TYPE_CHECKING:
     from sluicegate.declare import App
-    from sluicegate.ops.ledger import LedgerDb
+    from sluicegate.ops.services.ledger import LedgerDb
     from sluicegate.schemas.records import ControlRow, RunRow
 
 
@@ -79,8 +79,8 @@ def known_workflows(settings: Settings, app: App | None = None, *,
     if app is not None:
         return set(app.workflows)
     from sluicegate.admission.control import ControlTable
-    from sluicegate.ops.flow import RunsTable
-    from sluicegate.ops.ledger import LedgerDb, default_db_path, refresh
+    from sluicegate.ops.services.ledger import LedgerDb, default_db_path, refresh
+    from sluicegate.ops.services.runs import RunsTable
 
     with LedgerDb(db or default_db_path(settings)) as ledger:
         refresh(ledger, settings, timeout_s=timeout_s)
@@ -99,3 +99,9 @@ def where_known(app_spec: str | None) -> str:
     """How a message names the names a workflow was checked against."""
     return f"declared in {app_spec}" if app_spec else "seen by this cluster (pass --app " \
         "to check against the declarations instead)"
+
+
+def check_known(settings: Settings, name: str, app: App | None, app_spec: str | None) -> None:
+    """`name` is a workflow of `app` (loaded from `app_spec`), or without one, one the
+    cluster has seen; else UnknownName with a did-you-mean."""
+    check_workflow(name, known_workflows(settings, app), where=where_known(app_spec))

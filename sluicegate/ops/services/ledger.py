@@ -217,6 +217,19 @@ class RefreshReport:
     # Partitions that did not reach the end they had at the start (an open transaction).
     unfinished: list[int] = field(default_factory=list)
 
+    def warnings(self) -> list[str]:
+        """What a reader of the copy should know it misses, one line each."""
+        said = []
+        if self.trimmed:
+            lost = ", ".join(f"[{p}] {n}" for p, n in self.trimmed)
+            said.append(f"retention deleted records before this file read them: {lost}")
+        if self.undecodable:
+            said.append(f"{self.undecodable} records were not ledger records, left out")
+        if self.unfinished:
+            said.append("partitions " + ", ".join(map(str, self.unfinished)) +
+                        " are held by an open transaction; their newest rows are not in yet")
+        return said
+
 
 def ledger_consumer(settings: Settings) -> Consumer:
     """The consumer a refresh reads with: assigned partitions, read_committed."""
@@ -256,6 +269,20 @@ def refresh(db: LedgerDb, settings: Settings, *, consumer: Consumer | None = Non
         if consumer is None:
             reader.close()
     return report
+
+
+def open_copy(settings: Settings, db: Path | None = None, *, fresh: bool = True
+              ) -> tuple[LedgerDb, RefreshReport]:
+    """The ledger copy at `db` (default: `default_db_path`), brought up to the topic's
+    current end when `fresh`, and what that refresh did (nothing, when not `fresh`); the
+    caller closes the copy."""
+    ledger = LedgerDb(db or default_db_path(settings))
+    try:
+        return ledger, (refresh(ledger, settings) if fresh
+                        else RefreshReport(Topics(settings).ledger))
+    except BaseException:
+        ledger.close()
+        raise
 
 
 @dataclass(slots=True)
@@ -340,7 +367,7 @@ def _copy(consumer: Consumer, db: LedgerDb, topic: str, targets: dict[int, _Targ
 
 # The latest row of every request: its current state. Rows of one request share a
 # partition, so the offset breaks a tie between two decisions in the same millisecond.
-_LATEST = """
+LATEST = """
 latest AS (
     SELECT * FROM ledger
     QUALIFY row_number() OVER (
@@ -381,7 +408,7 @@ STUCK_SQL = f"""
 -- Nothing has run for an hour: stuck, or quiet? Per workflow and key: the starts still
 -- waiting for a final outcome and `waiting`, the age of the oldest; a workflow with
 -- nothing waiting shows as quiet, with its last start.
-WITH {_LATEST},
+WITH {LATEST},
 waiting AS (
     -- A queued row's decided_at - waited_ms is when its group began waiting: for a
     -- debounce, the first start of the burst, which the latest start's row carries.
@@ -406,7 +433,7 @@ WHY_SQL = f"""
 -- Why did my run not start? The latest decision on a request, or on every request that
 -- was decided on a key (newest first). A queued row without a reason of its own (written
 -- before the stage gave one) says what holds it from its deferral, due time and position.
-WITH {_LATEST}
+WITH {LATEST}
 SELECT request_id, workflow, outcome, key, control, stage,
        coalesce(reason, CASE WHEN outcome = 'queued' THEN
            'held by ' || coalesce(deferral, 'a control')
@@ -462,3 +489,12 @@ def fill(db: LedgerDb, records: Iterable[LedgerRecord], topic: str = "sg.ledger"
     start = db.offsets(topic).get(partition, 0)
     rows = [row_of(r, partition, start + i) for i, r in enumerate(records)]
     db.append(rows, {partition: start + len(rows)}, topic)
+
+
+def ksql_definitions(namespace: str) -> str:
+    """The shipped ksqlDB file for a namespace: written for `sg.`, whose topic (and its
+    subject, `<topic>-value`) are the only names that differ."""
+    from importlib.resources import files
+
+    text = files("sluicegate.ops").joinpath("ksql/ledger.sql").read_text(encoding="utf-8")
+    return text.replace("sg.ledger", f"{namespace}ledger")

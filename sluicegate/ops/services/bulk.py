@@ -31,11 +31,12 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, Producer
 
 from sluicegate.admission.decisions import RUNS_STAGE
 from sluicegate.admission.stages.runs import ELIGIBLE
 from sluicegate.config import Settings
+from sluicegate.ops.services.runs import RunsTable
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import RunOperation, RunRow, RunStatus
 from sluicegate.topology.topics import Topics
@@ -125,41 +126,17 @@ def selected(rows: Iterable[RunRow], *, workflow: str | None = None,
 
 
 def read_runs(settings: Settings, timeout_s: float = 60.0) -> list[RunRow]:
-    """Every run's latest row: `sg.runs` read from its start to its end (read_committed)."""
-    topic = Topics(settings).runs
-    consumer = Consumer(settings.client_config(**{
-        "group.id": f"sluicegate-bulk-{time.monotonic_ns()}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-        "fetch.wait.max.ms": 20,
-    }))
+    """Every run's latest row: `sg.runs` read from its start to its end (read_committed);
+    TimeoutError when a partition does not get there within `timeout_s`."""
+    table = RunsTable(settings)
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        pending = set(partitions)
-        latest: dict[str, RunRow] = {}
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end within {timeout_s}s")
-            for msg in consumer.consume(5000, timeout=0.2):
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
-                    continue
-                key = msg.key()
-                if key is None:
-                    continue
-                if msg.value() is None:  # a tombstone: the row is gone
-                    latest.pop(key.decode(), None)
-                    continue
-                row = codec.decode(RunRow, msg.value())
-                latest[row.execution_id] = row
-        return list(latest.values())
+        behind = table.refresh(timeout_s)
     finally:
-        consumer.close()
+        table.close()
+    if behind:
+        raise TimeoutError(f"could not read {Topics(settings).runs} to its end within "
+                           f"{timeout_s}s")
+    return list(table.rows.values())
 
 
 # -- acting ----------------------------------------------------------------------------

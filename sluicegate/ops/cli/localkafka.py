@@ -1,5 +1,5 @@
 """`sluicegate kafka up|down|status` and `sluicegate registry up|down|status`: thin wrappers
-over broker.py and registry.py that print and set exit codes."""
+over `sluicegate.ops.localkafka` (broker.py, registry.py) that print and set exit codes."""
 
 from __future__ import annotations
 

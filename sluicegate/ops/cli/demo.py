@@ -14,64 +14,21 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
-from rich.text import Text
 
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
-from sluicegate.kafkautil import watermarks
+from sluicegate.ops.cli.output import print_decision
 from sluicegate.ops.localkafka.broker import ensure_broker
+from sluicegate.ops.services.readers import Tail
+from sluicegate.ops.signals import ctrl_c_stops
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import LedgerRecord, Outcome
+from sluicegate.schemas.records import LedgerRecord
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.route import routes
 from sluicegate.topology.topics import Topics
-
-_STYLE = {
-    Outcome.admitted: "green", Outcome.existing: "cyan", Outcome.queued: "yellow",
-    Outcome.dropped: "red", Outcome.skipped: "magenta", Outcome.rejected: "bold red",
-    Outcome.collapsed: "blue", Outcome.expired: "red", Outcome.cancelled: "red",
-    Outcome.failed: "bold red", Outcome.lease_expired: "red",
-}
-
-
-def _ledger_tail(settings: Settings) -> Consumer:
-    topics = Topics(settings)
-    consumer = Consumer(settings.client_config(**{
-        "group.id": f"{settings.namespace}demo-tail", "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-    }))
-    assignment = []
-    for p in range(settings.partitions):
-        tp = TopicPartition(topics.ledger, p)
-        _, high = watermarks(consumer, tp)
-        assignment.append(TopicPartition(topics.ledger, p, max(high, 0)))
-    consumer.assign(assignment)
-    return consumer
-
-
-def _print(console: Console, row: LedgerRecord) -> None:
-    when = time.strftime("%H:%M:%S", time.gmtime(row.decided_at_ms / 1000))  # UTC, as all
-    style = _STYLE.get(row.outcome, "white")
-    execution = f" -> run {row.execution_id[:8]}" if row.execution_id else ""
-    key = f" key={row.key}" if row.key else ""
-    reason = f"  ({row.reason})" if row.reason else ""
-    line = Text(f"{when} ")
-    line.append(f"{row.outcome.value:<9}", style=style)
-    line.append(f" {row.workflow:<14}{key}{execution}{reason}")
-    console.print(line, highlight=False)
-
-
-def ctrl_c_stops() -> None:
-    """Ctrl-C (SIGINT) raises KeyboardInterrupt in this process even when it was started
-    with SIGINT ignored (a background job of a non-interactive shell, nohup), where
-    Python leaves an inherited SIG_IGN in place. Only the main thread can set it."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_demo(port: int, app_module: str, per_second: float) -> None:
@@ -103,16 +60,17 @@ def run_demo(port: int, app_module: str, per_second: float) -> None:
         threading.Thread(target=engine.run, args=(stop.is_set,), daemon=True),
         threading.Thread(target=module.traffic, args=(client, stop, per_second), daemon=True),
     ]
-    tail = _ledger_tail(settings)
+    tail = Tail(settings, Topics(settings).ledger, f"{settings.namespace}demo-tail")
     for thread in threads:
         thread.start()
     console.print("[bold]worker, engine and traffic running; each decision prints below. "
                   "Ctrl-C stops.[/]")
     try:
         while worker.poll() is None:
-            for msg in tail.consume(100, timeout=0.2):
-                if msg.error() is None and msg.value() is not None:
-                    _print(console, codec.decode(LedgerRecord, msg.value()))
+            for msg in tail.records(0.2):
+                value = msg.value()
+                if value is not None:
+                    print_decision(console, codec.decode(LedgerRecord, value))
         console.print(f"[bold red]the worker exited with code {worker.returncode}[/]")
     except KeyboardInterrupt:
         console.print("\nstopping: traffic, engine, worker")

@@ -3,44 +3,44 @@
 ID is an execution id (or the first characters of one, as the demo and the dashboard
 print it), a request id, or an idempotency key. The answer joins two sources:
 
-- the ledger (the incremental DuckDB copy of `sluicegate.ops.ledger`): every row of every
-  request that names the run, in the order they were decided: queued, collapsed into the
-  run, admitted, existing, cancelled with its reason, and the rows about the run itself
-  (`run:<execution id>:...`: a lapsed lease, timeouts.finish, a bulk operation);
-- the compacted runs table `sg.runs` (`RunsIndex`): the run's row, and each change of
-  its status this reader saw (admitted, running, completed, ...).
+- the ledger (the incremental DuckDB copy of `sluicegate.ops.services.ledger`): every row
+  of every request that names the run, in the order they were decided: queued, collapsed
+  into the run, admitted, existing, cancelled with its reason, and the rows about the run
+  itself (`run:<execution id>:...`: a lapsed lease, timeouts.finish, a bulk operation);
+- the compacted runs table `sg.runs` (`RunsTable`, which the flow view, bulk operations
+  and the name checks read too): the run's row, and each change of its status this
+  reader saw (admitted, running, completed, ...); and the identity changelog
+  (`RunsIndex`), for the run an idempotency key names.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Annotated, Any
-
-import typer
-from confluent_kafka import Consumer, TopicPartition
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sluicegate.admission.stages.identity import NAME as IDENTITY
 from sluicegate.admission.stages.identity import spent_key_row
 from sluicegate.config import Settings
-from sluicegate.kafkautil import watermarks
-from sluicegate.ops.flow import read_to_end
-from sluicegate.ops.ledger import LedgerDb
+from sluicegate.ops.services.formatting import iso
+from sluicegate.ops.services.readers import TableReader
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import RunRow
+from sluicegate.schemas.records import ENDED, RunRow
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.topics import Topics
+
+if TYPE_CHECKING:
+    from sluicegate.ops.services.ledger import LedgerDb
+
+# The ledger (and DuckDB, ~0.1 s to import) is imported where a lookup needs it: the runs
+# table alone (bulk operations, names) loads none of it.
 
 # At most this many status changes are kept per run (a run that heartbeats for a day
 # does not grow without bound); the row itself is always the latest.
 MAX_CHANGES = 50
 # The shortest execution id prefix looked up as a prefix (the demo prints 8 characters).
 MIN_PREFIX = 6
-
-app = typer.Typer(help="One run or request: its run row and its whole ledger history.",
-                  no_args_is_help=True)
 
 
 class NotFound(LookupError):
@@ -55,81 +55,84 @@ class StatusChange:
     reason: str | None
 
 
-@dataclass(slots=True)
-class _Tail:
-    """One compacted topic, read from its start, then on from where the last read stopped
-    to the end each partition had when it began (read_committed)."""
+class RunsTable:
+    """The compacted `sg.runs`, read to its end and on: every run's latest row (`rows`,
+    ended runs too), the live ones among them (`live`), and the changes of status seen
+    since this reader began (a compacted topic keeps the latest row per run; the changes
+    it still holds are read too). `refresh` reads on from where the last one stopped to
+    the end each partition had when it began, and returns the partitions that did not get
+    there in time (held by a transaction still open)."""
 
-    settings: Settings
-    topic: str
-    apply: Callable[[bytes | None, bytes | None], None]
-    _consumer: Consumer | None = None
-    _next: dict[int, int] = field(default_factory=dict)
+    def __init__(self, settings: Settings) -> None:
+        self.rows: dict[str, RunRow] = {}
+        self.live: dict[str, RunRow] = {}
+        self.changes: dict[str, list[StatusChange]] = {}
+        self._reader = TableReader(settings, Topics(settings).runs,
+                                   f"{settings.namespace}runs-reader", self.apply)
 
-    def read_on(self, timeout_s: float) -> None:
-        if self._consumer is None:
-            self._consumer = Consumer(self.settings.client_config(**{
-                # assign() only, never a commit: the group id is a formality of the client.
-                "group.id": f"{self.settings.namespace}runs-index",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 20,
-            }))
-            meta = self._consumer.list_topics(self.topic, timeout=timeout_s).topics[self.topic]
-            self._next = dict.fromkeys(meta.partitions, 0)
-            self._consumer.assign([TopicPartition(self.topic, p, 0) for p in self._next])
-        ends = {p: watermarks(self._consumer, TopicPartition(self.topic, p), timeout_s)[1]
-                for p in self._next}
-        read_to_end(self._consumer, self._next, ends, self.apply, timeout_s)
+    def refresh(self, timeout_s: float = 10.0) -> list[int]:
+        return self._reader.read_on(timeout_s)
 
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-
-
-@dataclass(slots=True)
-class RunsIndex:
-    """Every run's latest row of the compacted `sg.runs`, ended runs too, and the changes
-    of status seen since this reader began (a compacted topic keeps the latest row per
-    run; the changes it still holds are read too); and every idempotency key spent, with
-    the run it names, from the identity stage's changelog (compacted too): a key names its
-    run from its first start on, not only once a repeat answered `existing`. `refresh`
-    reads both on from where the last one stopped."""
-
-    settings: Settings
-    rows: dict[str, RunRow] = field(default_factory=dict)
-    changes: dict[str, list[StatusChange]] = field(default_factory=dict)
-    # idempotency key -> workflow -> the execution id it names
-    keys: dict[str, dict[str, str]] = field(default_factory=dict)
-    _tails: list[_Tail] = field(default_factory=list)
-
-    def refresh(self, timeout_s: float = 10.0) -> None:
-        if not self._tails:
-            topics = Topics(self.settings)
-            self._tails = [_Tail(self.settings, topics.runs, self._apply),
-                           _Tail(self.settings, topics.changelog(IDENTITY), self._apply_key)]
-        for tail in self._tails:
-            tail.read_on(timeout_s)
-
-    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        """One record of the topic."""
         if value is None:  # a tombstone: the run's row is gone, its history with it
             if key is not None:
-                self.rows.pop(key.decode(errors="replace"), None)
-                self.changes.pop(key.decode(errors="replace"), None)
+                execution_id = key.decode(errors="replace")
+                self.rows.pop(execution_id, None)
+                self.live.pop(execution_id, None)
+                self.changes.pop(execution_id, None)
             return
         try:
             row = codec.decode(RunRow, value)
         except codec.DecodeError:
             return  # not a run row; the runs stage never writes one
         self.rows[row.execution_id] = row
+        if row.status in ENDED:
+            self.live.pop(row.execution_id, None)
+        else:
+            self.live[row.execution_id] = row
         seen = self.changes.setdefault(row.execution_id, [])
         if not seen or seen[-1].status != row.status.value:
             seen.append(StatusChange(row.status.value, row.updated_at_ms, row.last_reason))
             del seen[:-MAX_CHANGES]
 
-    def _apply_key(self, key: bytes | None, value: bytes | None) -> None:
+    def close(self) -> None:
+        self._reader.close()
+
+
+class RunsIndex:
+    """What a lookup needs beside the ledger: the runs table (`runs`: the caller's when
+    given, whose to close, else one of its own), and every idempotency key spent, with the
+    run it names, from the identity stage's changelog (compacted too): a key names its run
+    from its first start on, not only once a repeat answered `existing`. `refresh` reads
+    both on from where the last one stopped."""
+
+    def __init__(self, settings: Settings, runs: RunsTable | None = None) -> None:
+        self.runs = runs if runs is not None else RunsTable(settings)
+        self._own_runs = runs is None
+        # idempotency key -> workflow -> the execution id it names
+        self.keys: dict[str, dict[str, str]] = {}
+        self._keys = TableReader(settings, Topics(settings).changelog(IDENTITY),
+                                 f"{settings.namespace}runs-index", self.apply_key)
+
+    @property
+    def rows(self) -> dict[str, RunRow]:
+        return self.runs.rows
+
+    @property
+    def changes(self) -> dict[str, list[StatusChange]]:
+        return self.runs.changes
+
+    def refresh(self, timeout_s: float = 10.0) -> None:
+        self.runs.refresh(timeout_s)
+        self._keys.read_on(timeout_s)
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        """One record of the runs table."""
+        self.runs.apply(key, value)
+
+    def apply_key(self, key: bytes | None, value: bytes | None) -> None:
+        """One record of the identity stage's changelog."""
         spent = None if key is None else spent_key_row(key, value)
         if spent is None:
             return
@@ -142,9 +145,9 @@ class RunsIndex:
                 del self.keys[text]
 
     def close(self) -> None:
-        for tail in self._tails:
-            tail.close()
-        self._tails = []
+        if self._own_runs:
+            self.runs.close()
+        self._keys.close()
 
 
 # The ledger rows of a lookup. `ids`: the execution ids the id names (itself, the run a
@@ -172,17 +175,6 @@ ORDER BY decided_at, _partition, _offset
 """
 
 
-def _iso(value: Any) -> str | None:
-    """A ledger instant (naive UTC) or epoch ms, as ISO 8601 UTC with milliseconds."""
-    if value is None:
-        return None
-    if isinstance(value, int):
-        value = datetime.fromtimestamp(value / 1000, UTC)
-    elif isinstance(value, datetime) and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return str(value.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
-
-
 def payload_text(payload: bytes | None) -> str | None:
     """The payload as its JSON text, or what it is when it is not JSON (a sealed copy)."""
     if payload is None:
@@ -206,13 +198,13 @@ def payload_json(payload: bytes) -> dict[str, Any]:
 def run_json(row: RunRow, changes: list[StatusChange]) -> dict[str, Any]:
     return {
         "execution_id": row.execution_id, "workflow": row.workflow,
-        "status": row.status.value, "admitted_at": _iso(row.admitted_at_ms),
-        "updated_at": _iso(row.updated_at_ms), "ended_at": _iso(row.ended_at_ms),
+        "status": row.status.value, "admitted_at": iso(row.admitted_at_ms),
+        "updated_at": iso(row.updated_at_ms), "ended_at": iso(row.ended_at_ms),
         "last_reason": row.last_reason, "retries_spent": row.retries_spent,
         "run_id": row.run_id, "declaration_version": row.declaration_version,
         "slots": [{"stage": s.stage, "key": key_text(s.key)} for s in row.slots],
         **payload_json(row.payload),
-        "changes": [{"status": c.status, "at": _iso(c.at_ms), "reason": c.reason}
+        "changes": [{"status": c.status, "at": iso(c.at_ms), "reason": c.reason}
                     for c in changes],
     }
 
@@ -243,9 +235,9 @@ def lookup(db: LedgerDb, runs: RunsIndex, ident: str) -> dict[str, Any]:
         raise NotFound(f"{ident!r} begins {len(ids)} execution ids ({', '.join(ids[:5])}"
                        f"{', ...' if len(ids) > 5 else ''}): give more of it")
     history = [{
-        "decided_at": _iso(r["decided_at"]), "request_id": r["request_id"],
+        "decided_at": iso(r["decided_at"]), "request_id": r["request_id"],
         "workflow": r["workflow"], "outcome": r["outcome"], "key": r["key"],
-        "control": r["control"], "deferral": r["deferral"], "due_at": _iso(r["due_at"]),
+        "control": r["control"], "deferral": r["deferral"], "due_at": iso(r["due_at"]),
         "position": r["position"], "execution_id": r["execution_id"], "reason": r["reason"],
         "waited_ms": r["waited_ms"], "folded": r["folded"],
         "retry_after_ms": r["retry_after_ms"], "stage": r["stage"],
@@ -295,37 +287,16 @@ def text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@app.command("show")
-def show(
-    ident: Annotated[str, typer.Argument(
-        metavar="ID", help="An execution id (or its first 6+ characters), a request id, or "
-                           "an idempotency key.")],
-    fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
-    db: Annotated[str | None, typer.Option(
-        "--db", help="The ledger DuckDB file (default: the one `sluicegate ledger` uses).")]
-        = None,
-    bootstrap: Annotated[str | None, typer.Option(
-        help="Kafka bootstrap servers.", envvar="SLUICEGATE_BOOTSTRAP")] = None,
-    namespace: Annotated[str | None, typer.Option(
-        help="Topic name prefix (default sg.).", envvar="SLUICEGATE_NAMESPACE")] = None,
-) -> None:
-    """A run or request: its run row and its whole ledger history."""
-    from sluicegate.ops.cli import _settings
-    from sluicegate.ops.ledger import default_db_path, refresh
+def show(settings: Settings, ident: str, db: Path | None = None) -> dict[str, Any]:
+    """`lookup` on the ledger copy at `db` (the default one when None), refreshed first,
+    and the runs table read to its end. Raises NotFound when nothing has `ident`."""
+    from sluicegate.ops.services.ledger import open_copy
 
-    if fmt not in ("text", "json"):
-        raise typer.BadParameter("--format is text or json")
-    # No broker, a ledger file in use: one line from the CLI's error handling.
-    settings = _settings(bootstrap, namespace, reach=True)
     runs = RunsIndex(settings)
     try:
-        with LedgerDb(db or default_db_path(settings)) as ledger:
-            refresh(ledger, settings)
+        ledger, _ = open_copy(settings, db)
+        with ledger:
             runs.refresh()
-            doc = lookup(ledger, runs, ident)
-    except NotFound as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+            return lookup(ledger, runs, ident)
     finally:
         runs.close()
-    typer.echo(json.dumps(doc, indent=2) if fmt == "json" else text(doc))

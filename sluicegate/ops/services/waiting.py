@@ -23,11 +23,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sluicegate.declare import App
-from sluicegate.ops.ledger import _LATEST, LedgerDb
+from sluicegate.ops.services.formatting import iso
+from sluicegate.ops.services.ledger import LATEST, LedgerDb
 from sluicegate.schemas.records import ControlRow
 
 WAITING_SQL = f"""
-WITH {_LATEST}
+WITH {LATEST}
 SELECT request_id, workflow, key, control, deferral, requested_at, decided_at, due_at,
        position, waited_ms,
        row_number() OVER (PARTITION BY workflow, key, control
@@ -62,16 +63,9 @@ class Waiting:
     def to_json(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "workflow": self.workflow, "key": self.key,
                 "control": self.control, "deferral": self.deferral,
-                "requested_at": _iso(self.requested_at_ms), "due_at": _iso(self.due_at_ms),
+                "requested_at": iso(self.requested_at_ms), "due_at": iso(self.due_at_ms),
                 "position": self.position, "rank": self.rank, "waiting": self.waiting,
                 "limit": self.limit, "why": self.why}
-
-
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _clock(ms: int | None, now_ms: int) -> str:

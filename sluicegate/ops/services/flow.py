@@ -4,41 +4,44 @@ section 4; seed 000, "Seeing what happened").
 
 Three sources, each read the way its owner writes it:
 
-- the admissions ledger, through the incremental DuckDB copy of `sluicegate.ops.ledger`:
-  `queued` counts the starts whose latest row is `queued`; `collapsed`, `dropped` and
-  `expired` count final outcomes;
-- the compacted runs table `sg.runs` (`RunsTable`), read to its end: a live run counts
-  once under each concurrency slot it holds (`in_flight`), or under no key when it holds
-  none;
+- the admissions ledger, through its incremental DuckDB copy (`services.ledger`): `queued`
+  counts the starts whose latest row is `queued`; `collapsed`, `dropped` and `expired`
+  count final outcomes;
+- the compacted runs table `sg.runs` (`services.runs.RunsTable`), read to its end: a live
+  run counts once under each concurrency slot it holds (`in_flight`), or under no key when
+  it holds none;
 - the control table `sg.control` (`ControlTable`): the pause row of each workflow.
 
 `compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
-counts. The text and JSON forms are `FlowView.text()` and `FlowView.to_json()`; the CLI
-and `GET /inspect/workflows/flow-control` print the same JSON. See docs/operations.md.
+counts; `FlowReader` keeps the three sources open, `read_flow` reads them once. The text
+and JSON forms are `FlowView.text()` and `FlowView.to_json()`; the CLI and
+`GET /inspect/workflows/flow-control` print the same JSON. See docs/operations.md.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import timedelta
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.stages.concurrency import NAME as CONCURRENCY
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.kafkautil import watermarks
-from sluicegate.ops.ledger import _LATEST, LedgerDb, ledger_consumer, refresh
-from sluicegate.ops.ledger_cli import _duration
-from sluicegate.schemas import codec
+from sluicegate.ops.services.formatting import ONE_KEY, duration_ms
+from sluicegate.ops.services.ledger import (
+    LATEST,
+    LedgerDb,
+    default_db_path,
+    ledger_consumer,
+    refresh,
+)
+from sluicegate.ops.services.runs import RunsTable
 from sluicegate.schemas.records import ENDED, ControlRow, RunRow
 from sluicegate.topology.keys import key_text
-from sluicegate.topology.topics import Topics
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
 
@@ -46,7 +49,7 @@ FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
 # lease, timeouts.finish), not starts. A queued row's `decided_at - waited_ms` is when its
 # group began waiting (for a debounce, the burst's first start), as in `ledger ask stuck`.
 FLOW_SQL = f"""
-WITH {_LATEST},
+WITH {LATEST},
 queued AS (
     SELECT workflow, coalesce(key, '') AS key, count(*) AS queued,
            epoch_ms(min(least(requested_at, decided_at - to_milliseconds(waited_ms))))
@@ -77,11 +80,6 @@ WHERE $workflow IS NULL OR coalesce(q.workflow, f.workflow) = $workflow
 WORKFLOWS_SQL = """
 SELECT DISTINCT workflow FROM ledger WHERE $workflow IS NULL OR workflow = $workflow
 """
-
-# How the text forms spell the key of an unkeyed control, and of a run holding no
-# concurrency slot: the workflow's one key (as `topology show` says; the JSON has "").
-ONE_KEY = "(one key)"
-
 
 @dataclass(frozen=True, slots=True)
 class SlotLimit:
@@ -132,7 +130,7 @@ class KeyFlow:
         """`12m00s`: the age of the oldest queued start, as `waiting=` prints it."""
         if self.waiting_ms is None:
             return None
-        return _duration_ms(self.waiting_ms)
+        return duration_ms(self.waiting_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "queued": self.queued, "waiting": self.waiting,
@@ -211,10 +209,6 @@ def _line(k: KeyFlow) -> str:
 
 def _key_text(key: str | None) -> str:
     return ONE_KEY if not key else repr(key) if " " in key else key
-
-
-def _duration_ms(ms: int) -> str:
-    return _duration(timedelta(milliseconds=ms))
 
 
 # -- the pure part ---------------------------------------------------------------------
@@ -296,77 +290,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def read_to_end(consumer: Consumer, positions: dict[int, int], ends: dict[int, int],
-                apply: Callable[[bytes | None, bytes | None], None], timeout_s: float) -> None:
-    """Read the assigned partitions on from `positions` (moved as records are applied) to
-    `ends`. A transaction still open at the end holds its partition short of it: after
-    `timeout_s` the reader has what is committed so far."""
-    behind = {p for p, end in ends.items() if positions[p] < end}
-    deadline = time.monotonic() + timeout_s
-    while behind and time.monotonic() < deadline:
-        for msg in consumer.consume(5000, timeout=0.2):
-            partition, offset = msg.partition(), msg.offset()
-            if partition is None or offset is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    positions[partition] = max(positions[partition], offset)
-            else:
-                apply(msg.key(), msg.value())
-                positions[partition] = offset + 1
-            if positions[partition] >= ends[partition]:
-                behind.discard(partition)
-
-
-@dataclass(slots=True)
-class RunsTable:
-    """The live runs of the compacted `sg.runs`: the latest row of every execution id,
-    kept while the run has not ended. `refresh` reads on from where the last one stopped
-    to the end each partition had when it began (read_committed)."""
-
-    settings: Settings
-    live: dict[str, RunRow] = field(default_factory=dict)
-    _consumer: Consumer | None = None
-    _next: dict[int, int] = field(default_factory=dict)
-
-    def refresh(self, timeout_s: float = 10.0) -> None:
-        topic = Topics(self.settings).runs
-        if self._consumer is None:
-            self._consumer = Consumer(self.settings.client_config(**{
-                # assign() only, never a commit: the group id is a formality of the client.
-                "group.id": f"{self.settings.namespace}flow-runs",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 20,
-            }))
-            meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
-            self._next = dict.fromkeys(meta.partitions, 0)
-            self._consumer.assign([TopicPartition(topic, p, 0) for p in self._next])
-        ends = {p: watermarks(self._consumer, TopicPartition(topic, p))[1] for p in self._next}
-        read_to_end(self._consumer, self._next, ends, self._apply, timeout_s)
-
-    def _apply(self, key: bytes | None, value: bytes | None) -> None:
-        if value is None:
-            if key is not None:
-                self.live.pop(key.decode(errors="replace"), None)
-            return
-        try:
-            row = codec.decode(RunRow, value)
-        except codec.DecodeError:
-            return  # not a run row; the runs stage never writes one
-        if row.status in ENDED:
-            self.live.pop(row.execution_id, None)
-        else:
-            self.live[row.execution_id] = row
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-
-
 class FlowReader:
     """The three sources, kept open: each `view` reads only what is new since the last.
     The CLI makes one for a single view; `inspect serve` keeps one for its life."""
@@ -397,3 +320,16 @@ class FlowReader:
         self.runs.close()
         self.control.close()
         self._ledger_consumer.close()
+
+
+def read_flow(settings: Settings, db: Path | None = None, app: App | None = None) -> FlowView:
+    """One view, as `sluicegate workflows flow` prints it: the ledger copy at `db` (the
+    default one when None) refreshed, the runs and control tables read to their ends;
+    every workflow `app` declares listed, with its concurrency limit."""
+    declared = sorted(app.workflows) if app is not None else []
+    with LedgerDb(db or default_db_path(settings)) as ledger:
+        reader = FlowReader(settings, ledger, declared, limits=concurrency_limits(app))
+        try:
+            return reader.view()
+        finally:
+            reader.close()

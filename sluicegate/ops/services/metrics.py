@@ -23,26 +23,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    IsolationLevel,
-    KafkaError,
-    TopicPartition,
-)
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sluicegate.config import Settings
-from sluicegate.ops.flow import FlowView
 from sluicegate.topology.topics import Topics
 
 if TYPE_CHECKING:
     from sluicegate.declare import App
     from sluicegate.engine.runtime import Worker
+    from sluicegate.ops.services.flow import FlowView
 
 # Lag needs a call per assigned partition: done at most this often, after a commit.
 LAG_EVERY_S = 1.0
@@ -247,62 +240,6 @@ class FlowCollector(Collector):
             committed.add_metric(labels, tp.committed)
             lag.add_metric(labels, max(0, tp.end - tp.committed))
         yield from (committed, lag)
-
-
-class DeadLetterCount:
-    """The number of dead letters written so far: a read_committed consumer that counts the
-    dead-letter topic's records from its beginning, then only the new ones at each call.
-
-    None until the first count has reached the end of every partition: a counter exported
-    half-way through a long topic, then grown to its whole, would read as dead letters
-    arriving (each restart of the server would fire the alert)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.topic = Topics(settings).deadletter
-        self.count = 0
-        self.caught_up = False
-        self._consumer: Consumer | None = None
-        self._at_end: dict[int, bool] = {}
-
-    def __call__(self, timeout_s: float = 5.0) -> int | None:
-        consumer = self._consumer or self._open(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        first = True
-        while first or not all(self._at_end.values()):
-            first = False
-            for msg in consumer.consume(1000, timeout=0.05):
-                partition = msg.partition()
-                if partition is None:
-                    continue
-                error = msg.error()
-                if error is None:
-                    self.count += 1
-                    self._at_end[partition] = False
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    self._at_end[partition] = True
-            if time.monotonic() > deadline:
-                break
-        self.caught_up = self.caught_up or all(self._at_end.values())
-        return self.count if self.caught_up else None
-
-    def _open(self, timeout_s: float) -> Consumer:
-        consumer = Consumer(self.settings.client_config(**{
-            "group.id": f"{self.settings.namespace}metrics-deadletters",
-            "enable.auto.commit": False, "enable.partition.eof": True,
-            "isolation.level": "read_committed", "fetch.wait.max.ms": 20,
-        }))
-        meta = consumer.list_topics(self.topic, timeout=timeout_s).topics.get(self.topic)
-        partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
-        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
-        self._at_end = dict.fromkeys(partitions, False)
-        self._consumer = consumer
-        return consumer
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
 
 
 def input_offsets(admin: AdminClient, settings: Settings,

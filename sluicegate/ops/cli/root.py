@@ -1,4 +1,5 @@
-"""The one command-line entry point: `sluicegate <group> <verb>`."""
+"""The command group `sluicegate <group> <verb>`: the root options, the commands of no group,
+and the errors an operator can act on as one line (the script starts at `entry.main`)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from sluicegate.config import Settings
 from sluicegate.ops import signals
-from sluicegate.ops.inspect import app as inspect_app
-from sluicegate.ops.ledger_cli import app as ledger_app
-from sluicegate.ops.localkafka.cli import app as kafka_app
-from sluicegate.ops.localkafka.cli import registry_app
-from sluicegate.ops.runs import app as runs_app
-from sluicegate.ops.workflows import app as workflows_app
+from sluicegate.ops.cli import options
+from sluicegate.ops.cli.inspect import app as inspect_app
+from sluicegate.ops.cli.ledger import app as ledger_app
+from sluicegate.ops.cli.localkafka import app as kafka_app
+from sluicegate.ops.cli.localkafka import registry_app
+from sluicegate.ops.cli.options import AppSpec, Bootstrap, Namespace
+from sluicegate.ops.cli.runs import app as runs_app
+from sluicegate.ops.cli.workflows import app as workflows_app
+from sluicegate.ops.services.settings import DEFAULT_TIMEOUT_S
 
 
 class _OneLineErrors(TyperGroup):
@@ -33,7 +36,7 @@ class _OneLineErrors(TyperGroup):
             return super().invoke(ctx)
         except Exception as exc:
             said = _one_line(exc)
-            if said is None or _options["debug"]:
+            if said is None or options.given["debug"]:
                 raise
             message, code = said
             typer.echo(f"error: {message}", err=True)
@@ -59,19 +62,6 @@ app.add_typer(ledger_app, name="ledger")
 app.add_typer(inspect_app, name="inspect")
 app.add_typer(runs_app, name="runs")
 
-Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers.",
-                                               envvar="SLUICEGATE_BOOTSTRAP")]
-Namespace = Annotated[str | None, typer.Option(help="Topic name prefix (default sg.).",
-                                               envvar="SLUICEGATE_NAMESPACE")]
-AppSpec = Annotated[str, typer.Option("--app", help="Module with the declarations (`module` "
-                                      "or `module:attr`).")]
-
-
-# Set by the root callback (`sluicegate [--debug] [--timeout S] ...`) before a command runs.
-DEFAULT_TIMEOUT_S = 3.0
-_options: dict[str, Any] = {"debug": False, "timeout": DEFAULT_TIMEOUT_S}
-
-
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -83,7 +73,7 @@ def _root(
         help="Seconds to wait for the Kafka broker to answer before giving up.")
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
-    _options.update(debug=debug, timeout=timeout)
+    options.given.update(debug=debug, timeout=timeout)
     if ctx.invoked_subcommand != "worker":
         # Only the worker has a graceful stop; every other command gets the signals'
         # default behaviour back, and a signal sent while it started acts now.
@@ -91,29 +81,6 @@ def _root(
     if debug:
         logging.basicConfig(level=logging.DEBUG,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _settings(bootstrap: str | None, namespace: str | None, *, offline: bool = False,
-              reach: bool = False, **more: object) -> Settings:
-    """The command's settings; unless `offline`, the bootstrap's syntax is checked and the
-    process's codec is configured from them (with a schema registry: its framing, every
-    schema registered), so every command reads and writes records as the workers do. With
-    `reach`, a broker at the bootstrap must answer within --timeout (KafkaUnreachable)."""
-    changes: dict[str, object] = {k: v for k, v in more.items() if v is not None}
-    if bootstrap:
-        changes["bootstrap"] = bootstrap
-    if namespace:
-        changes["namespace"] = namespace
-    settings = Settings().with_(**changes)
-    if not offline:
-        from sluicegate.kafkautil import parse_bootstrap, require_broker
-        from sluicegate.topology.framing import configure_codec
-
-        parse_bootstrap(settings.bootstrap)
-        if reach:
-            require_broker(settings, _options["timeout"])
-        configure_codec(settings)
-    return settings
 
 
 @topics_app.command("create")
@@ -127,7 +94,7 @@ def topics_create(
     from sluicegate.declare import load_app
     from sluicegate.topology.admin import create_topics
 
-    settings = _settings(bootstrap, namespace, reach=True)
+    settings = options.settings(bootstrap, namespace, reach=True)
     report = create_topics(settings, load_app(app_spec, settings) if app_spec else None)
     for spec in report.created:
         kind = " (compacted)" if spec.compacted else ""
@@ -148,7 +115,7 @@ def topology_show(app_spec: AppSpec, namespace: Namespace = None) -> None:
     from sluicegate.declare import load_app
     from sluicegate.topology.route import routes
 
-    settings = _settings(None, namespace, offline=True)
+    settings = options.settings(None, namespace, offline=True)
     for route in routes(load_app(app_spec, settings), settings.deployment_cap):
         typer.echo(route.describe())
 
@@ -184,7 +151,7 @@ def worker(
     # before the broker: docs/decisions/cli-errors.md).
     from sluicegate.kafkautil import KafkaUnreachable, require_broker
 
-    settings = _settings(bootstrap, namespace, state_dir=state_dir)
+    settings = options.settings(bootstrap, namespace, state_dir=state_dir)
     # A refused login is said here, once, before the worker's clients would each report
     # it; a broker that does not answer, the worker says it waits for, and waits.
     with contextlib.suppress(KafkaUnreachable):
@@ -201,7 +168,7 @@ def demo(
     rate: Annotated[float, typer.Option(help="Demo starts per second.")] = 3.0,
 ) -> None:
     """Run the whole loop locally: broker, topics, worker, engine, traffic, decisions."""
-    from sluicegate.ops.demo import run_demo
+    from sluicegate.ops.cli.demo import run_demo
 
     run_demo(port, app_module, rate)
 
@@ -216,8 +183,8 @@ def _one_line(exc: BaseException) -> tuple[str, int] | None:
     from sluicegate.declare import DeclarationError
     from sluicegate.engine.runtime import WorkerError
     from sluicegate.kafkautil import BootstrapError, KafkaAuthError, KafkaUnreachable
-    from sluicegate.ops.ledger import LedgerSqlError
-    from sluicegate.ops.names import UnknownName
+    from sluicegate.ops.services.ledger import LedgerSqlError
+    from sluicegate.ops.services.names import UnknownName
     from sluicegate.schemas.registry import RegistryError
     from sluicegate.topology.admin import TopologyError
 
