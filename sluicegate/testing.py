@@ -220,7 +220,7 @@ class TestDriver:
         self.tasks = {
             p: Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
                     self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
-                    self.settings.state_backend)
+                    self.settings.state_backend, bool(self.settings.log_derived))
             for p in range(self.settings.partitions)}
         # What the worker does once a task's stores are restored: the derived rows made
         # again from the others (their logs do not carry them), `restored` in a

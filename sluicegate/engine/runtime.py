@@ -1200,7 +1200,8 @@ class Worker:
     def _new_task(self, partition: int) -> Task:
         return Task(partition, self.topology, self.settings.state_dir, self._send,
                     self.clock.now_ms, self.settings.max_record_bytes,
-                    monotonic=self.clock.monotonic_ms, backend=self.settings.state_backend)
+                    monotonic=self.clock.monotonic_ms, backend=self.settings.state_backend,
+                    log_derived=bool(self.settings.log_derived))
 
     def _reopen(self, partition: int) -> None:
         """A restoring task's stores are closed (what they could not write is in their

@@ -77,14 +77,19 @@ class Task:
         stores: Mapping[str, Store] | None = None,
         monotonic: Callable[[], int] | None = None,
         backend: str = "memory",
+        log_derived: bool = False,
     ) -> None:
         """`clock`: the wall clock's now in epoch ms; `monotonic`: the worker's own time
         (engine/clock.py), the wall clock when not given. `stores`: stores already open, by
         stage name, to take over instead of opening them (the test driver's restart keeps
         its stores open); `backend`: where the stores keep their rows, `memory` or
-        `rocksdb` (under `state_dir`)."""
+        `rocksdb` (under `state_dir`). `log_derived`: the task keeps its stores as a
+        release before derived rows did (SLUICEGATE_LOG_DERIVED, for a rolling upgrade):
+        every row logged, every timer among the logged ones, nothing made again at
+        restore, so a worker of that release can take its partitions over."""
         self.partition = partition
         self.now_ms = clock
+        self.log_derived = log_derived
         self.states: dict[str, StageState] = {}
         for node in topology.nodes:
             store = tx = timers = None
@@ -92,7 +97,7 @@ class Task:
                 store = (stores or {}).get(node.name) or open_store(
                     backend, state_dir / node.name / str(partition), clock)
                 tx = StoreTransaction(store, max_record_bytes)
-                timers = Timers(tx, node.stage.derived_timers)
+                timers = Timers(tx, () if log_derived else node.stage.derived_timers)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
                                topology.dead_letter, monotonic)
             self.states[node.name] = StageState(node, ctx, store, tx, timers)
@@ -106,6 +111,9 @@ class Task:
         an earlier release's changelog, or rows the replay left behind): their logs do not
         carry them. Returns the rows written."""
         written = 0
+        if self.log_derived:
+            # Its logs carry the derived rows too: restored, they are as they were.
+            return written
         chosen = None if stores is None else {id(store) for store in stores}
         for state in self.stateful():
             stage, store = state.stage, state.store

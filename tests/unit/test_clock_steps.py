@@ -8,8 +8,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Timeouts, Workflow
 from sluicegate.engine.clock import FileClock, ManualClock
+from sluicegate.engine.timers import TIMER_PREFIX
 from sluicegate.schemas.records import Outcome, RunEventKind
 from sluicegate.testing import TestDriver
 
@@ -150,5 +152,21 @@ def test_a_runs_deadlines_are_derived_from_its_row_and_never_logged() -> None:
         driver.advance(9 * MINUTE - 1)
         assert _outcomes(driver, Outcome.failed) == []
         driver.advance(1)
+        assert [r.execution_id for r in driver.ledger
+                if r.outcome is Outcome.failed] == [timed.execution_id]
+
+
+def test_while_rolling_from_a_release_before_derived_rows_a_runs_deadlines_are_logged() -> None:
+    """SLUICEGATE_LOG_DERIVED: the backstops and their timers are logged rows, as a worker
+    of the release before keeps them, and a restart keeps them as they were."""
+    with TestDriver(APP, Settings(partitions=1, log_derived=1)) as driver:
+        timed = driver.start("timed", {"tenant": "b"})
+        driver.commit()
+        logged = [w.key for w in driver.sent(driver.topics.changelog("runs"))
+                  if w.key is not None and w.key.endswith(timed.execution_id.encode())]
+        # Its backstop row, and its finish timer among the logged timers.
+        assert len(logged) == 2 and any(k.startswith(TIMER_PREFIX) for k in logged)
+        driver.restart()
+        driver.advance(10 * MINUTE)
         assert [r.execution_id for r in driver.ledger
                 if r.outcome is Outcome.failed] == [timed.execution_id]
