@@ -109,11 +109,14 @@ def agrees(kept: dict[bytes, bytes], derived: dict[bytes, bytes]) -> bool:
     `derive` made would: the same rows, but for a sequence, which the queue keeps at the
     last it gave out (kept while the queue is empty, so a refill's rows sort past the
     rows taken before) and `derive` at the highest its rows hold, if any (the next start
-    gets a higher one either way)."""
+    gets a higher one either way); and a last row, which a queue whose last start was
+    removed (not served: a cancel, an expiry) keeps at that start's row, above the rows
+    left (`park` reads it as a bound: a newcomer past it is last either way)."""
     if kept.keys() - derived.keys() - {key for key in kept if key.startswith(_SEQ)}:
         return False
     return all(kept.get(key) == value or (key.startswith(_SEQ) and key in kept
                                           and int(kept[key]) >= int(value))
+               or (key.startswith(_LAST) and key in kept and kept[key] > value)
                for key, value in derived.items())
 
 
@@ -162,6 +165,17 @@ def lane_rows(store: StoreReader, budget: bytes) -> Iterator[tuple[str, bytes, b
         lane = marker[len(markers):]
         for row, value in store.items(_QUEUE + _name(budget + b"\x1f" + lane)):
             yield lane.decode(), row, value
+
+
+def queue_rows(store: StoreReader, name: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(row key, row value) of every start waiting in the queue `name`, in order."""
+    return store.items(_QUEUE + _name(name))
+
+
+def queue_of(row: bytes) -> bytes:
+    """The name of the queue a row (`Parked.row`) belongs to."""
+    (size,) = struct.unpack_from(">H", row, len(_QUEUE))
+    return row[len(_QUEUE) + 2:len(_QUEUE) + 2 + size]
 
 
 def fair_budgets(store: StoreReader) -> list[bytes]:

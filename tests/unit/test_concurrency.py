@@ -31,7 +31,15 @@ from sluicegate.admission.stages.concurrency import (
     lane_hop,
 )
 from sluicegate.config import Settings
-from sluicegate.declare import App, Concurrency, Priority, Throttle, Timeouts, Workflow
+from sluicegate.declare import (
+    App,
+    CancelOn,
+    Concurrency,
+    Priority,
+    Throttle,
+    Timeouts,
+    Workflow,
+)
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -54,6 +62,16 @@ R = TypeVar("R", bound=Record)
 class Job(BaseModel):
     tenant: str
     p: int = 0
+
+
+class TenantGone(BaseModel):
+    tenant: str
+
+
+# Declared by the state machines' workflows, so cancelOn's index of the waiting starts by
+# workflow is among the derived rows they check (no event is ever sent).
+ON_TENANT_GONE = [CancelOn(event="tenant.gone", schema=TenantGone,
+                           match="event.tenant == payload.tenant")]
 
 
 def _pending(kind: AdmittedKind = AdmittedKind.start, arrived: int = 1000) -> PendingStart:
@@ -593,7 +611,7 @@ class OneKeyPerTenant(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.h = TestDriver(App([Workflow(
-            name="w", payload=Job, priority="p",
+            name="w", payload=Job, priority="p", cancel_on=ON_TENANT_GONE,
             concurrency=Concurrency(limit=self.LIMIT, key="tenant"))]), start_ms=T0)
         self.running: dict[str, set[str]] = defaultdict(set)
         self.waiting: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
@@ -682,7 +700,7 @@ class SharedPool(RuleBasedStateMachine):
 
     def app(self) -> App:
         # The lanes come from the narrower, keyed limit before the pool.
-        return App([Workflow(name="f", payload=Job, concurrency=[
+        return App([Workflow(name="f", payload=Job, cancel_on=ON_TENANT_GONE, concurrency=[
             Concurrency(limit=100, key="tenant"), Concurrency(limit=self.LIMIT, pool="p")])])
 
     def _check_new_admissions(self, seen: int) -> None:

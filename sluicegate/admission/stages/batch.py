@@ -35,7 +35,7 @@ from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.payloads import is_sealed, validate
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
-from sluicegate.topology.keys import key_text
+from sluicegate.topology.keys import ControlKey, key_text
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -302,8 +302,11 @@ class Batches:
 
     def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards the batch items that match the event, each judged as the
-        batch of one it would be alone."""
-        for hkey, raw in list(ctx.store.items(_BATCH)):
+        batch of one it would be alone. A batch's header is under its key, whose budget is
+        always its workflow (a batch has no pool): the sweep reads the batches of the
+        workflows it names, and no others."""
+        for hkey, raw in [row for workflow in sweep.workflows
+                          for row in ctx.store.items(_BATCH + ControlKey(workflow).encode())]:
             self._cancel_batched(ctx, sweep, hkey[len(_BATCH):], _Header.decode(raw))
 
     def _cancel_batched(self, ctx: StageContext, sweep: CancelSweep, key: bytes,

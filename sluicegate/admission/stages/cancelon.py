@@ -34,8 +34,10 @@ and queue (docs/decisions/cancelon-in-transit.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable
+import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +45,8 @@ from sluicegate.admission.decisions import describe_invalid, record_decision, re
 from sluicegate.admission.routing import PAUSE_STAGE, Router
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, CancelOn, Workflow
-from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.stage import Headers, InputRecord, StoreReader
+from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.payloads import Payloads, validate
@@ -319,6 +322,70 @@ def discard_on_arrival(ctx: StageContext, app: App, router: Router, start: Pendi
             discard(ctx, router, start, sweep, reason, key)
             return True
     return False
+
+
+# -- what a sweep reads: the starts a stage parks, by workflow ----------------------------
+
+# Derived rows (docs/decisions/cancelon-sweep-bounds.md): `_INDEX` + the workflow's name
+# (length first) + where the stage parked the start (its own key for the row) -> b"".
+# Beside them, logged, which workflows the rows are for (`_INDEXED`: a digest of the
+# names of those declaring cancelOn), so a store kept across a redeploy is indexed again.
+_INDEX = STATE_PREFIX + b"\x00cancelOn@"
+_INDEXED = STATE_PREFIX + b"\x00cancelOn!"
+
+
+def _indexed(workflow: str) -> bytes:
+    raw = workflow.encode()
+    return _INDEX + struct.pack(">H", len(raw)) + raw
+
+
+class SweepIndex:
+    """Where a stage parked each start of a workflow that declares cancelOn, so that a
+    sweep reads the parked starts of the workflows it names and no others: flat in the
+    starts of every other workflow. The rows are derived (a stage lists `DERIVED` among
+    its `derived` and makes them in its `derive` with `rows`), kept up to date with the
+    rows they follow from, and hold nothing for a workflow without cancelOn, which pays
+    nothing for them."""
+
+    DERIVED = (_INDEX,)
+
+    def __init__(self, app: App) -> None:
+        self.workflows = frozenset(wf.name for wf in app.workflows.values() if wf.cancel_on)
+        self._digest = hashlib.sha256("\n".join(sorted(self.workflows)).encode()).digest()
+
+    def add(self, store: StoreTransaction, workflow: str, where: bytes) -> None:
+        if workflow in self.workflows:
+            store.put(_indexed(workflow) + where, b"")
+
+    def remove(self, store: StoreTransaction, workflow: str, where: bytes) -> None:
+        if workflow in self.workflows:
+            store.delete(_indexed(workflow) + where)
+
+    @staticmethod
+    def parked(store: StoreReader, workflow: str) -> list[bytes]:
+        """Where the stage parked each start of `workflow` (read whole: the caller
+        removes rows as it goes)."""
+        prefix = _indexed(workflow)
+        return [key[len(prefix):] for key, _ in store.items(prefix)]
+
+    def rows(self, parked: Iterable[tuple[str, bytes]]) -> dict[bytes, bytes]:
+        """The rows for (workflow, where) of every start parked: a stage's `derive`."""
+        return {_indexed(workflow) + where: b"" for workflow, where in parked
+                if workflow in self.workflows}
+
+    def restored(self, store: StoreTransaction,
+                 parked: Callable[[], Iterable[tuple[str, bytes]]]) -> None:
+        """At a restore: when the workflows declaring cancelOn changed since the rows were
+        made (a store kept across a redeploy keeps its derived rows), make them again.
+        Only then does it read every parked start (`parked`)."""
+        seen = store.get(_INDEXED)
+        if seen == self._digest or (seen is None and not self.workflows):
+            return
+        for key in [key for key, _ in store.items(_INDEX)]:
+            store.delete(key)
+        for key, value in self.rows(parked()).items():
+            store.put(key, value)
+        store.put(_INDEXED, self._digest)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -151,9 +152,9 @@ class ConcurrencyStage(QueueStage):
     name = NAME
     carries = (PendingStart, Release, CancelSweep)
     expects = "a pending start or a release"
-    # Slots held per key follow from the holders, the waiting index from the queues, and
-    # the queues' bookkeeping from their rows: none is logged.
-    derived = (_HELD, _WAITING, *pending.DERIVED)
+    # Slots held per key follow from the holders, the waiting index and cancelOn's index by
+    # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
+    derived = (_HELD, _WAITING, *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         rows = super().derive(store)
@@ -163,16 +164,28 @@ class ConcurrencyStage(QueueStage):
             key = row[len(_HOLDER):len(_HOLDER) + 4 + size]
             held[key] = held.get(key, 0) + 1
         rows.update((_HELD + key, str(n).encode()) for key, n in held.items())
+        parked = list(self._parked(store, rows))
+        rows.update(self.sweeps.rows(parked))
+        return rows
+
+    @staticmethod
+    def _parked(store: StoreReader,
+                rows: dict[bytes, bytes] | None = None) -> Iterator[tuple[str, bytes]]:
+        """(workflow, key + execution id) of every start waiting, and its waiting index
+        into `rows` when given."""
         for budget in pending.fair_budgets(store):
             key = _prefixed(budget.decode())
             for lane, row, value in pending.lane_rows(store, budget):
                 start = codec.decode(PendingStart, value)
-                rows[_WAITING + key + start.execution_id.encode()] = _prefixed(lane) + row
-        return rows
+                where = key + start.execution_id.encode()
+                if rows is not None:
+                    rows[_WAITING + where] = _prefixed(lane) + row
+                yield start.workflow, where
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)
         self.deployment_cap = deployment_cap
+        self.sweeps = cancelon.SweepIndex(app)
         self._limits: dict[tuple[str, int], Limit] = {}
         self._declared = hashlib.sha256("\n".join(sorted(
             f"{wf.name}\x1f{wf.version}" for wf in app.workflows.values())).encode()
@@ -331,8 +344,9 @@ class ConcurrencyStage(QueueStage):
               queue: FairQueue, headers: Headers | None, *, waits_for: str) -> None:
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
-        ctx.store.put(_WAITING + _prefixed(key) + start.execution_id.encode(),
-                      _prefixed(lane) + parked.row)
+        where = _prefixed(key) + start.execution_id.encode()
+        ctx.store.put(_WAITING + where, _prefixed(lane) + parked.row)
+        self.sweeps.add(ctx.store, start.workflow, where)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
         due = expires_at(start, timeout)
         if due is not None:
@@ -373,7 +387,9 @@ class ConcurrencyStage(QueueStage):
 
     def _unpark(self, ctx: StageContext, key: str, start: PendingStart) -> None:
         """Drop a start's waiting index and expiry timer once it leaves the queue."""
-        ctx.store.delete(_WAITING + _prefixed(key) + start.execution_id.encode())
+        where = _prefixed(key) + start.execution_id.encode()
+        ctx.store.delete(_WAITING + where)
+        self.sweeps.remove(ctx.store, start.workflow, where)
         wf = self.router.workflow(start.workflow)
         timeout = wf.timeouts.start_ms if wf is not None and wf.timeouts is not None else None
         due = expires_at(start, timeout)
@@ -443,24 +459,28 @@ class ConcurrencyStage(QueueStage):
             self._take(ctx, key, start, hop, parked.headers)
 
     def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards this partition's waiting starts that match the event. A
-        waiting resume is left alone: its run exists, and the correlator cancels runs.
-        No slot frees, so nothing drains."""
-        for row, _ in list(ctx.store.items(_WAITING)):
-            key, execution_id = _unprefix(row[len(_WAITING):])
-            found = self._waiting(ctx, key, execution_id.decode())
-            if found is None:
-                continue
+        """cancelOn discards this partition's waiting starts that match the event, read
+        from the index by workflow: only the starts of the workflows it names, whatever
+        the budgets they wait in (a pool, the deployment cap) hold of others. A waiting
+        resume is left alone: its run exists, and the correlator cancels runs. No slot
+        frees, so nothing drains."""
+        for workflow in sweep.workflows:
+            for where in self.sweeps.parked(ctx.store, workflow):
+                key, execution_id = _unprefix(where)
+                self._judge(ctx, sweep, key, execution_id.decode())
+
+    def _judge(self, ctx: StageContext, sweep: CancelSweep, key: str,
+               execution_id: str) -> None:
+        found = self._waiting(ctx, key, execution_id)
+        if found is not None:
             lane, parked = found
             start = parked.start
             reason = cancelon.judge(self.app, self.router, ctx.stage, sweep, start,
                                     cancelon.Group.of(parked.headers))
-            if reason is None:
-                continue
-            self.queue(ctx, key).remove(lane, parked)
-            self._unpark(ctx, key, start)
-            cancelon.discard(ctx, self.router, start, sweep, reason,
-                             key_text(key))
+            if reason is not None:
+                self.queue(ctx, key).remove(lane, parked)
+                self._unpark(ctx, key, start)
+                cancelon.discard(ctx, self.router, start, sweep, reason, key_text(key))
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -490,6 +510,7 @@ class ConcurrencyStage(QueueStage):
                    f"{self._described(key, wf)} and never got one{limit}")
 
     def restored(self, ctx: StageContext) -> None:
+        self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
         # A timer due now does the sweep in the cycle's timer pass, through the same code
         # as any other sweep. Under the declarations the last sweep ran with there is
         # nothing for it to do: it reads every waiting start, seconds at a million.

@@ -33,7 +33,7 @@ from sluicegate.declare import App, Workflow, format_duration
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
-from sluicegate.topology.keys import key_text
+from sluicegate.topology.keys import ControlKey, key_text
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -189,8 +189,11 @@ class Debounces:
             f"({len(carrier.request_ids)} starts folded)", key=text)
 
     def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards the bursts whose latest start matches the event."""
-        for skey, raw in list(ctx.store.items(_BURST)):
+        """cancelOn discards the bursts whose latest start matches the event. A burst's
+        row is under its key, whose budget is always its workflow (a debounce has no
+        pool): the sweep reads the rows of the workflows it names, and no others."""
+        for skey, raw in [row for workflow in sweep.workflows
+                          for row in ctx.store.items(_BURST + ControlKey(workflow).encode())]:
             held = _Held.decode(raw)
             c = held.carrier
             # The latest arrival is the one whose payload would run.

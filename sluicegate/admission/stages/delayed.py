@@ -14,7 +14,8 @@ from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.timers import TIMER_PREFIX, parse_timer_key
+from sluicegate.engine.stage import StoreReader
+from sluicegate.engine.timers import TIMER_PREFIX, parse_timer_key, timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 
@@ -32,6 +33,9 @@ class DelayedStarts:
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
         self.router = router
+        # Where each delayed start of a workflow declaring cancelOn waits (its timer's
+        # row), so a sweep reads the timers of the workflows it names and no others.
+        self.sweeps = cancelon.SweepIndex(app)
 
     def park(self, ctx: StageContext, pending: PendingStart, at_ms: int,
              wf: Workflow) -> None:
@@ -40,36 +44,61 @@ class DelayedStarts:
             return
         timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
         ctx.timers.schedule(at_ms, timer, codec.encode(pending))
+        self.sweeps.add(ctx.store, pending.workflow, timer_key(at_ms, timer))
         self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
                            due_at_ms=at_ms)
 
-    def fire(self, ctx: StageContext, value: bytes) -> None:
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         """Its `at` came: an ordinary arrival, which the controls judge as of now."""
         pending = codec.decode(PendingStart, value)
+        self.sweeps.remove(ctx.store, pending.workflow, timer_key(due_ms, key))
         self.router.forward(ctx, changed(pending, arrived_at_ms=ctx.now_ms))
 
-    def _parked(self, ctx: StageContext) -> list[tuple[int, bytes, PendingStart]]:
+    @staticmethod
+    def _parked(store: StoreReader) -> list[tuple[int, bytes, PendingStart]]:
+        """Every delayed start: this reads every timer of the partition (the idempotency
+        keys' expiries too)."""
         out = []
-        for raw, value in list(ctx.store.items(TIMER_PREFIX)):
+        for raw, value in list(store.items(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)
             if is_delayed(key):
                 out.append((due_ms, key, codec.decode(PendingStart, value)))
         return out
 
+    def indexed(self, store: StoreReader) -> list[tuple[str, bytes]]:
+        """(workflow, timer row) of every delayed start, for the index (none read when
+        no workflow declares cancelOn)."""
+        if not self.sweeps.workflows:
+            return []
+        return [(pending.workflow, timer_key(due_ms, key))
+                for due_ms, key, pending in self._parked(store)]
+
     def fail_removed(self, ctx: StageContext) -> None:
         """Delayed starts of a workflow no longer declared fail now. This reads every
         timer of the partition (the idempotency keys' expiries too): the identity stage
         calls it only when the declarations changed."""
-        for due_ms, key, pending in self._parked(ctx):
+        for due_ms, key, pending in self._parked(ctx.store):
             if self.app.get(pending.workflow) is None:
                 ctx.timers.cancel(due_ms, key)
                 self.router.fail(ctx, pending, Outcome.failed, REMOVED)
 
+    def restored(self, ctx: StageContext) -> None:
+        """The index made again if the workflows declaring cancelOn changed."""
+        self.sweeps.restored(ctx.store, lambda: self.indexed(ctx.store))
+
     def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards the delayed starts that match the event."""
-        for due_ms, key, pending in self._parked(ctx):
-            reason = cancelon.reason_for(self.app, sweep, pending)
-            if reason is not None:
-                ctx.timers.cancel(due_ms, key)
-                cancelon.discard(ctx, self.router, pending, sweep, reason,
-                                 pending.identity_key)
+        """cancelOn discards the delayed starts that match the event, read from the index
+        by workflow: the timers of the workflows it names, and no others."""
+        for workflow in sweep.workflows:
+            for row in self.sweeps.parked(ctx.store, workflow):
+                value = ctx.store.get(row)
+                if value is None:
+                    continue
+                pending = codec.decode(PendingStart, value)
+                reason = cancelon.reason_for(self.app, sweep, pending)
+                if reason is not None:
+                    due_ms, key = parse_timer_key(row)
+                    ctx.timers.cancel(due_ms, key)
+                    self.sweeps.remove(ctx.store, workflow, row)
+                    cancelon.discard(ctx, self.router, pending, sweep, reason,
+                                     pending.identity_key)

@@ -34,7 +34,7 @@ from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.stage import InputRecord, StoreReader
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
@@ -182,6 +182,11 @@ def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) ->
 
 class IdentityStage(AdmissionStage):
     name = NAME
+    # cancelOn's index of the delayed starts by workflow follows from their timers.
+    derived = cancelon.SweepIndex.DERIVED
+
+    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+        return self.delayed.sweeps.rows(self.delayed.indexed(store))
 
     def __init__(self, app: App, partitions: int, router: Router,
                  max_payload_bytes: int) -> None:
@@ -326,6 +331,7 @@ class IdentityStage(AdmissionStage):
         (up to its declared horizon away). This reads every timer of the partition (the
         idempotency keys' expiries too), so only when the declarations changed since the
         partition was last checked."""
+        self.delayed.restored(ctx)
         if ctx.store.get(DECLARED_ROW) == self._declared:
             return
         self.delayed.fail_removed(ctx)
@@ -335,7 +341,7 @@ class IdentityStage(AdmissionStage):
         if cancelon.forget(ctx, key):
             return
         if is_delayed(key):
-            self.delayed.fire(ctx, value)
+            self.delayed.fire(ctx, due_ms, key, value)
         elif key.startswith(_EXPIRE):
             skey = key[len(_EXPIRE):]
             raw = ctx.store.get(STATE_PREFIX + skey)

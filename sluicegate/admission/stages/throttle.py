@@ -21,9 +21,10 @@ a start of a workflow removed from the declarations fails (both into onFailure).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from sluicegate.admission import pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.pending import COUNTED, Parked, PendingQueue, priority_mode
 from sluicegate.admission.routing import REMOVED, Router
@@ -31,8 +32,9 @@ from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
-from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.timers import STATE_PREFIX
+from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.route import hop_key
@@ -177,6 +179,10 @@ def _int(text: str) -> int | None:
 
 class ThrottleStage(QueueStage):
     name = NAME
+    # A key's queue holds the starts of every workflow of its pool: cancelOn's index by
+    # workflow (where each waits: its row) follows from the queues' rows, like their
+    # bookkeeping, and neither is logged.
+    derived = (*cancelon.SweepIndex.DERIVED, *pending.DERIVED)
 
     def __init__(self, app: App, router: Router) -> None:
         super().__init__(app, router)
@@ -184,6 +190,25 @@ class ThrottleStage(QueueStage):
         from sluicegate.admission.stages.throttles import Throttles
 
         self.many = Throttles(router)
+        self.sweeps = cancelon.SweepIndex(app)
+
+    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+        rows = super().derive(store)
+        rows.update(self.sweeps.rows(self._parked(store)))
+        return rows
+
+    def _parked(self, store: StoreReader) -> Iterator[tuple[str, bytes]]:
+        """(workflow, row) of every start waiting in a key's queue."""
+        if not self.sweeps.workflows:
+            return
+        for raw_key, _ in store.items(_KEY):
+            for row, value in pending.queue_rows(store, raw_key[len(_KEY):]):
+                yield codec.decode(PendingStart, value).workflow, row
+
+    def _leave(self, ctx: StageContext, queue: PendingQueue, parked: Parked) -> None:
+        """A start leaves a key's queue, whatever for."""
+        queue.remove(parked)
+        self.sweeps.remove(ctx.store, parked.start.workflow, parked.row)
 
     def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
         if record.key is None:
@@ -250,7 +275,8 @@ class ThrottleStage(QueueStage):
                         f"{len(queue)} starts (max_queued {option.max_queued}); a place "
                         f"frees in {format_duration(retry_after)}"))
             return row
-        position = queue.push(start, priority_mode(wf), headers)
+        parked, position = queue.park(start, priority_mode(wf), headers)
+        self.sweeps.add(ctx.store, start.workflow, parked.row)
         record_queued(self.router, ctx, start, text, position,
                       lambda at: due_ms(row.pace, rate, at), f"key {text!r}")
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
@@ -269,13 +295,13 @@ class ThrottleStage(QueueStage):
             start = head.start
             wf = self.app.get(start.workflow)
             if wf is None or len(wf.throttle) != 1:
-                queue.remove(head)
+                self._leave(ctx, queue, head)
                 self._unjudged(ctx, key, head, wf)
                 continue
             taken = take(row.pace, Rate.of(wf.throttle[0]), now)
             if taken is None:
                 break
-            queue.remove(head)
+            self._leave(ctx, queue, head)
             row = row.paced(taken)
             self.router.forward(ctx, start, headers=head.headers, key=key_text(key))
         return row
@@ -327,21 +353,28 @@ class ThrottleStage(QueueStage):
         ctx.store.put(_KEY + key, row.encode())
 
     def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards this partition's waiting starts that match the event."""
+        """cancelOn discards this partition's waiting starts that match the event, read
+        from the index by workflow: only the starts of the workflows it names, whatever
+        else their keys' queues hold (a pool's other members)."""
         self.many.cancel_queued(ctx, sweep)
-        for raw_key, raw in list(ctx.store.items(_KEY)):
-            key = raw_key[len(_KEY):]
-            queue = PendingQueue(ctx.store, key)
-            discarded = False
-            for parked in list(queue):
-                start = parked.start
-                reason = cancelon.judge(self.app, self.router, ctx.stage, sweep, start,
-                                        cancelon.Group.of(parked.headers))
+        touched: dict[bytes, PendingQueue] = {}
+        for workflow in sweep.workflows:
+            for row in self.sweeps.parked(ctx.store, workflow):
+                key = pending.queue_of(row)
+                queue = PendingQueue(ctx.store, key)
+                parked = queue.at(row)
+                if parked is None:
+                    continue
+                reason = cancelon.judge(self.app, self.router, ctx.stage, sweep,
+                                        parked.start, cancelon.Group.of(parked.headers))
                 if reason is not None:
-                    queue.remove(parked)
-                    cancelon.discard(ctx, self.router, start, sweep, reason, key_text(key))
-                    discarded = True
-            if discarded:
+                    self._leave(ctx, queue, parked)
+                    cancelon.discard(ctx, self.router, parked.start, sweep, reason,
+                                     key_text(key))
+                    touched[key] = queue
+        for key, queue in touched.items():
+            raw = ctx.store.get(_KEY + key)
+            if raw is not None:
                 self._settle(ctx, key, KeyRow.decode(raw), queue)
 
     # -- timeouts.start ----------------------------------------------------------------
@@ -366,14 +399,14 @@ class ThrottleStage(QueueStage):
             start = parked.start
             wf = self.app.get(start.workflow)
             if wf is None or len(wf.throttle) != 1:
-                queue.remove(parked)
+                self._leave(ctx, queue, parked)
                 self._unjudged(ctx, key, parked, wf)
                 continue
             expires = expires_at(wf, start)
             if expires is None:
                 continue
             if expires <= now:
-                queue.remove(parked)
+                self._leave(ctx, queue, parked)
                 self.router.fail(ctx, start, Outcome.expired, expired_reason(wf, start, text, now),
                                  key=text)
             elif following is None or expires < following:
@@ -409,6 +442,7 @@ class ThrottleStage(QueueStage):
         It only schedules: the sweep decides in the cycle's timer pass, with the same
         code that writes the ledger rows and onFailure starts for any other sweep."""
         now = ctx.now_ms
+        self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
         self.many.restored(ctx)
         for raw_key, raw in list(ctx.store.items(_KEY)):
             row = KeyRow.decode(raw)

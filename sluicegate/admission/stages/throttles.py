@@ -51,6 +51,7 @@ from sluicegate.declare import ExpressionError, Workflow, format_duration
 from sluicegate.engine.stage import Headers
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
+from sluicegate.topology.keys import ControlKey
 
 _ROW = STATE_PREFIX + b"tW"     # + key -> the workflow's row (Row)
 _PACE = STATE_PREFIX + b"tA"    # + key + throttle index + key text -> PaceRow
@@ -538,9 +539,14 @@ class Throttles:
         ctx.store.delete(_ROW + key)
 
     def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
-        """cancelOn discards the waiting starts that match the event."""
-        for raw_key, raw in list(ctx.store.items(_ROW)):
-            key = raw_key[len(_ROW):]
+        """cancelOn discards the waiting starts that match the event. All of a workflow's
+        starts wait under its one key (`(one key)`, its name as budget): the sweep reads
+        the rows of the workflows it names, and no others."""
+        for workflow in sweep.workflows:
+            key = ControlKey(workflow).encode()
+            raw = ctx.store.get(_ROW + key)
+            if raw is None:
+                continue
             row = Row.decode(raw)
             wf = self.router.workflow(row.workflow)
             if not several(wf) or wf is None or row.shape != shape(wf):
