@@ -264,7 +264,7 @@ class ConcurrencyStage(QueueStage):
         wf = self.router.workflow(start.workflow)
         resume = start.kind is AdmittedKind.resume
         if wf is None and not resume:
-            self._fail(ctx, key, start, Outcome.failed, REMOVED)
+            self._fail(ctx, key, start, Outcome.failed, REMOVED, headers)
             return
         hop = self.router.hop(start)
         if wf is None or hop is None or hop.stage != NAME:
@@ -292,7 +292,7 @@ class ConcurrencyStage(QueueStage):
             reason = (f"queue-full: {occupancy.waiting} starts already wait for a concurrency "
                       f"slot of {self._described(key, wf)} (max_queued {limit.max_queued})")
             self.router.decide(ctx, start, Outcome.dropped, key=key_text(key),
-                               reason=reason)
+                               reason=reason, headers=headers)
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue, headers,
@@ -325,7 +325,7 @@ class ConcurrencyStage(QueueStage):
             self.router.queued(
                 ctx, start, deferral=NAME, key=key_text(key), position=position,
                 reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use; "
-                       f"{place} for the next free one")
+                       f"{place} for the next free one", headers=headers)
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
         """The lane `start` waits in at its hop: the value of the limit's fairness key
@@ -410,7 +410,7 @@ class ConcurrencyStage(QueueStage):
             if wf is None and start.kind is AdmittedKind.start:
                 queue.remove(lane, parked)
                 self._unpark(ctx, key, start)
-                self._fail(ctx, key, start, Outcome.failed, REMOVED)
+                self._fail(ctx, key, start, Outcome.failed, REMOVED, parked.headers)
                 continue
             if wf is None or hop is None or hop.stage != NAME:
                 queue.take(lane, parked)
@@ -441,7 +441,7 @@ class ConcurrencyStage(QueueStage):
             self.queue(ctx, key).remove(lane, parked)
             self._unpark(ctx, key, start)
             cancelon.discard(ctx, self.router, start, sweep, reason,
-                             key_text(key))
+                             key_text(key), headers=parked.headers)
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -468,7 +468,7 @@ class ConcurrencyStage(QueueStage):
         limit = f" (timeouts.start is {format_duration(allowed)})" if allowed else ""
         self._fail(ctx, key, start, Outcome.expired,
                    f"timeouts.start: waited {waited} for a concurrency slot of "
-                   f"{self._described(key, wf)} and never got one{limit}")
+                   f"{self._described(key, wf)} and never got one{limit}", parked.headers)
 
     def restored(self, ctx: StageContext) -> None:
         # A timer due now does the sweep in the cycle's timer pass, through the same code
@@ -500,7 +500,7 @@ class ConcurrencyStage(QueueStage):
             if start.kind is AdmittedKind.start and self.router.workflow(start.workflow) is None:
                 self.queue(ctx, key).remove(lane, parked)
                 self._unpark(ctx, key, start)
-                self._fail(ctx, key, start, Outcome.failed, REMOVED)
+                self._fail(ctx, key, start, Outcome.failed, REMOVED, parked.headers)
         for key in keys:
             self._drain(ctx, key, sweeping=True)
         ctx.store.put(_SWEPT, self._declared)
@@ -508,8 +508,8 @@ class ConcurrencyStage(QueueStage):
     # -- decisions -------------------------------------------------------------------------
 
     def _fail(self, ctx: StageContext, key: str, start: PendingStart, outcome: Outcome,
-              reason: str) -> None:
-        self.router.fail(ctx, start, outcome, reason, key=key_text(key))
+              reason: str, headers: Headers | None = None) -> None:
+        self.router.fail(ctx, start, outcome, reason, key=key_text(key), headers=headers)
 
     def _described(self, key: str, wf: Workflow | None) -> str:
         budget, text = ControlKey.parse(key)
