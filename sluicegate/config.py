@@ -215,6 +215,16 @@ VARIABLES: tuple[Variable, ...] = (
              "records are framed with its schema ids. Empty: none, records carry their "
              "schema's fingerprint (docs/wire-format.md). The same on every process.",
              "Schema registry"),
+    Variable("otel_endpoint", Text(r"(?:https?://\S+)?", "empty, or an http:// or https:// URL"),
+             "",
+             "An OpenTelemetry collector's OTLP/HTTP root (`http://host:4318`): the worker "
+             "records a span per decision and exports them to its `/v1/traces`. Empty: the "
+             "standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` "
+             "if set, else no spans (the trace context a start carries is carried on "
+             "either way; docs/decisions/traces.md). Needs `sluicegate[otel]`.", "Traces"),
+    Variable("otel_service_name", Text(r"[^\s]*", "a service name without spaces"), "",
+             "The `service.name` of the worker's spans. Empty: the standard "
+             "`OTEL_SERVICE_NAME`, else `sluicegate`.", "Traces"),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -264,6 +274,23 @@ OTHER_VARIABLES: dict[str, str] = {
     "SLUICEGATE_NO_SPEEDUPS": "`1` runs the pure-Python codec in an install that has the C "
                               "extension (docs/decisions/optional-extension.md).",
     "SLUICEGATE_CLOCK_FILE": "for tests only: the worker reads its clock from this file.",
+}
+
+# OpenTelemetry's standard variables that sluicegate reads (the worker's spans, when
+# SLUICEGATE_OTEL_ENDPOINT is empty), beside those its exporter reads itself.
+OTEL_VARIABLES: dict[str, str] = {
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "the full URL the worker exports its spans to "
+                                          "(OTLP/HTTP), used as it is.",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "a collector's OTLP/HTTP root; the spans go to its "
+                                   "`/v1/traces`.",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "`http/protobuf`, the one sluicegate exports with; "
+                                   "another (`grpc`) stops the worker with one line saying so.",
+    "OTEL_SDK_DISABLED": "`true` turns the worker's spans off whatever the endpoint "
+                         "variables say (SLUICEGATE_OTEL_ENDPOINT still turns them on).",
+    "OTEL_TRACES_EXPORTER": "`none` does the same.",
+    "OTEL_SERVICE_NAME": "the spans' `service.name` when SLUICEGATE_OTEL_SERVICE_NAME is empty.",
+    "OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE": "read by the OTLP "
+        "exporter itself (authentication, timeout, gzip, TLS), as OpenTelemetry documents.",
 }
 
 
@@ -343,6 +370,8 @@ class Settings:
     # Registry client settings passed through unchanged (`basic.auth.user.info`,
     # `ssl.ca.location`, ...): SLUICEGATE_SCHEMA_REGISTRY_<SETTING>.
     schema_registry: dict[str, str] = field(default_factory=_registry_from_env)
+    otel_endpoint: str = field(default_factory=partial(_from_env, "otel_endpoint"))
+    otel_service_name: str = field(default_factory=partial(_from_env, "otel_service_name"))
 
     def __post_init__(self) -> None:
         if isinstance(self.state_dir, str):  # a path given as text in code
@@ -468,6 +497,10 @@ def markdown() -> str:
               "Read by one command or tool, not by every process:", "",
               "| variable | what it does |", "|---|---|"]
     lines += [f"| `{name}` | {doc} |" for name, doc in OTHER_VARIABLES.items()]
+    lines += ["", "## OpenTelemetry's own variables", "",
+              "The worker's spans (docs/decisions/traces.md) also follow OpenTelemetry's "
+              "standard variables:", "", "| variable | what it does |", "|---|---|"]
+    lines += [f"| `{name}` | {doc} |" for name, doc in OTEL_VARIABLES.items()]
     return "\n".join(lines) + "\n"
 
 

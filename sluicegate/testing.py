@@ -62,6 +62,7 @@ from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel
 
+from sluicegate import tracing
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.stage import StageContext
@@ -352,9 +353,11 @@ class TestDriver:
 
     def start(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
               id: str | None = None, at: int | None = None, origin: str | Origin = "event",
-              request_id: str | None = None, reply_partition: int | None = None) -> Started:
+              request_id: str | None = None, reply_partition: int | None = None,
+              headers: Headers | None = None) -> Started:
         """A start request built as the SDK builds it (`Client.start`: validation, the key,
-        the payload sealed when the workflow encrypts), requested now, piped to the starts
+        the payload sealed when the workflow encrypts, the caller's current trace context
+        as its headers unless `headers` are given), requested now, piped to the starts
         topic. Request ids are `req-1`, `req-2`, ... unless given."""
         if request_id is None:
             self._requests += 1
@@ -365,7 +368,8 @@ class TestDriver:
                                            requested_at_ms=self.clock.now_ms())
         n = self.settings.partitions
         partition = partition_for(key, n)
-        self.pipe(self.topics.starts, request, key, partition=partition)
+        self.pipe(self.topics.starts, request, key, partition=partition,
+                  headers=headers if headers is not None else tracing.current_trace())
         return Started(request, key, partition,
                        execution_id_for(workflow, request_id, partition, n))
 

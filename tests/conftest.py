@@ -21,10 +21,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from sluicegate import tracing
 from sluicegate.config import Settings
 from sluicegate.ops.localkafka.broker import (
     LocalBroker,
@@ -183,3 +185,34 @@ def restore_codec() -> Iterator[None]:
     previous = codec.default()
     yield
     codec.use(previous)
+
+
+@pytest.fixture(scope="session")
+def _tracer_provider() -> Any:
+    """One OpenTelemetry SDK tracer provider for the session, this process's global one (it
+    can be set only once), keeping every span it records in memory."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider, exporter
+
+
+@pytest.fixture
+def recorded_spans(_tracer_provider: Any) -> Iterator[Any]:
+    """The spans this process records during the test, read from the SDK's in-memory
+    exporter: a producer's and an engine's (through the global provider) and the worker's
+    decision spans (`tracing.use`), which stop being recorded after the test."""
+    provider, exporter = _tracer_provider
+    exporter.clear()
+    tracing.use(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.use(None)
+        exporter.clear()

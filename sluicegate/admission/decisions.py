@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from sluicegate import tracing
 from sluicegate.admission.stage import StageContext
-from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedStart,
@@ -29,13 +30,23 @@ DEAD_LETTER_RESERVE_BYTES = 16 * 1024
 MAX_REASON_CHARS = 4000
 # The stage that keeps the runs table (admission/stages/runs.py).
 RUNS_STAGE = "runs"
+# Outcomes whose decision span is marked failed.
+_FAILED = frozenset({Outcome.rejected, Outcome.failed, Outcome.expired, Outcome.lease_expired})
+
+
 def request_id_for(record: InputRecord) -> str:
     """The id of a request too broken to carry one: where it was read."""
     return f"{record.topic}:{record.partition}:{record.offset}"
 
 
-def record_decision(ctx: StageContext, row: LedgerRecord, reply_partition: int | None) -> None:
-    ctx.send(ctx.topics.ledger, row.request_id.encode(), codec.encode(row))
+def record_decision(ctx: StageContext, row: LedgerRecord, reply_partition: int | None,
+                    trace: Headers | None = None) -> None:
+    """The ledger row, with `trace` (the start's trace context, `tracing.trace_of`), the
+    answer to a caller that waits, and the decision's span when the worker records spans."""
+    ctx.send(ctx.topics.ledger, row.request_id.encode(), codec.encode(row), None, trace)
+    spans = tracing.spans
+    if spans is not None:
+        decision_span(spans, ctx, row, trace)
     if reply_partition is not None:
         answer = Reply(
             request_id=row.request_id, outcome=row.outcome, decided_at_ms=row.decided_at_ms,
@@ -47,13 +58,32 @@ def record_decision(ctx: StageContext, row: LedgerRecord, reply_partition: int |
                  reply_partition)
 
 
-def admit(ctx: StageContext, admitted: AdmittedStart) -> None:
-    """To the engines, and to the runs stage, which keeps the run's row: handed over in
-    this worker when it owns the row's partition, else through the runs stage's topic
-    (docs/decisions/in-process-handover.md)."""
+def decision_span(spans: tracing.Spans, ctx: StageContext, row: LedgerRecord,
+                  trace: Headers | None) -> None:
+    """The span of one decision: what its ledger row says, in a trace backend."""
+    spans.record(f"{row.outcome.value} {row.workflow}", trace, {
+        "sluicegate.workflow": row.workflow,
+        "sluicegate.outcome": row.outcome.value,
+        "sluicegate.control": row.control,
+        "sluicegate.key": row.key,
+        "sluicegate.reason": row.reason,
+        "sluicegate.queue_position": row.position,
+        "sluicegate.waited_ms": row.waited_ms,
+        "sluicegate.deferral": row.deferral,
+        "sluicegate.stage": row.stage,
+        "sluicegate.request_id": row.request_id,
+        "sluicegate.execution_id": row.execution_id,
+        "messaging.destination.partition.id": str(ctx.partition),
+    }, (row.reason or row.outcome.value) if row.outcome in _FAILED else None)
+
+
+def admit(ctx: StageContext, admitted: AdmittedStart, trace: Headers | None = None) -> None:
+    """To the engines, with the start's trace context (`trace`), and to the runs stage,
+    which keeps the run's row: handed over in this worker when it owns the row's
+    partition, else through the runs stage's topic (docs/decisions/in-process-handover.md)."""
     key, value = admitted.execution_id.encode(), codec.encode(admitted)
-    ctx.send(ctx.topics.admitted, key, value)
-    ctx.send(ctx.topics.stage(RUNS_STAGE), key, value, None, None, admitted)
+    ctx.send(ctx.topics.admitted, key, value, None, trace)
+    ctx.send(ctx.topics.stage(RUNS_STAGE), key, value, None, trace, admitted)
 
 
 def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:
@@ -78,8 +108,10 @@ def dead_letter(ctx: StageContext, record: InputRecord, reason: str) -> None:
         source_offset=record.offset, reason=reason, stage=ctx.stage, at_ms=ctx.now_ms,
         key=key, value=value,
     )
-    # Keyed as the record was (within the limit), so a key's dead letters stay in order.
-    ctx.send(ctx.topics.deadletter, key, codec.encode(letter))
+    # Keyed as the record was (within the limit), so a key's dead letters stay in order;
+    # with the trace context of the start it was.
+    ctx.send(ctx.topics.deadletter, key, codec.encode(letter), None,
+             tracing.trace_of(record.headers) if record.headers else None)
 
 
 def reject(ctx: StageContext, record: InputRecord, reason: str,
@@ -98,7 +130,8 @@ def reject(ctx: StageContext, record: InputRecord, reason: str,
         outcome=Outcome.rejected, requested_at_ms=start.requested_at_ms if start else now,
         decided_at_ms=now, stage=ctx.stage, reason=reason,
     )
-    record_decision(ctx, row, start.reply_partition if start else None)
+    record_decision(ctx, row, start.reply_partition if start else None,
+                    tracing.trace_of(record.headers) if record.headers else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
+from sluicegate import tracing
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.decisions import admit, dead_letter, record_decision, reject
 from sluicegate.admission.lease import Leases
@@ -118,13 +119,14 @@ class Router:
                 headers: Headers | None = None, key: str | None = None) -> None:
         """The current hop is done with `start`: on to the next hop that applies to its
         origin (seed 003's matrix), or admitted when none is left. `headers` (what a
-        group defer let go carries: docs/decisions/record-headers.md) go on with it to
-        the next stage, and end at admission. `key`: the current hop's key text, which
-        the admitted row shows when no hop is left (a hop holding a slot needs none)."""
+        group defer let go carries, its trace context: docs/decisions/record-headers.md)
+        go on with it to the next stage; at admission only its trace context goes on.
+        `key`: the current hop's key text, which the admitted row shows when no hop is
+        left (a hop holding a slot needs none)."""
         route = self.routes.get(start.workflow)
         wf = self.app.get(start.workflow)
         if route is None or wf is None:
-            self.fail(ctx, start, Outcome.failed, REMOVED)
+            self.fail(ctx, start, Outcome.failed, REMOVED, headers=headers)
             return
         nxt = start.hop + 1
         while nxt < len(route.hops) and not applies(_control(route.hops[nxt]), start.origin):
@@ -147,7 +149,7 @@ class Router:
             self.park_paused(ctx, start, headers)
             return
         if last:
-            self.admit(ctx, start, key)
+            self.admit(ctx, start, key, headers)
             return
         hop = route.hops[nxt]
         if payload is None:
@@ -166,7 +168,7 @@ class Router:
         route = self.routes.get(start.workflow)
         wf = self.app.get(start.workflow)
         if route is None or wf is None:
-            self.fail(ctx, start, Outcome.failed, REMOVED)
+            self.fail(ctx, start, Outcome.failed, REMOVED, headers=headers)
             return
         at = next((i for i, hop in enumerate(route.hops) if hop.stage == ctx.stage), None)
         if at is None:
@@ -190,13 +192,17 @@ class Router:
         """Send `start` to the pause stage, which forwards it from where it is on unpause."""
         ctx.send(ctx.topics.stage(PAUSE_STAGE), start.workflow.encode(), codec.encode(start),
                  None, headers)
-        self.queued(ctx, start, deferral="pause", key=start.workflow, control=PAUSE_STAGE)
+        self.queued(ctx, start, deferral="pause", key=start.workflow, control=PAUSE_STAGE,
+                    headers=headers)
 
-    def admit(self, ctx: StageContext, start: PendingStart, key: str | None = None) -> None:
+    def admit(self, ctx: StageContext, start: PendingStart, key: str | None = None,
+              headers: Headers | None = None) -> None:
         """Admit now (`forward` has already checked the pause table). The ledger row shows
         the key of the last control the start passed: `key`, else the slot it took there,
-        else its idempotency key."""
+        else its idempotency key. The admitted start and the row carry the trace context
+        among `headers`."""
         now = ctx.now_ms
+        trace = tracing.trace_of(headers) if headers else None
         lease = self.leases.for_run(start.workflow, start.slots)
         admit(ctx, AdmittedStart(
             execution_id=start.execution_id, workflow=start.workflow, payload=start.payload,
@@ -205,11 +211,12 @@ class Router:
             requested_at_ms=start.requested_at_ms, admitted_at_ms=now,
             retry_of=start.retry_of, lease_ms=lease[0] if lease else None,
             heartbeat_every_ms=lease[1] if lease else None,
-        ))
+        ), trace)
         if start.kind is AdmittedKind.start:
             self.decide(ctx, start, Outcome.admitted, execution_id=start.execution_id,
                         folded=len(start.request_ids) - 1,
-                        key=key if key is not None else self._passed_key(start))
+                        key=key if key is not None else self._passed_key(start),
+                        headers=trace)
 
     def _passed_key(self, start: PendingStart) -> str | None:
         route = self.routes.get(start.workflow)
@@ -228,20 +235,23 @@ class Router:
     def queued(self, ctx: StageContext, start: PendingStart, *, deferral: str,
                key: str | None, due_at_ms: int | None = None,
                position: int | None = None, control: str | None = None,
-               reason: str | None = None) -> None:
+               reason: str | None = None, headers: Headers | None = None) -> None:
         """A start parked by a control: not final, its final outcome comes later."""
         self.decide(ctx, start, Outcome.queued, key=key, deferral=deferral,
-                    due_at_ms=due_at_ms, position=position, control=control, reason=reason)
+                    due_at_ms=due_at_ms, position=position, control=control, reason=reason,
+                    headers=headers)
 
     def decide(self, ctx: StageContext, start: PendingStart, outcome: Outcome, *,
                key: str | None = None, reason: str | None = None,
                execution_id: str | None = None, folded: int = 0,
                retry_after_ms: int | None = None, deferral: str | None = None,
                due_at_ms: int | None = None, position: int | None = None,
-               request_id: str | None = None, control: str | None = None) -> None:
+               request_id: str | None = None, control: str | None = None,
+               headers: Headers | None = None) -> None:
         """A ledger row (and a reply to a waiting caller) about `start`'s open request,
         or about `request_id` when a folded request is decided on its own. `control`:
-        what `key` belongs to, when it is not the control of the hop the start is at."""
+        what `key` belongs to, when it is not the control of the hop the start is at.
+        `headers`: the start's, whose trace context the row carries."""
         now = ctx.now_ms
         own = request_id is None or request_id == start.request_id
         record_decision(ctx, LedgerRecord(
@@ -253,20 +263,23 @@ class Router:
             retry_after_ms=retry_after_ms, deferral=deferral, due_at_ms=due_at_ms,
             position=position, declaration_version=start.declaration_version,
             control=control if control is not None else self.control_of(start),
-        ), start.reply_partition if own else None)
+        ), start.reply_partition if own else None,
+            tracing.trace_of(headers) if headers else None)
 
 
     # -- failure -------------------------------------------------------------------------
 
     def fail(self, ctx: StageContext, start: PendingStart, outcome: Outcome, reason: str, *,
-             key: str | None = None) -> None:
+             key: str | None = None, headers: Headers | None = None) -> None:
         """A queued start that will never run (timeouts.start, its workflow removed): the
-        ledger says why, and its onFailure workflow is started with the failure report."""
-        self.decide(ctx, start, outcome, key=key, reason=reason)
+        ledger says why, and its onFailure workflow is started with the failure report,
+        both in the trace among the start's `headers`."""
+        self.decide(ctx, start, outcome, key=key, reason=reason, headers=headers)
         self.give_back(ctx, start, reason)
         self.notify_failure(ctx, workflow=start.workflow, on_failure=start.on_failure,
                             payload=start.payload, reason=reason, execution_id=None,
-                            tag=f"{outcome.value}:{start.request_id}")
+                            tag=f"{outcome.value}:{start.request_id}",
+                            trace=tracing.trace_of(headers) if headers else None)
 
     def give_up(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         """`record` will not be processed (`Stage.unprocessable`): a dead letter with the
@@ -281,7 +294,7 @@ class Router:
             reject(ctx, record, reason, message)
             return
         dead_letter(ctx, record, reason)
-        self.fail(ctx, message, Outcome.failed, reason)
+        self.fail(ctx, message, Outcome.failed, reason, headers=record.headers)
 
     @staticmethod
     def alias(ctx: StageContext, start: PendingStart, execution_id: str) -> None:
@@ -304,9 +317,10 @@ class Router:
     def notify_failure(self, ctx: StageContext, *, workflow: str, on_failure: str | None,
                        payload: bytes, reason: str, execution_id: str | None,
                        tag: str, run_id: str | None = None, error_tag: str | None = None,
-                       error_message: str | None = None) -> None:
-        """Start `on_failure` with a FailureReport (SPEC.md: onFailure). A handler's own
-        failure is not reported again: there is no onFailure for an onFailure."""
+                       error_message: str | None = None, trace: Headers | None = None) -> None:
+        """Start `on_failure` with a FailureReport (SPEC.md: onFailure), in the trace of what
+        failed (`trace`). A handler's own failure is not reported again: there is no
+        onFailure for an onFailure."""
         if on_failure is None or self.is_failure_handler(workflow):
             return
         handler = self.app.get(on_failure)
@@ -326,7 +340,7 @@ class Router:
             payload=self.payloads.seal(handler, report.model_dump(mode="json")),
             origin=Origin.event, requested_at_ms=now,
         )
-        ctx.send(ctx.topics.starts, request_id.encode(), codec.encode(request))
+        ctx.send(ctx.topics.starts, request_id.encode(), codec.encode(request), None, trace)
 
     def is_failure_handler(self, workflow: str) -> bool:
         return any(wf.on_failure == workflow for wf in self.app.workflows.values())

@@ -22,6 +22,10 @@ one every instance shares if a run started twice on two instances is worse than 
 one). A command's offset is committed once the engine asks for its next delivery, that is
 after it acted on the command (an engine that dies while acting on it gets it again;
 `command_id` tells a repeat).
+
+An admitted start carries the trace context its producer started (`traceparent`), and
+`Delivery.span()` continues that trace with OpenTelemetry when it is installed
+(docs/decisions/traces.md).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +48,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from sluicegate import tracing
 from sluicegate.config import Settings
 from sluicegate.kafkautil import check_access
 from sluicegate.schemas import codec
@@ -101,6 +107,8 @@ class Delivery:
     _position: TopicPartition | None = None
     _acquired: TopicPartition | None = None
     _payloads: Payloads | None = None
+    # The record's W3C trace context (`traceparent`, `tracestate`), when it carries one.
+    trace: tracing.Headers | None = None
 
     @property
     def lease_ms(self) -> int | None:
@@ -121,6 +129,23 @@ class Delivery:
         stays the bytes as kept)."""
         assert self.admitted is not None
         return (self._payloads or Payloads(None)).open(self.admitted.payload)
+
+    def span(self, name: str | None = None) -> AbstractContextManager[Any]:
+        """A span for acting on this delivery, current inside the block, that continues the
+        trace the start's producer began (`trace`; a trace of its own without one):
+        `with delivery.span(): run it`. Recorded with the process's OpenTelemetry tracer
+        provider, named `run <workflow>` (`cancel <workflow>` for a command) unless
+        `name` says otherwise; yields the span, or None without OpenTelemetry installed."""
+        record: AdmittedStart | EngineCommand
+        if self.admitted is not None:
+            what, record = "run", self.admitted
+        else:
+            assert self.command is not None
+            what, record = self.command.kind.value, self.command
+        return tracing.continued(name or f"{what} {record.workflow}", self.trace, {
+            "sluicegate.workflow": record.workflow,
+            "sluicegate.execution_id": record.execution_id,
+        })
 
 
 def _where(msg: Message) -> tuple[str, int, int]:
@@ -218,17 +243,22 @@ class Engine:
             return None
         topic, partition, offset = _where(msg)
         position = TopicPartition(topic, partition, offset + 1)
+        # A list of (name, value) as the consumer gives them.
+        headers = msg.headers()
+        trace = tracing.trace_of(headers) if isinstance(headers, list) else None
         if topic == self.topics.admitted:
             return Delivery(admitted=codec.decode(AdmittedStart, msg.value()),
-                            _position=position, _payloads=self._payloads)
+                            _position=position, _payloads=self._payloads, trace=trace)
         self._command_done = position
-        return Delivery(command=codec.decode(EngineCommand, msg.value()))
+        return Delivery(command=codec.decode(EngineCommand, msg.value()), trace=trace)
 
     def _from_share(self, msg: Message) -> Delivery:
         topic, partition, offset = _where(msg)
         self._unacknowledged.add((topic, partition, offset))
+        headers = msg.headers()
         return Delivery(admitted=codec.decode(AdmittedStart, msg.value()),
                         delivery_count=msg.delivery_count(),
+                        trace=tracing.trace_of(headers) if isinstance(headers, list) else None,
                         _acquired=TopicPartition(topic, partition, offset),
                         _payloads=self._payloads)
 

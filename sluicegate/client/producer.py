@@ -22,6 +22,7 @@ from typing import Any
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
+from sluicegate import tracing
 from sluicegate.client.errors import (
     BlockingCallerRefused,
     ClientError,
@@ -383,13 +384,21 @@ class Client:
         return Handle(start.request_id, workflow, _future=future)
 
     def _produce(self, key: bytes, value: bytes) -> None:
+        """Produce a start request, with the caller's current trace context (OpenTelemetry's,
+        when its API is installed and a span is current) as its `traceparent` header."""
         def delivered(err: KafkaError | None, _msg: Any) -> None:
             if err is not None:
                 self._errors.append(err)
 
+        trace = tracing.current_trace()
         while True:
             try:
-                self._producer.produce(self.topics.starts, value, key, on_delivery=delivered)
+                if trace is None:
+                    self._producer.produce(self.topics.starts, value, key,
+                                           on_delivery=delivered)
+                else:
+                    self._producer.produce(self.topics.starts, value, key,
+                                           on_delivery=delivered, headers=trace)
                 break
             except BufferError:
                 self._producer.poll(0.05)

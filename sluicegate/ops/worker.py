@@ -14,6 +14,7 @@ import sys
 import threading
 from types import FrameType
 
+from sluicegate import tracing
 from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import load_app
@@ -101,6 +102,10 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
     if stop.is_set():
         log.info("stopped before it started")
         return None
+    # A span per decision when an OTLP endpoint is configured (docs/decisions/traces.md).
+    traced = tracing.configure(settings)
+    if traced:
+        log.info("a span per decision, exported to %s", tracing.otlp_endpoint(settings))
     worker = Worker.for_app(app, settings, clock=clock_from_env(), leave_on_stop=leave_on_stop)
     settle_garbage_collector()
     if metrics_port is not None:
@@ -111,5 +116,9 @@ def run_worker(app_spec: str, settings: Settings, stop: threading.Event | None =
 
     log.info("worker %s: %d workflows, state in %s", worker.worker_id, len(app.workflows),
              settings.state_dir)
-    worker.run(stop.is_set)
+    try:
+        worker.run(stop.is_set)
+    finally:
+        if traced:
+            tracing.shutdown()
     return worker

@@ -1,7 +1,7 @@
 """The packages are layered, each importing only those below it (issue 18, points 2 and 3):
 
-    config, kafkautil < declare < schemas < topology < engine < admission < client
-        < ops, testing
+    config, kafkautil, tracing < declare < schemas < topology < engine < admission
+        < client < ops, testing
 
 so a declaration loads nothing of Kafka's records, a record nothing of a topic's layout,
 and the engine nothing of what its stages do. Two packages import less than the layers
@@ -27,12 +27,12 @@ from pathlib import Path
 import sluicegate
 
 PACKAGE = Path(sluicegate.__file__).parent
-LAYERS = {"config": 0, "kafkautil": 0, "declare": 1, "schemas": 2, "topology": 3,
+LAYERS = {"config": 0, "kafkautil": 0, "tracing": 0, "declare": 1, "schemas": 2, "topology": 3,
           "engine": 4, "admission": 5, "client": 6, "ops": 7, "testing": 7, "__main__": 8}
 # The packages of sluicegate each of these imports, beside its own modules.
 ONLY = {
     "engine": {"config", "kafkautil"},
-    "client": {"config", "kafkautil", "declare", "schemas", "topology"},
+    "client": {"config", "kafkautil", "tracing", "declare", "schemas", "topology"},
 }
 
 

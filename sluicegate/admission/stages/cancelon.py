@@ -245,12 +245,13 @@ def let_go_by_defer(router: Router, start: PendingStart, stage: str) -> bool:
 
 
 def discard(ctx: StageContext, router: Router, start: PendingStart, sweep: CancelSweep,
-            reason: str, key: str | None) -> None:
-    """A queued start the sweep discards: `cancelled` with the reason, and the holds it
-    took on its way given back. No onFailure: a cancel is not a failure."""
+            reason: str, key: str | None, *, headers: Headers | None = None) -> None:
+    """A queued start the sweep discards: `cancelled` with the reason (in the trace among
+    its `headers`), and the holds it took on its way given back. No onFailure: a cancel is
+    not a failure."""
     router.decide(ctx, start, Outcome.cancelled, key=key,
                   reason=f"{reason}: event {sweep.event!r} at {sweep.source} matched the "
-                         "queued start")
+                         "queued start", headers=headers)
     router.give_back(ctx, start, reason)
 
 
@@ -319,7 +320,7 @@ def discard_on_arrival(ctx: StageContext, app: App, router: Router, start: Pendi
     for sweep in sweeps:
         reason = judge(app, router, ctx.stage, sweep, start, group, payload=payload)
         if reason is not None:
-            discard(ctx, router, start, sweep, reason, key)
+            discard(ctx, router, start, sweep, reason, key, headers=headers)
             return True
     return False
 

@@ -296,7 +296,7 @@ class ConcurrencyStage(QueueStage):
         wf = self.router.workflow(start.workflow)
         resume = start.kind is AdmittedKind.resume
         if wf is None and not resume:
-            self._fail(ctx, key, start, Outcome.failed, REMOVED)
+            self._fail(ctx, key, start, Outcome.failed, REMOVED, headers)
             return
         hop = self.router.hop(start)
         if wf is None or hop is None or hop.stage != NAME:
@@ -324,7 +324,7 @@ class ConcurrencyStage(QueueStage):
             reason = (f"queue-full: {occupancy.waiting} starts already wait for a concurrency "
                       f"slot of {self._described(key, wf)} (max_queued {limit.max_queued})")
             self.router.decide(ctx, start, Outcome.dropped, key=key_text(key),
-                               reason=reason)
+                               reason=reason, headers=headers)
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue, headers,
@@ -358,7 +358,7 @@ class ConcurrencyStage(QueueStage):
             self.router.queued(
                 ctx, start, deferral=NAME, key=key_text(key), position=position,
                 reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use; "
-                       f"{place} for the next free one")
+                       f"{place} for the next free one", headers=headers)
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
         """The lane `start` waits in at its hop: the value of the limit's fairness key
@@ -445,7 +445,7 @@ class ConcurrencyStage(QueueStage):
             if wf is None and start.kind is AdmittedKind.start:
                 queue.remove(lane, parked)
                 self._unpark(ctx, key, start)
-                self._fail(ctx, key, start, Outcome.failed, REMOVED)
+                self._fail(ctx, key, start, Outcome.failed, REMOVED, parked.headers)
                 continue
             if wf is None or hop is None or hop.stage != NAME:
                 queue.take(lane, parked)
@@ -480,7 +480,8 @@ class ConcurrencyStage(QueueStage):
             if reason is not None:
                 self.queue(ctx, key).remove(lane, parked)
                 self._unpark(ctx, key, start)
-                cancelon.discard(ctx, self.router, start, sweep, reason, key_text(key))
+                cancelon.discard(ctx, self.router, start, sweep, reason, key_text(key),
+                                 headers=parked.headers)
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -507,7 +508,7 @@ class ConcurrencyStage(QueueStage):
         limit = f" (timeouts.start is {format_duration(allowed)})" if allowed else ""
         self._fail(ctx, key, start, Outcome.expired,
                    f"timeouts.start: waited {waited} for a concurrency slot of "
-                   f"{self._described(key, wf)} and never got one{limit}")
+                   f"{self._described(key, wf)} and never got one{limit}", parked.headers)
 
     def restored(self, ctx: StageContext) -> None:
         self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
@@ -540,7 +541,7 @@ class ConcurrencyStage(QueueStage):
             if start.kind is AdmittedKind.start and self.router.workflow(start.workflow) is None:
                 self.queue(ctx, key).remove(lane, parked)
                 self._unpark(ctx, key, start)
-                self._fail(ctx, key, start, Outcome.failed, REMOVED)
+                self._fail(ctx, key, start, Outcome.failed, REMOVED, parked.headers)
         for key in keys:
             self._drain(ctx, key, sweeping=True)
         ctx.store.put(_SWEPT, self._declared)
@@ -548,8 +549,8 @@ class ConcurrencyStage(QueueStage):
     # -- decisions -------------------------------------------------------------------------
 
     def _fail(self, ctx: StageContext, key: str, start: PendingStart, outcome: Outcome,
-              reason: str) -> None:
-        self.router.fail(ctx, start, outcome, reason, key=key_text(key))
+              reason: str, headers: Headers | None = None) -> None:
+        self.router.fail(ctx, start, outcome, reason, key=key_text(key), headers=headers)
 
     def _described(self, key: str, wf: Workflow | None) -> str:
         budget, text = ControlKey.parse(key)

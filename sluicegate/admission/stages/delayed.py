@@ -4,23 +4,27 @@ The identity stage parks them, after identity and before every other control, so
 `at` they arrive at the controls as ordinary starts judged as of that moment. Each is a
 timer of its own whose value is the parked start; at equal due times priority orders them.
 A delayed start of a workflow removed from the declarations fails at the restore, not at
-its `at`; cancelOn discards the ones that match its event.
+its `at`; cancelOn discards the ones that match its event. A start that carries a trace
+context keeps it in a row beside its timer, which goes when the timer does.
 """
 
 from __future__ import annotations
 
-from sluicegate.admission.pending import priority_mode, rank_key
+from sluicegate.admission.pending import pack_headers, priority_mode, rank_key, unpack_headers
 from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.stage import StoreReader
-from sluicegate.engine.timers import TIMER_PREFIX, parse_timer_key, timer_key
+from sluicegate.engine.stage import Headers, StoreReader
+from sluicegate.engine.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key, timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 
 # Timer keys of delayed starts: this, the start's rank, its request id.
 _DELAYED = b"D"
+# A delayed start's trace context, under its timer's key (a row no idempotency key has:
+# those never start with \x00).
+_TRACE = STATE_PREFIX + b"\x00trace\x1f"
 
 
 def is_delayed(timer: bytes) -> bool:
@@ -38,21 +42,33 @@ class DelayedStarts:
         self.sweeps = cancelon.SweepIndex(app)
 
     def park(self, ctx: StageContext, pending: PendingStart, at_ms: int,
-             wf: Workflow) -> None:
+             wf: Workflow, trace: Headers | None = None) -> None:
         if cancelon.discard_on_arrival(ctx, self.app, self.router, pending,
-                                       pending.identity_key):
+                                       pending.identity_key, headers=trace):
             return
         timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
         ctx.timers.schedule(at_ms, timer, codec.encode(pending))
         self.sweeps.add(ctx.store, pending.workflow, timer_key(at_ms, timer))
+        if trace is not None:
+            ctx.store.put(_TRACE + timer, pack_headers(trace))
         self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
-                           due_at_ms=at_ms)
+                           due_at_ms=at_ms, headers=trace)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         """Its `at` came: an ordinary arrival, which the controls judge as of now."""
         pending = codec.decode(PendingStart, value)
         self.sweeps.remove(ctx.store, pending.workflow, timer_key(due_ms, key))
-        self.router.forward(ctx, changed(pending, arrived_at_ms=ctx.now_ms))
+        self.router.forward(ctx, changed(pending, arrived_at_ms=ctx.now_ms),
+                            headers=self._trace(ctx, key))
+
+    @staticmethod
+    def _trace(ctx: StageContext, timer: bytes) -> Headers | None:
+        """The trace context a delayed start came with, taken from the store."""
+        raw = ctx.store.get(_TRACE + timer)
+        if raw is None:
+            return None
+        ctx.store.delete(_TRACE + timer)
+        return unpack_headers(raw)
 
     @staticmethod
     def _parked(store: StoreReader) -> list[tuple[int, bytes, PendingStart]]:
@@ -80,7 +96,8 @@ class DelayedStarts:
         for due_ms, key, pending in self._parked(ctx.store):
             if self.app.get(pending.workflow) is None:
                 ctx.timers.cancel(due_ms, key)
-                self.router.fail(ctx, pending, Outcome.failed, REMOVED)
+                self.router.fail(ctx, pending, Outcome.failed, REMOVED,
+                                 headers=self._trace(ctx, key))
 
     def restored(self, ctx: StageContext) -> None:
         """The index made again if the workflows declaring cancelOn changed."""
@@ -101,4 +118,4 @@ class DelayedStarts:
                     ctx.timers.cancel(due_ms, key)
                     self.sweeps.remove(ctx.store, workflow, row)
                     cancelon.discard(ctx, self.router, pending, sweep, reason,
-                                     pending.identity_key)
+                                     pending.identity_key, headers=self._trace(ctx, key))

@@ -18,6 +18,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from sluicegate import tracing
 from sluicegate.admission.decisions import (
     Salvaged,
     admit,
@@ -34,7 +35,7 @@ from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.declare import App, Workflow
-from sluicegate.engine.stage import InputRecord, StoreReader
+from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
@@ -140,8 +141,8 @@ def spent_key_row(store_key: bytes, value: bytes | None) -> tuple[str, str, str 
     the execution id it names, or None once the key is gone), or None for the store's
     other rows (timers, delayed starts, the declarations' digest). What `runs show KEY`
     finds a run by before any repeat answered `existing` (docs/decisions/run-lookup.md)."""
-    if not store_key.startswith(STATE_PREFIX) or store_key == DECLARED_ROW:
-        return None
+    if not store_key.startswith(STATE_PREFIX) or store_key[len(STATE_PREFIX):][:1] == b"\x00":
+        return None  # the declarations' digest, kept sweeps, a delayed start's trace
     key = ControlKey.parse(store_key[len(STATE_PREFIX):])
     if value is None:
         return key.budget, key.text, None
@@ -281,6 +282,8 @@ class IdentityStage(AdmissionStage):
 
         key = identity_key(wf, start, payload)
         now = ctx.now_ms
+        # The producer's trace context goes on with the start; its other headers do not.
+        trace = tracing.trace_of(record.headers) if record.headers else None
         # Placed on this partition: a passthrough's run row is written in this task.
         execution_id = execution_id_for(name, start.request_id, ctx.partition,
                                         self.partitions)
@@ -289,13 +292,13 @@ class IdentityStage(AdmissionStage):
             skey = identity_store_key(name, key)
             if partition_for(skey, self.partitions) != ctx.partition:
                 # Produced under another key: re-key it so this key's state has one owner.
-                ctx.send(ctx.topics.stage(self.name), skey, record.value)
+                ctx.send(ctx.topics.stage(self.name), skey, record.value, None, trace)
                 return
             raw = ctx.store.get(STATE_PREFIX + skey)
             decision = decide(IdentityRow.decode(raw) if raw else None, execution_id,
                               start.request_id, now)
             if isinstance(decision, Spent):
-                self._existing(ctx, start, wf, key, decision.execution_id, now)
+                self._existing(ctx, start, wf, key, decision.execution_id, now, trace)
                 return
             ctx.store.put(STATE_PREFIX + skey, decision.row.encode())
             if wf.idempotency is not None and wf.idempotency.ttl is not None:
@@ -308,8 +311,8 @@ class IdentityStage(AdmissionStage):
                 execution_id, name, start.payload, wf.version, start.origin,
                 AdmittedKind.start, slots, [start.request_id], start.requested_at_ms, now,
                 start.retry_of,
-            ))
-            self._decided(ctx, start, wf, Outcome.admitted, key, execution_id, now)
+            ), trace)
+            self._decided(ctx, start, wf, Outcome.admitted, key, execution_id, now, None, trace)
             return
 
         pending = PendingStart(
@@ -322,9 +325,9 @@ class IdentityStage(AdmissionStage):
             retry_of=start.retry_of, on_failure=wf.on_failure,
         )
         if start.at_ms is not None and start.at_ms > now:
-            self.delayed.park(ctx, pending, start.at_ms, wf)
+            self.delayed.park(ctx, pending, start.at_ms, wf, trace)
             return
-        self.router.forward(ctx, pending, payload)
+        self.router.forward(ctx, pending, payload, trace)
 
     def restored(self, ctx: StageContext) -> None:
         """A delayed start of a workflow no longer declared fails now, not at its `at`
@@ -388,17 +391,17 @@ class IdentityStage(AdmissionStage):
     # -- decisions -----------------------------------------------------------------------
 
     def _existing(self, ctx: StageContext, start: StartRequest, wf: Workflow, key: str,
-                  execution_id: str, now: int) -> None:
+                  execution_id: str, now: int, trace: Headers | None) -> None:
         self._decided(ctx, start, wf, Outcome.existing, key, execution_id, now,
-                      f"idempotency key {key!r} already spent")
+                      f"idempotency key {key!r} already spent", trace)
 
     def _decided(self, ctx: StageContext, start: StartRequest, wf: Workflow, outcome: Outcome,
                  key: str | None, execution_id: str | None, now: int,
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, trace: Headers | None = None) -> None:
         # Positional, as the admitted start above: every start comes through here.
         record_decision(ctx, LedgerRecord(
             start.request_id, wf.name, outcome, start.requested_at_ms, now,
             max(0, now - start.requested_at_ms), 0, key, self.name, reason, execution_id,
             None, None, None, None, wf.version, None,
             "idempotency" if key is not None else None,
-        ), start.reply_partition)
+        ), start.reply_partition, trace)

@@ -62,7 +62,8 @@ class PauseStage(QueueStage):
                                         cancelon.Group.of(parked.headers))
                 if reason is not None:
                     queue.remove(parked)
-                    cancelon.discard(ctx, self.router, start, sweep, reason, workflow)
+                    cancelon.discard(ctx, self.router, start, sweep, reason, workflow,
+                                     headers=parked.headers)
 
     def restored(self, ctx: StageContext) -> None:
         """Fail the collected starts of workflows no longer declared: they would wait for
@@ -76,7 +77,8 @@ class PauseStage(QueueStage):
             queue = PendingQueue(ctx.store, name)
             for parked in list(queue):
                 queue.remove(parked)
-                self.router.fail(ctx, parked.start, Outcome.failed, REMOVED)
+                self.router.fail(ctx, parked.start, Outcome.failed, REMOVED,
+                                 headers=parked.headers)
         ctx.store.put(DECLARED_ROW, self._declared)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:

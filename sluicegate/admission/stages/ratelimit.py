@@ -97,7 +97,7 @@ class RateLimitStage(ControlStage):
         if option is None:
             # Redeclared without a rateLimit (or removed) while this start was on its way:
             # nothing here judges it any more, the router takes it on.
-            self.router.forward(ctx, start)
+            self.router.forward(ctx, start, headers=record.headers)
             return
         row = _WINDOW + record.key
         raw = ctx.store.get(row)
@@ -106,14 +106,14 @@ class RateLimitStage(ControlStage):
         if isinstance(decision, Drop):
             self.router.decide(ctx, start, Outcome.dropped, key=text,
                                reason=_reason(option, text, decision.retry_after_ms),
-                               retry_after_ms=decision.retry_after_ms)
+                               retry_after_ms=decision.retry_after_ms, headers=record.headers)
             return
         ctx.store.put(row, decision.window.encode())
         if raw is None:
             # One timer per row's life, not per admission: it moves itself on when it fires.
             ctx.timers.schedule(decision.window.forget_at(option.period_ms),
                                 _FORGET + record.key)
-        self.router.forward(ctx, start, key=text)
+        self.router.forward(ctx, start, headers=record.headers, key=text)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         if not key.startswith(_FORGET):

@@ -260,7 +260,7 @@ class RunsStage(AdmissionStage):
             if isinstance(message, RunOperation):
                 self.operate(ctx, message)
                 return
-            self._admitted(ctx, message, reports_may_precede=True)
+            self._admitted(ctx, message, reports_may_precede=True, headers=record.headers)
             return
         try:
             event = codec.decode(RunEvent, record.value)
@@ -284,7 +284,7 @@ class RunsStage(AdmissionStage):
             # Taken as it is, not decoded again. It commits with its run's row, and an
             # engine reads an admission once it commits, so no report of the run came
             # before the row.
-            self._admitted(ctx, message, reports_may_precede=False)
+            self._admitted(ctx, message, reports_may_precede=False, headers=headers)
             return
         super().process_handed_over(ctx, topic, key, value, headers, message)
 
@@ -298,7 +298,7 @@ class RunsStage(AdmissionStage):
         ctx.store.put(RUN_ROWS + row.execution_id.encode(), codec.encode(row))
 
     def _admitted(self, ctx: StageContext, admitted: AdmittedStart,
-                  reports_may_precede: bool) -> None:
+                  reports_may_precede: bool, headers: Headers | None = None) -> None:
         row = self.load(ctx, admitted.execution_id)
         if admitted.kind is AdmittedKind.resume:
             if row is None:
@@ -323,10 +323,12 @@ class RunsStage(AdmissionStage):
         self.save(ctx, row)
         self._arm(ctx, row)
         # A singleton `cancel` replacement evicts its incumbent only once it is admitted
-        # (it may have waited behind throttle, concurrency or a pause).
+        # (it may have waited behind throttle, concurrency or a pause); the cancel goes in
+        # the replacement's trace (`headers`: the admitted start's).
         for slot in admitted.slots:
             if slot.stage == "singleton":
-                ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(admitted))
+                ctx.send(ctx.topics.stage(slot.stage), slot.key.encode(), codec.encode(admitted),
+                         None, headers)
         if not reports_may_precede:
             return
         # A point lookup first: a prefix scan per admitted start would cost a walk of the

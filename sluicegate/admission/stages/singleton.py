@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sluicegate import tracing
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import Router, with_slot
 from sluicegate.admission.stage import AdmissionStage, StageContext
@@ -210,7 +211,7 @@ class SingletonStage(AdmissionStage):
         if isinstance(message, PendingStart):
             self._arrive(ctx, key, message, record.headers)
         elif isinstance(message, AdmittedStart):
-            self._admitted(ctx, key, message)
+            self._admitted(ctx, key, message, record.headers)
         elif message.kind is not ReleaseKind.suspended:
             # A suspended run is still active: it keeps the key.
             hold = self._load(ctx, key)
@@ -237,7 +238,7 @@ class SingletonStage(AdmissionStage):
         if isinstance(decision, Skip):
             reason = f"singleton key {text!r} is held by run {decision.holder}"
             self.router.decide(ctx, start, Outcome.skipped, key=text,
-                               execution_id=decision.holder, reason=reason)
+                               execution_id=decision.holder, reason=reason, headers=headers)
             # The skipped start never runs: its key answers with the holder from now on,
             # and whatever it held on its way is given back.
             self.router.alias(ctx, start, decision.holder)
@@ -245,19 +246,24 @@ class SingletonStage(AdmissionStage):
             return
         self._save(ctx, key, hold)
         if decision is not None:
-            self._cancel(ctx, wf.name, text, decision)
+            self._cancel(ctx, wf.name, text, decision,
+                         tracing.trace_of(headers) if headers else None)
         # Headers (a group defer let go) go on with it to the next stage.
         self.router.forward(ctx, with_slot(start, self.name, key), headers=headers)
 
-    def _admitted(self, ctx: StageContext, key: str, start: AdmittedStart) -> None:
+    def _admitted(self, ctx: StageContext, key: str, start: AdmittedStart,
+                  headers: Headers | None) -> None:
         before = self._load(ctx, key)
         hold, cancel = admitted(before, start.execution_id)
         if hold != before:
             self._save(ctx, key, hold)
         if cancel is not None:
-            self._cancel(ctx, start.workflow, key_text(key), cancel)
+            self._cancel(ctx, start.workflow, key_text(key), cancel,
+                         tracing.trace_of(headers) if headers else None)
 
-    def _cancel(self, ctx: StageContext, workflow: str, text: str, cancel: Cancel) -> None:
+    def _cancel(self, ctx: StageContext, workflow: str, text: str, cancel: Cancel,
+                trace: Headers | None = None) -> None:
+        """Cancel the run a replacement evicts, in the trace of the replacement (`trace`)."""
         command = EngineCommand(
             # Named by the pair, so a replayed decision sends the same command.
             command_id=f"singleton:{cancel.execution_id}:{cancel.replaced_by}",
@@ -265,7 +271,8 @@ class SingletonStage(AdmissionStage):
             issued_at_ms=ctx.now_ms,
             reason=f"singleton key {text!r}: replaced by run {cancel.replaced_by}",
         )
-        ctx.send(ctx.topics.commands, cancel.execution_id.encode(), codec.encode(command))
+        ctx.send(ctx.topics.commands, cancel.execution_id.encode(), codec.encode(command), None,
+                 trace)
 
     @staticmethod
     def _load(ctx: StageContext, key: str) -> Hold:

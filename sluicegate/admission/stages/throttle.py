@@ -111,7 +111,8 @@ def due_ms(pace: Pace, rate: Rate, position: int = 0) -> int:
 
 
 def record_queued(router: Router, ctx: StageContext, start: PendingStart, key: str,
-                  position: int | None, due: Callable[[int], int], whose: str) -> None:
+                  position: int | None, due: Callable[[int], int], whose: str,
+                  headers: Headers | None) -> None:
     """The `queued` ledger row of a start parked at `position` of a throttle queue: its
     place and its slot's time (`due(position)`), or, when a priority ranked it behind more
     than could be counted, a reason saying its slot comes after theirs
@@ -119,10 +120,10 @@ def record_queued(router: Router, ctx: StageContext, start: PendingStart, key: s
     if position is None:
         router.queued(ctx, start, deferral="throttle", key=key,
                       reason=f"throttle: more than {COUNTED} starts of {whose} wait ahead "
-                             f"of it; its slot comes after theirs")
+                             f"of it; its slot comes after theirs", headers=headers)
     else:
         router.queued(ctx, start, deferral="throttle", key=key, due_at_ms=due(position),
-                      position=position)
+                      position=position, headers=headers)
 
 
 def forget_ms(pace: Pace, rate: Rate) -> int | None:
@@ -217,7 +218,8 @@ class ThrottleStage(QueueStage):
         wf = self.app.get(start.workflow)
         if wf is None:
             # Removed while it was on its way here: it would have waited here.
-            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=key_text(record.key))
+            self.router.fail(ctx, start, Outcome.failed, REMOVED, key=key_text(record.key),
+                             headers=record.headers)
             return
         headers = record.headers
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
@@ -265,7 +267,7 @@ class ThrottleStage(QueueStage):
         if expires is not None and expires <= now:
             # It already waited its whole timeouts.start upstream (a debounce, say).
             self.router.fail(ctx, start, Outcome.expired, expired_reason(wf, start, text, now),
-                             key=text)
+                             key=text, headers=headers)
             return row
         if option.max_queued is not None and len(queue) >= option.max_queued:
             retry_after = due_ms(row.pace, rate) - now
@@ -273,12 +275,12 @@ class ThrottleStage(QueueStage):
                 ctx, start, Outcome.dropped, key=text, retry_after_ms=retry_after,
                 reason=(f"queue-full: the throttle queue of key {text!r} already holds "
                         f"{len(queue)} starts (max_queued {option.max_queued}); a place "
-                        f"frees in {format_duration(retry_after)}"))
+                        f"frees in {format_duration(retry_after)}"), headers=headers)
             return row
         parked, position = queue.park(start, priority_mode(wf), headers)
         self.sweeps.add(ctx.store, start.workflow, parked.row)
         record_queued(self.router, ctx, start, text, position,
-                      lambda at: due_ms(row.pace, rate, at), f"key {text!r}")
+                      lambda at: due_ms(row.pace, rate, at), f"key {text!r}", headers)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
             row = self._move_sweep(ctx, key, row, expires)
         return row
@@ -309,7 +311,8 @@ class ThrottleStage(QueueStage):
     def _unjudged(self, ctx: StageContext, key: bytes, parked: Parked,
                   wf: Workflow | None) -> None:
         if wf is None:
-            self.router.fail(ctx, parked.start, Outcome.failed, REMOVED, key=key_text(key))
+            self.router.fail(ctx, parked.start, Outcome.failed, REMOVED, key=key_text(key),
+                             headers=parked.headers)
         elif several(wf):
             self.router.rejudge(ctx, parked.start, parked.headers)
         else:
@@ -370,7 +373,7 @@ class ThrottleStage(QueueStage):
                 if reason is not None:
                     self._leave(ctx, queue, parked)
                     cancelon.discard(ctx, self.router, parked.start, sweep, reason,
-                                     key_text(key))
+                                     key_text(key), headers=parked.headers)
                     touched[key] = queue
         for key, queue in touched.items():
             raw = ctx.store.get(_KEY + key)
@@ -408,7 +411,7 @@ class ThrottleStage(QueueStage):
             if expires <= now:
                 self._leave(ctx, queue, parked)
                 self.router.fail(ctx, start, Outcome.expired, expired_reason(wf, start, text, now),
-                                 key=text)
+                                 key=text, headers=parked.headers)
             elif following is None or expires < following:
                 following = expires
         return self._move_sweep(ctx, key, row, following)

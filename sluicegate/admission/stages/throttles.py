@@ -309,7 +309,7 @@ class Throttles:
         expires = expires_at(wf, start)
         if expires is not None and expires <= now:
             self.router.fail(ctx, start, Outcome.expired,
-                             expired_reason(wf, start, shown, now), key=shown)
+                             expired_reason(wf, start, shown, now), key=shown, headers=headers)
             return row
         for index, (throttle, text) in enumerate(zip(wf.throttle, texts, strict=True)):
             cap = throttle.max_queued
@@ -324,14 +324,15 @@ class Throttles:
                     ctx, start, Outcome.dropped, key=shown, retry_after_ms=retry_after,
                     reason=(f"queue-full: throttle[{index}]'s queue of {which} already "
                             f"holds {waiting} starts (max_queued {cap}); a place frees in "
-                            f"{format_duration(retry_after)}"))
+                            f"{format_duration(retry_after)}"), headers=headers)
                 return row
         position = queue.push(start, priority_mode(wf), headers)
         self._count(ctx, key, wf, texts, +1)
         if position == 0:
             self._index(ctx, key, wf, lane, queue.peek())
         record_queued(self.router, ctx, start, shown, position,
-                      lambda at: self._due(ctx, key, wf, texts, at, row.waiting), "its lane")
+                      lambda at: self._due(ctx, key, wf, texts, at, row.waiting), "its lane",
+                      headers)
         row = replace(row, waiting=row.waiting + 1)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
             row = self._move_sweep(ctx, key, row, expires)
@@ -493,7 +494,7 @@ class Throttles:
                 queue.remove(parked)
                 if wf is None:
                     self.router.fail(ctx, parked.start, Outcome.failed, REMOVED,
-                                     key=self._shown(lane))
+                                     key=self._shown(lane), headers=parked.headers)
                 else:
                     self.router.rejudge(ctx, parked.start, parked.headers)
             self._clear(ctx, key, row)
@@ -508,7 +509,8 @@ class Throttles:
                 row = replace(row, waiting=row.waiting - 1)
                 shown = self.ledger_key(wf, json.loads(lane))
                 self.router.fail(ctx, parked.start, Outcome.expired,
-                                 expired_reason(wf, parked.start, shown, now), key=shown)
+                                 expired_reason(wf, parked.start, shown, now), key=shown,
+                                 headers=parked.headers)
             elif following is None or expires < following:
                 following = expires
         return wf, self._move_sweep(ctx, key, row, following)
@@ -559,7 +561,8 @@ class Throttles:
                     self._leave(ctx, key, wf, lane, queue, parked)
                     discarded += 1
                     cancelon.discard(ctx, self.router, parked.start, sweep, reason,
-                                     self.ledger_key(wf, json.loads(lane)))
+                                     self.ledger_key(wf, json.loads(lane)),
+                                     headers=parked.headers)
             if discarded:
                 self._settle(ctx, key, wf, replace(row, waiting=row.waiting - discarded))
 
