@@ -133,11 +133,33 @@ class Traffic:
 # -- an engine that counts ----------------------------------------------------------------
 
 
+class InFlight:
+    """Runs in flight per concurrency slot as an engine sees them, and the most there ever
+    were. The count is never above the worker's (an engine learns of an admission after
+    it happened and reports an end before the slot is freed), so a count over the limit
+    is a limit broken."""
+
+    def __init__(self) -> None:
+        self.now: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+
+    def started(self, admitted: AdmittedStart) -> list[str]:
+        """Count a run the engine starts; returns the slots it holds."""
+        slots = [s.key for s in admitted.slots if s.stage == "concurrency"]
+        for slot in slots:
+            self.now[slot] += 1
+            self.most[slot] = max(self.most[slot], self.now[slot])
+        return slots
+
+    def ended(self, slots: list[str]) -> None:
+        for slot in slots:
+            self.now[slot] -= 1
+
+
 class CountingEngine:
     """An engine in a thread: it runs each admitted start for a moment and reports it
-    completed, and counts the runs in flight per concurrency slot as it sees them. Its
-    count is never above the worker's (it learns of an admission after it happened and
-    reports an end before the slot is freed), so a count over the limit is a limit broken."""
+    completed, and counts the runs in flight per concurrency slot as it sees them
+    (`InFlight`)."""
 
     def __init__(self, settings: Settings, hold_s: float = 0.02) -> None:
         self._engine = Engine(group=f"{settings.namespace}engine-{uuid.uuid4().hex[:6]}",
@@ -145,8 +167,7 @@ class CountingEngine:
         self._hold_s = hold_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self.in_flight: Counter[str] = Counter()
-        self.most_in_flight: Counter[str] = Counter()
+        self.in_flight = InFlight()
         self.seen: set[str] = set()
         self.error: BaseException | None = None
 
@@ -172,18 +193,13 @@ class CountingEngine:
                     if admitted.execution_id not in self.seen:
                         self.seen.add(admitted.execution_id)
                         self._engine.started(delivery)
-                        slots = [s.key for s in admitted.slots if s.stage == "concurrency"]
-                        for slot in slots:
-                            self.in_flight[slot] += 1
-                            self.most_in_flight[slot] = max(self.most_in_flight[slot],
-                                                            self.in_flight[slot])
+                        slots = self.in_flight.started(admitted)
                         running.append((time.monotonic() + self._hold_s, admitted, slots))
                 now = time.monotonic()
                 for item in [r for r in running if r[0] <= now]:
                     running.remove(item)
                     _, admitted, slots = item
-                    for slot in slots:
-                        self.in_flight[slot] -= 1
+                    self.in_flight.ended(slots)
                     self._engine.completed(admitted.execution_id, admitted.workflow)
         except BaseException as exc:  # surfaced by __exit__
             self.error = exc
@@ -191,23 +207,31 @@ class CountingEngine:
 
 class HoldingEngine:
     """An engine in a thread: it starts every run it is handed and completes it at once,
-    except the runs of the accounts it holds, which it keeps running until released."""
+    except the runs of the accounts it holds, which it keeps running until released (or
+    finished one by one). It counts the runs in flight per concurrency slot (`InFlight`)."""
 
     def __init__(self, settings: Settings, held: set[str]) -> None:
         self._engine = Engine(group=f"{settings.namespace}engine-{uuid.uuid4().hex[:6]}",
                               settings=settings)
         self._held = set(held)
+        self._finishing: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.handed: Counter[str] = Counter()
         self.completed: set[str] = set()
+        self.in_flight = InFlight()
         self.error: BaseException | None = None
 
     def release(self, account: str) -> None:
         """Complete the account's runs, those held and those to come."""
         with self._lock:
             self._held.discard(account)
+
+    def finish(self, execution_id: str) -> None:
+        """Complete one run, held or not, once it has been handed over."""
+        with self._lock:
+            self._finishing.add(execution_id)
 
     def __enter__(self) -> HoldingEngine:
         self._thread.start()
@@ -221,7 +245,7 @@ class HoldingEngine:
             raise self.error
 
     def _run(self) -> None:
-        running: list[AdmittedStart] = []
+        running: list[tuple[AdmittedStart, list[str]]] = []
         try:
             while not self._stop.is_set():
                 delivery = self._engine.poll(0.05)
@@ -230,11 +254,15 @@ class HoldingEngine:
                     self.handed[admitted.execution_id] += 1
                     if self.handed[admitted.execution_id] == 1:
                         self._engine.started(delivery)
-                        running.append(admitted)
+                        running.append((admitted, self.in_flight.started(admitted)))
                 with self._lock:
-                    done = [r for r in running if _account(r) not in self._held]
-                for run in done:
-                    running.remove(run)
+                    done = [(r, slots) for r, slots in running
+                            if _account(r) not in self._held
+                            or r.execution_id in self._finishing]
+                for item in done:
+                    run, slots = item
+                    running.remove(item)
+                    self.in_flight.ended(slots)
                     self._engine.completed(run.execution_id, run.workflow)
                     self.completed.add(run.execution_id)
         except BaseException as exc:  # surfaced by __exit__
@@ -334,7 +362,7 @@ def check_invariants(outcomes: Outcomes, traffic: Traffic,
         over = {k: n for k, n in keys.items() if n > 1}
         assert not over, f"{workflow}: keys admitted more than once: {over}"
     if engine is not None:
-        over = {k: n for k, n in engine.most_in_flight.items() if n > GATE_LIMIT}
+        over = {k: n for k, n in engine.in_flight.most.items() if n > GATE_LIMIT}
         assert not over, f"more runs in flight than the limit of {GATE_LIMIT}: {over}"
     # Valid traffic never reaches the dead-letter topic.
     ours = set(traffic.workflows)

@@ -103,12 +103,14 @@ class WorkerProcess:
     """`sluicegate worker` in its own process, so a test can kill -9 it."""
 
     def __init__(self, settings: Settings, app_spec: str, state_dir: Path, *args: str,
-                 **env: str) -> None:
-        """`args`: more options of `sluicegate worker`; `env`: more of its environment."""
+                 tree: Path = ROOT, **env: str) -> None:
+        """`args`: more options of `sluicegate worker`; `tree`: the source tree it runs
+        from (another release's, exported); `env`: more of its environment."""
         self.settings = settings
         self.app_spec = app_spec
         self.state_dir = state_dir
         self.args = args
+        self.tree = tree
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state_dir.parent / f"{state_dir.name}.log"
@@ -119,7 +121,8 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluicegate", "worker", "--app", self.app_spec,
                  "--log-level", self.env.get("LOG_LEVEL", "INFO"), *self.args],
-                cwd=ROOT, env=settings_env(self.settings, self.state_dir, **self.env),
+                cwd=self.tree, env=settings_env(self.settings, self.state_dir, **{
+                    "PYTHONPATH": str(self.tree), **self.env}),
                 stdout=log, stderr=subprocess.STDOUT)
         return self
 
