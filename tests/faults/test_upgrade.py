@@ -27,7 +27,7 @@ from sluicegate.admission.stages.concurrency import ConcurrencyStage
 from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.engine.clock import CLOCK_FILE_ENV, FileClock
-from sluicegate.ops.workflows import write_control
+from sluicegate.ops.services.control import write_control
 from sluicegate.schemas.records import AdmittedStart, ControlRow, LedgerRecord, Outcome
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
