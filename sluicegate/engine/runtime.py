@@ -103,6 +103,8 @@ _SLICE = 32
 _ENDS_TIMEOUT_S = 5.0
 # What `_last_trouble` holds while the broker refuses this worker's timestamps.
 _CLOCK_REFUSED = "INVALID_TIMESTAMP"
+# How often the same restore trouble is said again while it lasts.
+_TROUBLE_REPEAT_S = 30.0
 
 
 def producer_tuning(settings: Settings) -> dict[str, Any]:
@@ -287,6 +289,9 @@ class Worker:
         # What aborted the last cycles, and the last restore steps, while they keep failing.
         self._last_trouble = ""
         self._last_restore_trouble = ""
+        # When the restore trouble began, and when it was last said.
+        self._restore_trouble_since = 0.0
+        self._restore_trouble_said = 0.0
         # When the consumer last had to be replaced (monotonic seconds).
         self._consumer_fatal: list[float] = []
         self._stop: Callable[[], bool] = lambda: False
@@ -1235,8 +1240,19 @@ class Worker:
             self._reopen(partition)
         else:
             said = describe(exc)
-            log.log(logging.DEBUG if said == self._last_restore_trouble else logging.WARNING,
-                    "restoring partition %d: %s; trying again", partition, said)
+            now = time.monotonic()
+            # The same trouble again is said once, and again every half minute it lasts: a
+            # partition that cannot be restored is not left silent.
+            again = said == self._last_restore_trouble
+            quiet = again and now - self._restore_trouble_said < _TROUBLE_REPEAT_S
+            log.log(logging.DEBUG if quiet else logging.WARNING,
+                    "restoring partition %d: %s; trying again%s", partition, said,
+                    " (still, since %.0fs ago)" % (now - self._restore_trouble_since)
+                    if again and not quiet else "")
+            if not again:
+                self._restore_trouble_since = now
+            if not quiet:
+                self._restore_trouble_said = now
             self._last_restore_trouble = said
         # The admin client keeps the leader epochs it saw before a broker restart and does
         # not refresh them when the broker refuses them (FENCED_LEADER_EPOCH): a new one
