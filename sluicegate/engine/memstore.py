@@ -18,7 +18,30 @@ from sortedcontainers import SortedList
 _NO_OFFSET = -1
 
 
-class MemoryStore:
+class LogOffsets:
+    """What a store holds of its logs: the offset of the last changelog record it reflects,
+    and per published table the offset of the last record of the table's topic (each -1
+    if none). Both backends keep them so."""
+
+    _offset: int
+    _tables: dict[str, int]
+
+    @property
+    def changelog_offset(self) -> int:
+        """Offset of the last changelog record reflected in the store; -1 if none."""
+        return self._offset
+
+    def table_offset(self, table: str) -> int:
+        """Offset of the last record of a published table's topic reflected here; -1 if none."""
+        return self._tables.get(table, _NO_OFFSET)
+
+    @property
+    def holds_rows(self) -> bool:
+        """Whether anything was ever written here (an offset of some log)."""
+        return self._offset != _NO_OFFSET or any(o != _NO_OFFSET for o in self._tables.values())
+
+
+class MemoryStore(LogOffsets):
     """The rows of one (stage, partition) in memory. `synced_at_ms` is always None and
     `mark_synced` does nothing: there is no copy that outlives the process to prove."""
 
@@ -34,17 +57,6 @@ class MemoryStore:
         # Bumped by every write and wipe, so anything caching a view of the store (the
         # timer index, a transaction's floors and memos) can tell it changed.
         self.revision = 0
-
-    @property
-    def changelog_offset(self) -> int:
-        return self._offset
-
-    def table_offset(self, table: str) -> int:
-        return self._tables.get(table, _NO_OFFSET)
-
-    @property
-    def holds_rows(self) -> bool:
-        return self._offset != _NO_OFFSET or any(o != _NO_OFFSET for o in self._tables.values())
 
     @property
     def synced_at_ms(self) -> int | None:

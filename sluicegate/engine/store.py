@@ -31,7 +31,7 @@ from rocksdict import (
 )
 from sortedcontainers import SortedList
 
-from sluicegate.engine.memstore import MemoryStore
+from sluicegate.engine.memstore import LogOffsets, MemoryStore
 
 # The offsets live in their own column family so that user keys can be any bytes.
 META_CF = "meta"
@@ -172,7 +172,7 @@ def open_store(backend: str, path: Path, clock: Callable[[], int] | None = None)
     raise ValueError(f"no state backend {backend!r}: it is one of {', '.join(BACKENDS)}")
 
 
-class PartitionStore:
+class PartitionStore(LogOffsets):
     """One RocksDB (raw bytes) per (stage, partition) at `path`. `clock` (epoch ms) stamps
     the time a commit's write or a clean close leaves the store in step with its logs."""
 
@@ -245,20 +245,6 @@ class PartitionStore:
             if _out_of_space(exc):
                 raise StoreUnwritable(self.path, f"a write failed: {exc}") from exc
             raise
-
-    @property
-    def changelog_offset(self) -> int:
-        """Offset of the last changelog record reflected in the store; -1 if none."""
-        return self._offset
-
-    def table_offset(self, table: str) -> int:
-        """Offset of the last record of a published table's topic reflected here; -1 if none."""
-        return self._tables.get(table, _NO_OFFSET)
-
-    @property
-    def holds_rows(self) -> bool:
-        """Whether anything was ever written here (an offset of some log)."""
-        return self._offset != _NO_OFFSET or any(o != _NO_OFFSET for o in self._tables.values())
 
     @property
     def synced_at_ms(self) -> int | None:
