@@ -9,11 +9,12 @@ processor does).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.tables import StateTable, StoreReader, TableSpec
 from sluicegate.engine.timers import Timers
 
 T = TypeVar("T")
@@ -54,8 +55,8 @@ class StageContext(Generic[T]):
     topology gives its stages to name the topics they send to (`Topology.topics`); the
     engine passes it on and never reads it."""
 
-    __slots__ = ("_clock", "_dead_letter", "_monotonic", "_store", "_timers", "partition",
-                 "send", "stage", "topics")
+    __slots__ = ("_clock", "_dead_letter", "_monotonic", "_store", "_tables", "_timers",
+                 "partition", "send", "stage", "topics")
 
     def __init__(
         self,
@@ -68,7 +69,11 @@ class StageContext(Generic[T]):
         clock: Callable[[], int],
         dead_letter: DeadLetterHandler,
         monotonic: Callable[[], int] | None = None,
+        tables: tuple[TableSpec[Any, Any], ...] = (),
+        legacy_rows: bool = False,
     ) -> None:
+        """`tables`: the stage's tables (`Stage.tables`), over `store`; `legacy_rows`: their
+        values written as a release before typed tables wrote them (a rolling upgrade)."""
         self.stage = stage
         self.partition = partition
         self.topics = topics
@@ -79,6 +84,19 @@ class StageContext(Generic[T]):
         self._clock = clock
         self._monotonic = monotonic or clock
         self._dead_letter = dead_letter
+        self._tables: dict[str, StateTable[Any, Any]] = {}
+        if tables:
+            if store is None:
+                raise RuntimeError(f"stage {stage} declares tables and has no store")
+            self._tables = {spec.name: StateTable(spec, store, legacy_rows) for spec in tables}
+
+    def table(self, name: str) -> StateTable[Any, Any]:
+        """The stage's table `name` (`Stage.tables`) in this cycle's transaction."""
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise KeyError(f"stage {self.stage} declares no table {name!r} "
+                           f"(it has {', '.join(self._tables) or 'none'})") from None
 
     def dead_letter(self, record: InputRecord, reason: str) -> None:
         """Tell where someone will look that `record` is not processed, and why: the
@@ -114,9 +132,13 @@ class Stage(ABC):
     its store and what it publishes from it) is the topology's (`engine.topology.Node`),
     as Kafka Streams keeps a processor's wiring in its `Topology`."""
 
+    # Its state: named tables, each with its key prefix and codecs, reached through the
+    # context (`ctx.table(name)`; docs/decisions/typed-tables.md).
+    tables: tuple[TableSpec[Any, Any], ...] = ()
     # The key prefixes of the store rows that are derived from its other rows (counters,
     # indexes): kept in the store for reads, never logged, and made again by `derive`
-    # when the store is restored (docs/decisions/derived-rows.md).
+    # when the store is restored (docs/decisions/derived-rows.md). A stage with tables
+    # lists its derived tables' prefixes here (`tables.derived_prefixes`).
     derived: tuple[bytes, ...] = ()
     # The prefixes of the keys of the timers it derives (kept under
     # DERIVED_TIMER_PREFIX, which `derived` then lists, and which `derive` makes too).
@@ -163,14 +185,6 @@ class Stage(ABC):
         task of a stage that reads the table (`Node.reads`); and once a task is restored,
         each of the table's rows (`GlobalTable.rows`). Runs in the current transaction, so
         it may send."""
-
-
-class StoreReader(Protocol):
-    """The reads a stage's `derive` makes of its restored store."""
-
-    def get(self, key: bytes, /) -> bytes | None: ...
-    def items(self, prefix: bytes, start: bytes | None = None,
-              /) -> Iterator[tuple[bytes, bytes]]: ...
 
 
 # Where a record that is not processed is told: (its stage's context, the record, why).

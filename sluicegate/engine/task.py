@@ -99,7 +99,8 @@ class Task:
                 tx = StoreTransaction(store, max_record_bytes)
                 timers = Timers(tx, () if log_derived else node.stage.derived_timers)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
-                               topology.dead_letter, monotonic)
+                               topology.dead_letter, monotonic, node.stage.tables,
+                               log_derived)
             self.states[node.name] = StageState(node, ctx, store, tx, timers)
 
     def stateful(self) -> Iterator[StageState]:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from sluicegate.admission.decisions import describe_invalid
 from sluicegate.admission.pending import PendingQueue, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.rows import batch_header_fields
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.groups import (
@@ -32,6 +33,7 @@ from sluicegate.admission.stages.groups import (
     wake,
 )
 from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.tables import RAW, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.payloads import is_sealed, validate
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
@@ -138,10 +140,6 @@ def batch_rule(wf: Workflow, max_payload_bytes: int) -> BatchRule | None:
 
 # -- the stage's half ------------------------------------------------------------------
 
-# A batch key's rows: its header, and its items in a PendingQueue named after the key.
-_BATCH = STATE_PREFIX + b"b"
-
-
 @dataclass(frozen=True, slots=True)
 class _Header:
     """A batch key's open batch, and where its timer is."""
@@ -151,19 +149,11 @@ class _Header:
     rank: bytes
     field: bytes = b"items"  # the run payload's field (`events`: a debounce's window)
 
-    def encode(self) -> bytes:
-        b = self.batch
-        return (f"{b.execution_id}\x1f{b.first_ms}\x1f{b.count}\x1f{b.size}\x1f"
-                f"{self.wake_ms}\x1f{self.rank.hex()}\x1f{b.last_ms}\x1f"
-                f"{self.field.decode()}").encode()
 
-    @classmethod
-    def decode(cls, raw: bytes) -> _Header:
-        execution_id, first, count, size, wake, rank, *more = raw.decode().split("\x1f")
-        # A header written before windows of events: a batch's, its last arrival unknown.
-        last, field = (int(more[0]), more[1].encode()) if more else (int(first), b"items")
-        return cls(OpenBatch(execution_id, int(first), int(count), int(size), last),
-                   int(wake), bytes.fromhex(rank), field)
+
+# A batch key's rows: its header (batch key -> _Header), and its items in a PendingQueue
+# named after the key.
+HEADERS = TableSpec("batches", STATE_PREFIX + b"b", RAW, batch_header_fields(_Header, OpenBatch))
 
 
 
@@ -189,8 +179,7 @@ class Batches:
                 self.router.payloads.open(start.payload)):
             self._run(ctx, wf, text, [start], rule.field)
             return
-        raw = ctx.store.get(_BATCH + key)
-        header = _Header.decode(raw) if raw is not None else None
+        header = ctx.table("batches").get(key)
         if header is not None:
             verdict = header.batch.settle(rule, now)
             if verdict is not None:
@@ -226,7 +215,7 @@ class Batches:
             ctx.timers.schedule(header.wake_ms, timer_key(header.rank, BATCHED, key))
         else:
             header = dataclasses.replace(header, batch=added.batch)
-        ctx.store.put(_BATCH + key, header.encode())
+        ctx.table("batches").put(key, header)
         self.router.queued(ctx, start, deferral="batch" if wf.batch is not None else "debounce",
                            key=text, due_at_ms=added.batch.due_ms(rule))
 
@@ -235,7 +224,7 @@ class Batches:
         queue = PendingQueue(ctx.store, _members(key))
         members = [parked.start for parked in queue]
         queue.clear()
-        ctx.store.delete(_BATCH + key)
+        ctx.table("batches").delete(key)
         return members
 
     def _settle(self, ctx: StageContext, wf: Workflow, rule: BatchRule, key: bytes,
@@ -305,9 +294,10 @@ class Batches:
         batch of one it would be alone. A batch's header is under its key, whose budget is
         always its workflow (a batch has no pool): the sweep reads the batches of the
         workflows it names, and no others."""
-        for hkey, raw in [row for workflow in sweep.workflows
-                          for row in ctx.store.items(_BATCH + ControlKey(workflow).encode())]:
-            self._cancel_batched(ctx, sweep, hkey[len(_BATCH):], _Header.decode(raw))
+        batches = ctx.table("batches")
+        for key, header in [row for workflow in sweep.workflows
+                            for row in batches.items(ControlKey(workflow).encode())]:
+            self._cancel_batched(ctx, sweep, key, header)
 
     def _cancel_batched(self, ctx: StageContext, sweep: CancelSweep, key: bytes,
                         header: _Header) -> None:
@@ -333,7 +323,7 @@ class Batches:
         old_timer = timer_key(header.rank, BATCHED, key)
         if not kept:
             ctx.timers.cancel(header.wake_ms, old_timer)
-            ctx.store.delete(_BATCH + key)
+            ctx.table("batches").delete(key)
             return
         wf = self.app.get(kept[0].workflow)
         rule = batch_rule(wf, self.max_payload_bytes) if wf is not None else None
@@ -347,7 +337,7 @@ class Batches:
                           kept[-1].arrived_at_ms)
         rest = _Header(batch, batch.wake_ms(rule), rank_key(first, priority_mode(wf)),
                        rule.field)
-        ctx.store.put(_BATCH + key, rest.encode())
+        ctx.table("batches").put(key, rest)
         ctx.timers.schedule(rest.wake_ms, timer_key(rest.rank, BATCHED, key))
         if first.execution_id != header.batch.execution_id:
             # The run is now the oldest remaining item's: a repeat of another item's key
@@ -357,10 +347,9 @@ class Batches:
 
     def fire(self, ctx: StageContext, wf: Workflow | None, key: bytes) -> None:
         """Its timer: the batch runs or expires (or, its timer moved, waits again)."""
-        raw = ctx.store.get(_BATCH + key)
-        if raw is None:
+        header = ctx.table("batches").get(key)
+        if header is None:
             return
-        header = _Header.decode(raw)
         rule = batch_rule(wf, self.max_payload_bytes) if wf is not None else None
         verdict = header.batch.settle(rule, ctx.now_ms) if rule is not None else None
         if wf is None:
@@ -373,7 +362,7 @@ class Batches:
                 self.router.forward(ctx, member)
         elif verdict is None:
             header = dataclasses.replace(header, wake_ms=header.batch.wake_ms(rule))
-            ctx.store.put(_BATCH + key, header.encode())
+            ctx.table("batches").put(key, header)
             ctx.timers.schedule(header.wake_ms, timer_key(header.rank, BATCHED, key))
         else:
             self._settle(ctx, wf, rule, key, verdict)

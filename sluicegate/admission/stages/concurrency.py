@@ -18,7 +18,6 @@ workflow left the declarations while it waited fails.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import struct
 from collections.abc import Iterator
@@ -28,11 +27,21 @@ from enum import StrEnum
 from sluicegate.admission import pending
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
+from sluicegate.admission.rows import legacy
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
+from sluicegate.engine.tables import (
+    RAW,
+    SIZED,
+    SIZED_TEXT,
+    Decimal,
+    Fields,
+    TableSpec,
+    derived_prefixes,
+)
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -48,10 +57,26 @@ from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
 
 NAME = "concurrency"
 
-# Rows of this stage (the FairQueue rows have letters of their own in admission/pending.py).
-_HOLDER = STATE_PREFIX + b"H"   # + key + execution id -> workflow \x1f limit index
-_HELD = STATE_PREFIX + b"C"     # + key -> number of slots held
-_WAITING = STATE_PREFIX + b"W"  # + key + execution id -> lane + queue row
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A run holding a slot of a key: its workflow, and which of its limits it is."""
+
+    workflow: str
+    index: int
+
+
+# Tables of this stage (the FairQueue's are admission/pending.py's): (key, execution id)
+# -> a holder of one of its slots; key -> the number of slots held (derived from the
+# holders); (key, execution id) -> where a start waits (derived from the queues: its lane
+# and queue row, the lane preceded by its length).
+_HOLDER = STATE_PREFIX + b"H"
+_WAITING = STATE_PREFIX + b"W"
+HOLDERS = TableSpec("holders", _HOLDER, SIZED, legacy(
+    Fields(Holder), lambda t: Holder(t[0], int(t[1])), lambda h: (h.workflow, h.index)))
+HELD = TableSpec("held", STATE_PREFIX + b"C", SIZED_TEXT, Decimal(1), derived=True)
+WAITING = TableSpec("waiting", _WAITING, SIZED, RAW, derived=True)
 # Timers.
 _EXPIRE = b"X"                  # + key + execution id: its timeouts.start
 _SWEEP = b"R"                   # after a restore: removed workflows, raised limits
@@ -136,11 +161,8 @@ def lane_hop(route: Route, position: int) -> Hop | None:
 # -- the stage -----------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=65_536)
-def _prefixed(text: str) -> bytes:
-    # Length-prefixed, so one key is never a prefix of another's rows.
-    raw = text.encode()
-    return struct.pack(">I", len(raw)) + raw
+# Length-prefixed, so one key is never a prefix of another's rows.
+_prefixed = SIZED.head
 
 
 def _unprefix(raw: bytes) -> tuple[str, bytes]:
@@ -154,16 +176,15 @@ class ConcurrencyStage(QueueStage):
     expects = "a pending start or a release"
     # Slots held per key follow from the holders, the waiting index and cancelOn's index by
     # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
-    derived = (_HELD, _WAITING, *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
+    tables = (*QueueStage.tables, HOLDERS, HELD, WAITING)
+    derived = (*derived_prefixes(*tables), *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         rows = super().derive(store)
-        held: dict[bytes, int] = {}
-        for row, _ in store.items(_HOLDER):
-            (size,) = struct.unpack_from(">I", row, len(_HOLDER))
-            key = row[len(_HOLDER):len(_HOLDER) + 4 + size]
+        held: dict[str, int] = {}
+        for (key, _), _ in HOLDERS.read(store):
             held[key] = held.get(key, 0) + 1
-        rows.update((_HELD + key, str(n).encode()) for key, n in held.items())
+        rows.update(HELD.row(key, n) for key, n in held.items())
         parked = list(self._parked(store, rows))
         rows.update(self.sweeps.rows(parked))
         return rows
@@ -179,7 +200,7 @@ class ConcurrencyStage(QueueStage):
                 start = codec.decode(PendingStart, value)
                 where = key + start.execution_id.encode()
                 if rows is not None:
-                    rows[_WAITING + where] = _prefixed(lane) + row
+                    rows[_WAITING + where] = _prefixed(lane) + row  # WAITING's row
                 yield start.workflow, where
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
@@ -246,24 +267,23 @@ class ConcurrencyStage(QueueStage):
 
     @staticmethod
     def held(ctx: StageContext, key: str) -> int:
-        raw = ctx.store.get(_HELD + _prefixed(key))
-        return int(raw) if raw else 0
+        n: int | None = ctx.table("held").get(key)
+        return n or 0
 
     @staticmethod
     def _set_held(ctx: StageContext, key: str, n: int) -> None:
         if n:
-            ctx.store.put(_HELD + _prefixed(key), str(n).encode())
+            ctx.table("held").put(key, n)
         else:
-            ctx.store.delete(_HELD + _prefixed(key))
+            ctx.table("held").delete(key)
 
     @staticmethod
     def holders(ctx: StageContext, key: str) -> list[str]:
         """The execution ids holding `key`'s slots."""
-        prefix = _HOLDER + _prefixed(key)
-        return [row[len(prefix):].decode() for row, _ in ctx.store.items(prefix)]
+        return [execution_id for (_, execution_id) in ctx.table("holders").keys(SIZED.head(key))]
 
     def _waiting(self, ctx: StageContext, key: str, execution_id: str) -> tuple[str, Parked] | None:
-        raw = ctx.store.get(_WAITING + _prefixed(key) + execution_id.encode())
+        raw = ctx.table("waiting").get((key, execution_id))
         if raw is None:
             return None
         lane, row = _unprefix(raw)
@@ -308,14 +328,12 @@ class ConcurrencyStage(QueueStage):
                                        key_text(key), headers=headers):
             return
         limit = self.limit(wf, hop)
-        holder = _HOLDER + _prefixed(key) + start.execution_id.encode()
         queue = self.queue(ctx, key)
         occupancy = Occupancy(self.held(ctx, key), len(queue))
+        where = (key, start.execution_id)
         verdict = arrive(
-            occupancy, limit, holding=ctx.store.get(holder) is not None,
-            queued=ctx.store.get(_WAITING + _prefixed(key) + start.execution_id.encode())
-            is not None,
-            resume=resume)
+            occupancy, limit, holding=where in ctx.table("holders"),
+            queued=where in ctx.table("waiting"), resume=resume)
         if verdict is Verdict.take:
             self._take(ctx, key, start, hop, headers)
         elif verdict is Verdict.keep:
@@ -335,8 +353,7 @@ class ConcurrencyStage(QueueStage):
 
     def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop,
               headers: Headers | None) -> None:
-        row = _HOLDER + _prefixed(key) + start.execution_id.encode()
-        ctx.store.put(row, f"{start.workflow}\x1f{hop.index}".encode())
+        ctx.table("holders").put((key, start.execution_id), Holder(start.workflow, hop.index))
         self._set_held(ctx, key, self.held(ctx, key) + 1)
         self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
@@ -344,8 +361,8 @@ class ConcurrencyStage(QueueStage):
               queue: FairQueue, headers: Headers | None, *, waits_for: str) -> None:
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
-        where = _prefixed(key) + start.execution_id.encode()
-        ctx.store.put(_WAITING + where, _prefixed(lane) + parked.row)
+        where = SIZED.encode((key, start.execution_id))
+        ctx.table("waiting").put((key, start.execution_id), SIZED.head(lane) + parked.row)
         self.sweeps.add(ctx.store, start.workflow, where)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
         due = expires_at(start, timeout)
@@ -387,8 +404,8 @@ class ConcurrencyStage(QueueStage):
 
     def _unpark(self, ctx: StageContext, key: str, start: PendingStart) -> None:
         """Drop a start's waiting index and expiry timer once it leaves the queue."""
-        where = _prefixed(key) + start.execution_id.encode()
-        ctx.store.delete(_WAITING + where)
+        where = SIZED.encode((key, start.execution_id))
+        ctx.table("waiting").delete((key, start.execution_id))
         self.sweeps.remove(ctx.store, start.workflow, where)
         wf = self.router.workflow(start.workflow)
         timeout = wf.timeouts.start_ms if wf is not None and wf.timeouts is not None else None
@@ -402,17 +419,16 @@ class ConcurrencyStage(QueueStage):
 
     def _release(self, ctx: StageContext, release: Release) -> None:
         key = release.key
-        holder = _HOLDER + _prefixed(key) + release.execution_id.encode()
-        raw = ctx.store.get(holder)
-        if raw is None:
+        holders = ctx.table("holders")
+        holder = holders.get((key, release.execution_id))
+        if holder is None:
             if release.kind is not ReleaseKind.suspended:
                 # The run ended while its resume waited here: it no longer needs a slot.
                 self._forget_waiting_resume(ctx, key, release.execution_id)
             return
-        workflow, _, index = raw.decode().partition("\x1f")
-        if not frees(release.kind, self._mode_of_holder(workflow, int(index))):
+        if not frees(release.kind, self._mode_of_holder(holder.workflow, holder.index)):
             return
-        ctx.store.delete(holder)
+        holders.delete((key, release.execution_id))
         self._set_held(ctx, key, self.held(ctx, key) - 1)
         self._drain(ctx, key)
 
@@ -517,7 +533,7 @@ class ConcurrencyStage(QueueStage):
         # nothing for it to do: it reads every waiting start, seconds at a million.
         if ctx.store.get(_SWEPT) == self._declared:
             return
-        if next(iter(ctx.store.items(_WAITING)), None) is None:
+        if next(ctx.table("waiting").keys(), None) is None:
             # Nothing waits, so nothing to sweep: these are the declarations the partition
             # was checked under. (Without this row, a partition first assigned empty swept
             # every start queued since at its first restart.)
@@ -529,11 +545,10 @@ class ConcurrencyStage(QueueStage):
         """Fail the waiting starts of workflows the declarations no longer have, and fill
         any room a raised limit made."""
         keys: list[str] = []
-        for row, _ in list(ctx.store.items(_WAITING)):
-            key, execution_id = _unprefix(row[len(_WAITING):])
+        for key, execution_id in list(ctx.table("waiting").keys()):
             if not keys or keys[-1] != key:
                 keys.append(key)
-            found = self._waiting(ctx, key, execution_id.decode())
+            found = self._waiting(ctx, key, execution_id)
             if found is None:
                 continue
             lane, parked = found

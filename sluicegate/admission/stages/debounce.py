@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sluicegate.admission.pending import priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.rows import burst_fields
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.groups import (
@@ -30,8 +31,8 @@ from sluicegate.admission.stages.groups import (
     wake,
 )
 from sluicegate.declare import App, Workflow, format_duration
+from sluicegate.engine.tables import RAW, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
-from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 from sluicegate.topology.keys import ControlKey, key_text
 
@@ -99,10 +100,6 @@ def debounce_rule(wf: Workflow) -> DebounceRule | None:
 
 # -- the stage's half ------------------------------------------------------------------
 
-# A debounce key's row: its burst (last arrival, timer, the carrier start).
-_BURST = STATE_PREFIX + b"d"
-
-
 @dataclass(frozen=True, slots=True)
 class _Held:
     """A debounce key's stored burst."""
@@ -117,15 +114,10 @@ class _Held:
         return Burst(c.execution_id, c.request_id, c.arrived_at_ms, self.last_ms,
                      len(c.request_ids))
 
-    def encode(self) -> bytes:
-        return (f"{self.last_ms}\x1f{self.wake_ms}\x1f{self.rank.hex()}\x1f".encode()
-                + codec.encode(self.carrier))
 
-    @classmethod
-    def decode(cls, raw: bytes) -> _Held:
-        last, wake, rank, carrier = raw.split(b"\x1f", 3)
-        return cls(int(last), int(wake), bytes.fromhex(rank.decode()),
-                   codec.decode(PendingStart, carrier))
+
+# A debounce key -> its burst (last arrival, timer, the carrier start).
+BURSTS = TableSpec("bursts", STATE_PREFIX + b"d", RAW, burst_fields(_Held))
 
 
 class Debounces:
@@ -140,14 +132,14 @@ class Debounces:
         """A start joins its key's burst (one already due runs alone first)."""
         now = ctx.now_ms
         text = key_text(key)
-        raw = ctx.store.get(_BURST + key)
-        held = _Held.decode(raw) if raw is not None else None
+        bursts = ctx.table("bursts")
+        held = bursts.get(key)
         if held is not None:
             verdict = held.burst().settle(rule, now)
             if verdict is not None:
                 # Due before this start came (its timer has not fired yet): it runs alone.
                 ctx.timers.cancel(held.wake_ms, timer_key(held.rank, DEBOUNCE, key))
-                ctx.store.delete(_BURST + key)
+                bursts.delete(key)
                 self._settle(ctx, wf, rule, text, held, verdict)
                 held = None
         arrival = arrive(held.burst() if held else None, start.execution_id, start.request_id,
@@ -168,7 +160,7 @@ class Debounces:
         burst = arrival.burst
         rank = rank_key(carrier, priority_mode(wf))
         stored = _Held(now, burst.wake_ms(rule), rank, carrier)
-        ctx.store.put(_BURST + key, stored.encode())
+        bursts.put(key, stored)
         ctx.timers.schedule(stored.wake_ms, timer_key(rank, DEBOUNCE, key))
         self.router.queued(ctx, carrier, deferral="debounce", key=text,
                            due_at_ms=burst.due_ms(rule))
@@ -192,35 +184,34 @@ class Debounces:
         """cancelOn discards the bursts whose latest start matches the event. A burst's
         row is under its key, whose budget is always its workflow (a debounce has no
         pool): the sweep reads the rows of the workflows it names, and no others."""
-        for skey, raw in [row for workflow in sweep.workflows
-                          for row in ctx.store.items(_BURST + ControlKey(workflow).encode())]:
-            held = _Held.decode(raw)
+        bursts = ctx.table("bursts")
+        for key, held in [row for workflow in sweep.workflows
+                          for row in bursts.items(ControlKey(workflow).encode())]:
             c = held.carrier
             # The latest arrival is the one whose payload would run.
             reason = cancelon.group_reason(self.app, sweep, c,
                                            cancelon.Group.debounced(held.last_ms))
             if reason is None:
                 continue
-            key = skey[len(_BURST):]
             ctx.timers.cancel(held.wake_ms, timer_key(held.rank, DEBOUNCE, key))
-            ctx.store.delete(skey)
+            bursts.delete(key)
             cancelon.discard(ctx, self.router, c, sweep, reason, key_text(key))
 
     def fire(self, ctx: StageContext, wf: Workflow | None, key: bytes) -> None:
         """Its timer: the burst runs or expires (or, its timer moved, waits again)."""
-        raw = ctx.store.get(_BURST + key)
-        if raw is None:
+        bursts = ctx.table("bursts")
+        held = bursts.get(key)
+        if held is None:
             return
-        held = _Held.decode(raw)
         rule = debounce_rule(wf) if wf is not None else None
         verdict = held.burst().settle(rule, ctx.now_ms) if rule is not None else None
         if rule is not None and verdict is None:
             # Not owed anything yet (its timer was moved): wait for its own time again.
             held = dataclasses.replace(held, wake_ms=held.burst().wake_ms(rule))
-            ctx.store.put(_BURST + key, held.encode())
+            bursts.put(key, held)
             ctx.timers.schedule(held.wake_ms, timer_key(held.rank, DEBOUNCE, key))
             return
-        ctx.store.delete(_BURST + key)
+        bursts.delete(key)
         if wf is None:
             self.router.fail(ctx, held.carrier, Outcome.failed, REMOVED, key=key_text(key))
         elif rule is None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from sluicegate.admission.routing import REMOVED, Router, declared_digest
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
-from sluicegate.admission.stages.batch import Batches, batch_rule
-from sluicegate.admission.stages.debounce import Debounces, debounce_rule
+from sluicegate.admission.stages.batch import HEADERS, Batches, batch_rule
+from sluicegate.admission.stages.debounce import BURSTS, Debounces, debounce_rule
 from sluicegate.admission.stages.groups import BATCHED, DEBOUNCE, RANK
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App
@@ -34,6 +34,7 @@ _CHECKED = STATE_PREFIX + b"V"
 
 class DeferStage(QueueStage):
     name = NAME
+    tables = (*QueueStage.tables, BURSTS, HEADERS)
 
     def __init__(self, app: App, router: Router, max_payload_bytes: int) -> None:
         super().__init__(app, router)

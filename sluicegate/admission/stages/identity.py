@@ -31,11 +31,13 @@ from sluicegate.admission.routing import (
     Router,
     declared_digest,
 )
+from sluicegate.admission.rows import text_fields
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.delayed import DelayedStarts, is_delayed
 from sluicegate.declare import App, Workflow
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
+from sluicegate.engine.tables import RAW, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
@@ -126,14 +128,12 @@ class IdentityRow:
     # None while the key is permanent, or while its run is live.
     expires_at_ms: int | None = None
 
-    def encode(self) -> bytes:
-        expires = "" if self.expires_at_ms is None else str(self.expires_at_ms)
-        return f"{self.execution_id}\x1f{self.request_id}\x1f{expires}".encode()
 
-    @classmethod
-    def decode(cls, raw: bytes) -> IdentityRow:
-        execution_id, request_id, expires = raw.decode().split("\x1f")
-        return cls(execution_id, request_id, int(expires) if expires else None)
+
+# The spent keys: (workflow \x1f idempotency key) -> the run it names. Directly under
+# STATE_PREFIX, as the releases before kept it: no workflow's name starts with 0x00, which
+# the stage's other rows (the declarations' digest, cancelOn's, delayed starts') do.
+SPENT = TableSpec("spent", STATE_PREFIX, RAW, text_fields(IdentityRow))
 
 
 def spent_key_row(store_key: bytes, value: bytes | None) -> tuple[str, str, str | None] | None:
@@ -147,7 +147,7 @@ def spent_key_row(store_key: bytes, value: bytes | None) -> tuple[str, str, str 
     if value is None:
         return key.budget, key.text, None
     try:
-        return key.budget, key.text, IdentityRow.decode(value).execution_id
+        return key.budget, key.text, SPENT.value.decode(value).execution_id
     except (ValueError, UnicodeDecodeError):
         return None
 
@@ -183,6 +183,7 @@ def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) ->
 
 class IdentityStage(AdmissionStage):
     name = NAME
+    tables = (SPENT,)
     # cancelOn's index of the delayed starts by workflow follows from their timers.
     derived = cancelon.SweepIndex.DERIVED
 
@@ -233,8 +234,8 @@ class IdentityStage(AdmissionStage):
                 if isinstance(message, IdentityAlias):
                     # Collapsed by debounce or batch: a repeat of the key names the run
                     # that absorbed it (SPEC.md section 3, step 1).
-                    ctx.store.put(STATE_PREFIX + message.key.encode(), IdentityRow(
-                        message.execution_id, message.request_id).encode())
+                    ctx.table("spent").put(message.key.encode(), IdentityRow(
+                        message.execution_id, message.request_id))
                     return
                 start = message
         except codec.DecodeError as exc:
@@ -294,13 +295,12 @@ class IdentityStage(AdmissionStage):
                 # Produced under another key: re-key it so this key's state has one owner.
                 ctx.send(ctx.topics.stage(self.name), skey, record.value, None, trace)
                 return
-            raw = ctx.store.get(STATE_PREFIX + skey)
-            decision = decide(IdentityRow.decode(raw) if raw else None, execution_id,
+            decision = decide(ctx.table("spent").get(skey), execution_id,
                               start.request_id, now)
             if isinstance(decision, Spent):
                 self._existing(ctx, start, wf, key, decision.execution_id, now, trace)
                 return
-            ctx.store.put(STATE_PREFIX + skey, decision.row.encode())
+            ctx.table("spent").put(skey, decision.row)
             if wf.idempotency is not None and wf.idempotency.ttl is not None:
                 slots.append(Slot(self.name, skey.decode()))
 
@@ -347,11 +347,9 @@ class IdentityStage(AdmissionStage):
             self.delayed.fire(ctx, due_ms, key, value)
         elif key.startswith(_EXPIRE):
             skey = key[len(_EXPIRE):]
-            raw = ctx.store.get(STATE_PREFIX + skey)
-            if raw is not None:
-                row = IdentityRow.decode(raw)
-                if row.expires_at_ms is not None and row.expires_at_ms <= due_ms:
-                    ctx.store.delete(STATE_PREFIX + skey)
+            row = ctx.table("spent").get(skey)
+            if row is not None and row.expires_at_ms is not None and row.expires_at_ms <= due_ms:
+                ctx.table("spent").delete(skey)
 
     def _cancel_delayed(self, ctx: StageContext, sweep: CancelSweep) -> None:
         cancelon.keep(ctx, sweep)
@@ -380,12 +378,13 @@ class IdentityStage(AdmissionStage):
         wf = self.app.get(release.workflow)
         ttl = wf.idempotency.ttl_ms if wf is not None and wf.idempotency is not None else None
         skey = release.key.encode()
-        raw = ctx.store.get(STATE_PREFIX + skey)
-        if raw is None or ttl is None:
+        spent = ctx.table("spent")
+        found = spent.get(skey)
+        if found is None or ttl is None:
             return
-        row = ended(IdentityRow.decode(raw), release.execution_id, release.at_ms, ttl)
+        row = ended(found, release.execution_id, release.at_ms, ttl)
         if row.expires_at_ms is not None:
-            ctx.store.put(STATE_PREFIX + skey, row.encode())
+            spent.put(skey, row)
             ctx.timers.schedule(row.expires_at_ms, _EXPIRE + skey)
 
     # -- decisions -----------------------------------------------------------------------

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.admission.lease import LEASED_STAGE, lease_of
 from sluicegate.admission.routing import Router
+from sluicegate.admission.rows import Avro, text_fields
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, format_duration
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
+from sluicegate.engine.tables import RAW, TEXT, Decimal, Joined, TableSpec, derived_prefixes
 from sluicegate.engine.timers import DERIVED_TIMER_PREFIX, STATE_PREFIX, timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
@@ -61,14 +63,17 @@ from sluicegate.topology.keys import identity_store_key, key_text
 log = logging.getLogger(__name__)
 
 NAME = RUNS_STAGE
-# + execution id -> the run's row: the runs table, which the worker publishes to sg.runs
+# execution id -> the run's row: the runs table, which the worker publishes to sg.runs
 # (`admission.app.node`, docs/decisions/published-tables.md).
 RUN_ROWS = STATE_PREFIX + b"R"
-_EARLY = STATE_PREFIX + b"E"
-_EARLY_MARK = STATE_PREFIX + b"e"
-_BACKSTOP = STATE_PREFIX + b"B"
-# + execution id -> the reason of a cancel an operator sent, until the run ends.
-_CANCELLING = STATE_PREFIX + b"K"
+RUNS = TableSpec("runs", RUN_ROWS, TEXT, Avro(RunRow))
+# (execution id, offset) -> an engine's report read before its run's admission: kept
+# until the run's row exists. And execution id -> b"": there is one for the run.
+_EARLY_KEY = Joined(TEXT, Decimal(20))
+_EARLY = TableSpec("early", STATE_PREFIX + b"E", _EARLY_KEY, RAW)
+_EARLY_MARK = TableSpec("early_mark", STATE_PREFIX + b"e", TEXT, RAW)
+# execution id -> a cancel an operator sent, its reason, until the run ends.
+_CANCELLING = TableSpec("cancelling", STATE_PREFIX + b"K", TEXT, TEXT)
 # Timer keys, by kind, then the execution id.
 _FINISH = b"F"
 _LEASE = b"L"
@@ -163,18 +168,14 @@ class Backstop:
     lease_ms: int | None = None
     lease_until_ms: int | None = None
 
-    def encode(self) -> bytes:
-        return "\x1f".join("" if v is None else str(v) for v in
-                           (self.finish_at_ms, self.lease_ms, self.lease_until_ms)).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Backstop:
-        finish, lease, until = (int(v) if v else None for v in raw.decode().split("\x1f"))
-        return cls(finish, lease, until)
-
     @property
     def idle(self) -> bool:
         return self.finish_at_ms is None and self.lease_ms is None
+
+
+# execution id -> a live run's deadlines, derived from its row.
+BACKSTOPS = TableSpec("backstops", STATE_PREFIX + b"B", TEXT, text_fields(Backstop),
+                      derived=True)
 
 
 def holds_lease(row: RunRow, steps_mode: bool) -> bool:
@@ -231,7 +232,8 @@ class RunsStage(AdmissionStage):
     # A live run's deadlines (its backstop row and their timers) follow from its row and
     # its workflow's declaration: kept, never logged, made again at restore (a lease then
     # runs from the restore, as it does for a run whose report was not heard).
-    derived = (_BACKSTOP, DERIVED_TIMER_PREFIX)
+    tables = (RUNS, _EARLY, _EARLY_MARK, _CANCELLING, BACKSTOPS)
+    derived = (*derived_prefixes(*tables), DERIVED_TIMER_PREFIX)
     derived_timers = (_FINISH, _LEASE)
 
     def __init__(self, app: App, router: Router) -> None:
@@ -271,9 +273,8 @@ class RunsStage(AdmissionStage):
         if row is None:
             # The engine's report can be read before the admitted record (two topics):
             # keep it until the run's row exists.
-            ctx.store.put(_EARLY + event.execution_id.encode() + b"\x1f"
-                          + str(record.offset).encode().rjust(20, b"0"), record.value or b"")
-            ctx.store.put(_EARLY_MARK + event.execution_id.encode(), b"")
+            ctx.table("early").put((event.execution_id, record.offset), record.value or b"")
+            ctx.table("early_mark").put(event.execution_id, b"")
             return
         self._event(ctx, row, event)
 
@@ -290,12 +291,12 @@ class RunsStage(AdmissionStage):
 
     @staticmethod
     def load(ctx: StageContext, execution_id: str) -> RunRow | None:
-        raw = ctx.store.get(RUN_ROWS + execution_id.encode())
-        return codec.decode(RunRow, raw) if raw is not None else None
+        row: RunRow | None = ctx.table("runs").get(execution_id)
+        return row
 
     def save(self, ctx: StageContext, row: RunRow) -> None:
         """The run's row, in the store and (at commit) in the runs table."""
-        ctx.store.put(RUN_ROWS + row.execution_id.encode(), codec.encode(row))
+        ctx.table("runs").put(row.execution_id, row)
 
     def _admitted(self, ctx: StageContext, admitted: AdmittedStart,
                   reports_may_precede: bool, headers: Headers | None = None) -> None:
@@ -333,13 +334,13 @@ class RunsStage(AdmissionStage):
             return
         # A point lookup first: a prefix scan per admitted start would cost a walk of the
         # whole cycle's write buffer.
-        mark = _EARLY_MARK + admitted.execution_id.encode()
-        if ctx.store.get(mark) is None:
+        marks = ctx.table("early_mark")
+        if admitted.execution_id not in marks:
             return
-        ctx.store.delete(mark)
-        early = _EARLY + admitted.execution_id.encode() + b"\x1f"
-        for key, value in list(ctx.store.items(early)):
-            ctx.store.delete(key)
+        marks.delete(admitted.execution_id)
+        early = ctx.table("early")
+        for key, value in list(early.items(_EARLY_KEY.head(admitted.execution_id))):
+            early.delete(key)
             current = self.load(ctx, admitted.execution_id)
             assert current is not None
             self._event(ctx, current, codec.decode(RunEvent, value))
@@ -353,11 +354,10 @@ class RunsStage(AdmissionStage):
         cancel_reason = None
         if _STATUS_OF.get(event.kind) in ENDED:
             # A point lookup only when the run ends: an operator's cancel waits for it.
-            mark = _CANCELLING + row.execution_id.encode()
-            raw = ctx.store.get(mark)
-            if raw is not None:
-                ctx.store.delete(mark)
-                cancel_reason = raw.decode()
+            cancelling = ctx.table("cancelling")
+            cancel_reason = cancelling.get(row.execution_id)
+            if cancel_reason is not None:
+                cancelling.delete(row.execution_id)
         updated = apply_event(row, event, cancel_reason)
         # A redriven run was resumed by the engine on an operator's command: not re-admitted.
         if (event.kind is RunEventKind.resumed and row.status not in ENDED
@@ -397,10 +397,9 @@ class RunsStage(AdmissionStage):
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         execution_id = key[1:].decode()
         row = self.load(ctx, execution_id)
-        raw = ctx.store.get(_BACKSTOP + key[1:])
-        if row is None or raw is None or row.status in ENDED:
+        backstop = ctx.table("backstops").get(execution_id)
+        if row is None or backstop is None or row.status in ENDED:
             return
-        backstop = Backstop.decode(raw)
         finish_at = backstop.finish_at_ms
         if key.startswith(_FINISH) and finish_at is not None and due_ms >= finish_at:
             # (Later than the deadline: fired again after a step of the wall clock.)
@@ -466,7 +465,7 @@ class RunsStage(AdmissionStage):
         (request id `failure:<workflow>:<backstop>:<execution id>`) with `why` as the
         report's reason and the detail as its error message."""
         failed = failed_by_backstop(row, ctx.now_ms, reason)
-        ctx.store.delete(_CANCELLING + row.execution_id.encode())
+        ctx.table("cancelling").delete(row.execution_id)
         ctx.send(ctx.topics.commands, row.execution_id.encode(), codec.encode(EngineCommand(
             command_id=f"{why}:{row.execution_id}", execution_id=row.execution_id,
             workflow=row.workflow, kind=CommandKind.cancel, issued_at_ms=ctx.now_ms,
@@ -516,7 +515,7 @@ class RunsStage(AdmissionStage):
                 workflow=row.workflow, kind=kind, issued_at_ms=ctx.now_ms, reason=op.reason)))
             if kind is CommandKind.cancel:
                 # The engine's `cancelled` report records it on the run (apply_event).
-                ctx.store.put(_CANCELLING + row.execution_id.encode(), reason.encode())
+                ctx.table("cancelling").put(row.execution_id, reason)
         self._ledger(ctx, row, what, _OPERATED[op.verb], reason)
 
     def _ledger(self, ctx: StageContext, row: RunRow, what: str, outcome: Outcome,
@@ -558,15 +557,15 @@ class RunsStage(AdmissionStage):
         reports moved them, but for the lease, which runs from the run's admission (its
         timer then finds the run quiet only since the restore, and moves on)."""
         rows: dict[bytes, bytes] = {}
-        for _, raw in store.items(RUN_ROWS):
-            row = codec.decode(RunRow, raw)
+        for _, row in RUNS.read(store):
             if row.status in ENDED:
                 continue
             backstop = self._backstop_of(row)
             if backstop is None or backstop.idle:
                 continue
             ident = row.execution_id.encode()
-            rows[_BACKSTOP + ident] = backstop.encode()
+            key, value = BACKSTOPS.row(row.execution_id, backstop)
+            rows[key] = value
             for kind, due in ((_FINISH, backstop.finish_at_ms),
                               (_LEASE, backstop.lease_until_ms)):
                 if due is not None:
@@ -599,11 +598,10 @@ class RunsStage(AdmissionStage):
                              backstop_for(row.admitted_at_ms, finish_ms, lease_of(wf), holding))
 
     def _reported(self, ctx: StageContext, row: RunRow) -> None:
-        raw = ctx.store.get(_BACKSTOP + row.execution_id.encode())
-        if raw is None:
+        old = ctx.table("backstops").get(row.execution_id)
+        if old is None:
             return
         self._heard[ctx.partition][row.execution_id] = ctx.monotonic_ms
-        old = Backstop.decode(raw)
         holding = holds_lease(row, self._needs_readmission(row))
         self._store_backstop(ctx, row.execution_id, old, alive(old, holding, ctx.now_ms))
 
@@ -620,16 +618,16 @@ class RunsStage(AdmissionStage):
             if after is not None:
                 ctx.timers.schedule(after, kind + ident)
         if not new.idle:
-            ctx.store.put(_BACKSTOP + ident, new.encode())
+            ctx.table("backstops").put(execution_id, new)
         elif not old.idle:  # only a run with deadlines has a row (a fresh one has none)
-            ctx.store.delete(_BACKSTOP + ident)
+            ctx.table("backstops").delete(execution_id)
 
     def _disarm(self, ctx: StageContext, execution_id: str) -> None:
-        raw = ctx.store.get(_BACKSTOP + execution_id.encode())
+        backstop = ctx.table("backstops").get(execution_id)
         for runs in (self._heard, self._armed):
             runs[ctx.partition].pop(execution_id, None)
-        if raw is not None:
-            self._store_backstop(ctx, execution_id, Backstop.decode(raw), Backstop())
+        if backstop is not None:
+            self._store_backstop(ctx, execution_id, backstop, Backstop())
 
     # -- releases ------------------------------------------------------------------------
 

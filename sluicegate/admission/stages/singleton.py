@@ -19,15 +19,16 @@ it for operators, with no lag.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from sluicegate import tracing
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import Router, with_slot
+from sluicegate.admission.rows import hold_fields
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.tables import TEXT, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
@@ -69,38 +70,9 @@ class Hold:
     def empty(self) -> bool:
         return self.holder is None and not self.claims
 
-    def encode(self) -> bytes:
-        """`next seq`, then the holder's seq and execution id (both empty without one),
-        then each claim's, joined by 0x1f: a start reads and writes this row two or three
-        times, where JSON cost several microseconds each way
-        (docs/decisions/singleton-hold-row.md)."""
-        holder = self.holder
-        fields = [str(self.next_seq), "", ""] if holder is None else [
-            str(self.next_seq), str(holder.seq), holder.execution_id]
-        for claim in self.claims:
-            fields += (str(claim.seq), claim.execution_id)
-        return "\x1f".join(fields).encode()
 
-    @classmethod
-    def decode(cls, raw: bytes) -> Hold:
-        if raw[:1] == b"{":
-            return cls._decode_json(raw)
-        fields = raw.decode().split("\x1f")
-        holder = Claim(fields[2], int(fields[1])) if fields[1] else None
-        if len(fields) == 3:
-            # No claims: every key in skip mode, and cancel mode's keys most of the time.
-            return cls(holder, (), int(fields[0]))
-        claims = tuple(Claim(fields[at + 1], int(fields[at]))
-                       for at in range(3, len(fields), 2))
-        return cls(holder, claims, int(fields[0]))
-
-    @classmethod
-    def _decode_json(cls, raw: bytes) -> Hold:
-        """A row as releases before the text row wrote it, still in a store or its
-        changelog after an upgrade."""
-        row = json.loads(raw)
-        holder = None if row["holder"] is None else Claim(*row["holder"])
-        return cls(holder, tuple(Claim(*c) for c in row["claims"]), row["next"])
+# A singleton key -> its hold (docs/decisions/singleton-hold-row.md).
+HOLDS = TableSpec("holds", _HOLD, TEXT, hold_fields(Hold, Claim))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +157,7 @@ def holder(store: Readable, workflow: str, key: str) -> str | None:
     raw = store.get(_HOLD + hold_key(workflow, key).encode())
     if raw is None:
         return None
-    current = Hold.decode(raw).holder
+    current = HOLDS.value.decode(raw).holder
     return current.execution_id if current is not None else None
 
 
@@ -194,6 +166,7 @@ def holder(store: Readable, workflow: str, key: str) -> str | None:
 
 class SingletonStage(AdmissionStage):
     name = NAME
+    tables = (HOLDS,)
 
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -276,12 +249,12 @@ class SingletonStage(AdmissionStage):
 
     @staticmethod
     def _load(ctx: StageContext, key: str) -> Hold:
-        raw = ctx.store.get(_HOLD + key.encode())
-        return Hold.decode(raw) if raw is not None else Hold()
+        hold: Hold | None = ctx.table("holds").get(key)
+        return hold or Hold()
 
     @staticmethod
     def _save(ctx: StageContext, key: str, hold: Hold) -> None:
         if hold.empty:
-            ctx.store.delete(_HOLD + key.encode())
+            ctx.table("holds").delete(key)
         else:
-            ctx.store.put(_HOLD + key.encode(), hold.encode())
+            ctx.table("holds").put(key, hold)

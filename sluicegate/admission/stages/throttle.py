@@ -28,11 +28,13 @@ from sluicegate.admission import pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.pending import COUNTED, Parked, PendingQueue, priority_mode
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.rows import legacy, optional_int
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
+from sluicegate.engine.tables import RAW, Fields, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
@@ -40,7 +42,6 @@ from sluicegate.topology.keys import key_text
 from sluicegate.topology.route import hop_key
 
 NAME = "throttle"
-_KEY = STATE_PREFIX + b"K"
 # Timers, one of each per key: the head's turn (or forgetting an idle key), the
 # timeouts.start sweep; and the two of a workflow with several throttles.
 _TURN = b"T"
@@ -152,16 +153,6 @@ class KeyRow:
     turn_ms: int | None = None
     sweep_ms: int | None = None
 
-    def encode(self) -> bytes:
-        fields = (self.pace.tat, self.pace.scale, self.turn_ms, self.sweep_ms)
-        return "\x1f".join([self.workflow, *("" if f is None else str(f) for f in fields)]
-                           ).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> KeyRow:
-        workflow, tat, scale, turn, sweep = raw.decode().split("\x1f")
-        return cls(workflow, Pace(_int(tat), int(scale)), _int(turn), _int(sweep))
-
     # Built directly rather than with dataclasses.replace, which costs several times a
     # constructor's call on every start through the stage.
     def paced(self, pace: Pace) -> KeyRow:
@@ -174,8 +165,12 @@ class KeyRow:
         return KeyRow(self.workflow, self.pace, self.turn_ms, sweep_ms)
 
 
-def _int(text: str) -> int | None:
-    return int(text) if text else None
+# A key -> its row (KeyRow).
+KEYS = TableSpec("keys", STATE_PREFIX + b"K", RAW, legacy(
+    Fields(KeyRow, nested={"pace": Fields(Pace)}),
+    lambda t: KeyRow(t[0], Pace(optional_int(t[1]), int(t[2])), optional_int(t[3]),
+                     optional_int(t[4])),
+    lambda row: (row.workflow, row.pace.tat, row.pace.scale, row.turn_ms, row.sweep_ms)))
 
 
 class ThrottleStage(QueueStage):
@@ -191,6 +186,7 @@ class ThrottleStage(QueueStage):
         from sluicegate.admission.stages.throttles import Throttles
 
         self.many = Throttles(router)
+        self.tables = (*QueueStage.tables, KEYS, *Throttles.TABLES)
         self.sweeps = cancelon.SweepIndex(app)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
@@ -202,8 +198,8 @@ class ThrottleStage(QueueStage):
         """(workflow, row) of every start waiting in a key's queue."""
         if not self.sweeps.workflows:
             return
-        for raw_key, _ in store.items(_KEY):
-            for row, value in pending.queue_rows(store, raw_key[len(_KEY):]):
+        for key, _ in KEYS.read(store):
+            for row, value in pending.queue_rows(store, key):
                 yield codec.decode(PendingStart, value).workflow, row
 
     def _leave(self, ctx: StageContext, queue: PendingQueue, parked: Parked) -> None:
@@ -236,8 +232,7 @@ class ThrottleStage(QueueStage):
                 return
             self.many.process(ctx, key, wf, start, headers)
             return
-        raw = ctx.store.get(_KEY + key)
-        row = KeyRow.decode(raw) if raw else KeyRow(wf.name)
+        row = ctx.table("keys").get(key) or KeyRow(wf.name)
         if row.workflow != wf.name and self.app.get(row.workflow) is None:
             # A pool's key, last paced for a member since removed: this one paces it now.
             row = replace(row, workflow=wf.name)
@@ -342,7 +337,7 @@ class ThrottleStage(QueueStage):
             if forget is None or forget <= ctx.now_ms:
                 if row.turn_ms is not None:
                     ctx.timers.cancel(row.turn_ms, _TURN + key)
-                ctx.store.delete(_KEY + key)
+                ctx.table("keys").delete(key)
                 queue.forget()
                 return
             # A timer already set fires soon enough and moves itself on, so admitting
@@ -353,7 +348,7 @@ class ThrottleStage(QueueStage):
                 ctx.timers.cancel(row.turn_ms, _TURN + key)
             ctx.timers.schedule(turn, _TURN + key)
             row = row.turning(turn)
-        ctx.store.put(_KEY + key, row.encode())
+        ctx.table("keys").put(key, row)
 
     def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event, read
@@ -376,9 +371,9 @@ class ThrottleStage(QueueStage):
                                      key_text(key), headers=parked.headers)
                     touched[key] = queue
         for key, queue in touched.items():
-            raw = ctx.store.get(_KEY + key)
-            if raw is not None:
-                self._settle(ctx, key, KeyRow.decode(raw), queue)
+            found = ctx.table("keys").get(key)
+            if found is not None:
+                self._settle(ctx, key, found, queue)
 
     # -- timeouts.start ----------------------------------------------------------------
 
@@ -425,10 +420,9 @@ class ThrottleStage(QueueStage):
         if kind in (MANY_TURN, MANY_SWEEP):
             self.many.fire(ctx, kind, kafka_key)
             return
-        raw = ctx.store.get(_KEY + kafka_key)
-        if raw is None:
+        row = ctx.table("keys").get(kafka_key)
+        if row is None:
             return
-        row = KeyRow.decode(raw)
         queue = PendingQueue(ctx.store, kafka_key)
         # The runtime removed the fired timer already: the row must not cancel it again.
         if kind == _TURN:
@@ -447,14 +441,12 @@ class ThrottleStage(QueueStage):
         now = ctx.now_ms
         self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
         self.many.restored(ctx)
-        for raw_key, raw in list(ctx.store.items(_KEY)):
-            row = KeyRow.decode(raw)
+        keys = ctx.table("keys")
+        for key, row in list(keys.items()):
             wf = self.app.get(row.workflow)
             if wf is not None and len(wf.throttle) == 1:
                 continue
-            key = raw_key[len(_KEY):]
-            row = self._move_sweep(ctx, key, row, now)
-            ctx.store.put(raw_key, row.encode())
+            keys.put(key, self._move_sweep(ctx, key, row, now))
 
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from sluicegate.admission.pending import Parked, PendingQueue, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
+from sluicegate.admission.rows import legacy, optional_int
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.throttle import (
@@ -49,6 +50,7 @@ from sluicegate.admission.stages.throttle import (
 )
 from sluicegate.declare import ExpressionError, Workflow, format_duration
 from sluicegate.engine.stage import Headers
+from sluicegate.engine.tables import RAW, Fields, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.topology.keys import ControlKey
@@ -87,15 +89,6 @@ class Row:
     turn_ms: int | None = None
     sweep_ms: int | None = None
 
-    def encode(self) -> bytes:
-        fields = (self.waiting, self.turn_ms, self.sweep_ms)
-        return "\x1f".join([self.workflow, self.shape,
-                            *("" if f is None else str(f) for f in fields)]).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Row:
-        workflow, shape_, waiting, turn, sweep = raw.decode().split("\x1f")
-        return cls(workflow, shape_, int(waiting), _int(turn), _int(sweep))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,22 +100,28 @@ class PaceRow:
     waiting: int = 0
     idle_at: int | None = None
 
-    def encode(self) -> bytes:
-        fields = (self.pace.tat, self.pace.scale, self.waiting, self.idle_at)
-        return "\x1f".join("" if f is None else str(f) for f in fields).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> PaceRow:
-        tat, scale, waiting, idle = raw.decode().split("\x1f")
-        return cls(Pace(_int(tat), int(scale)), int(waiting), _int(idle))
 
 
-def _int(text: str) -> int | None:
-    return int(text) if text else None
+# key -> the workflow's row; (key, throttle index, key text) -> a key value's pace.
+ROWS = TableSpec("several", _ROW, RAW, legacy(
+    Fields(Row),
+    lambda t: Row(t[0], t[1], int(t[2]), optional_int(t[3]), optional_int(t[4])),
+    lambda row: (row.workflow, row.shape, row.waiting, row.turn_ms, row.sweep_ms)))
+PACES = TableSpec("paces", _PACE, RAW, legacy(
+    Fields(PaceRow, nested={"pace": Fields(Pace)}),
+    lambda t: PaceRow(Pace(optional_int(t[0]), int(t[1])), int(t[2]), optional_int(t[3])),
+    lambda row: (row.pace.tat, row.pace.scale, row.waiting, row.idle_at)))
 
 
 class Throttles:
     """The several-throttles half of the throttle stage, for one partition's store."""
+
+    # Its tables: the rows and paces above, and the indexes of lanes (see the module's
+    # doc) under a key, their keys binary (ranks, due times), their values the rows
+    # they index.
+    TABLES: tuple[TableSpec[Any, Any], ...] = (
+        ROWS, PACES, *(TableSpec(name, prefix, RAW, RAW) for name, prefix in (
+            ("lanes", _LANE), ("ready", _READY), ("waiting", _WAIT), ("idle", _IDLE))))
 
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -156,11 +155,10 @@ class Throttles:
     # -- paces ---------------------------------------------------------------------------
 
     def _pace_key(self, key: bytes, index: int, text: str) -> bytes:
-        return _PACE + _named(key) + bytes([index]) + text.encode()
+        return _named(key) + bytes([index]) + text.encode()
 
     def _pace(self, ctx: StageContext, key: bytes, index: int, text: str) -> PaceRow:
-        raw = ctx.store.get(self._pace_key(key, index, text))
-        return PaceRow.decode(raw) if raw is not None else PaceRow()
+        return ctx.table("paces").get(self._pace_key(key, index, text)) or PaceRow()
 
     def _put_pace(self, ctx: StageContext, key: bytes, index: int, text: str,
                   old: PaceRow, new: PaceRow, rate: Rate) -> None:
@@ -179,7 +177,7 @@ class Throttles:
                 store.delete(prefix + _MS.pack(old.idle_at) + tail)
             if new.idle_at is not None:
                 self._put_index(ctx, prefix, prefix + _MS.pack(new.idle_at) + tail)
-        store.put(self._pace_key(key, index, text), new.encode())
+        ctx.table("paces").put(self._pace_key(key, index, text), new)
 
     def _count(self, ctx: StageContext, key: bytes, wf: Workflow, texts: list[str],
                step: int) -> None:
@@ -291,8 +289,7 @@ class Throttles:
         self._settle(ctx, key, wf, row)
 
     def _row(self, ctx: StageContext, key: bytes, wf: Workflow) -> Row:
-        raw = ctx.store.get(_ROW + key)
-        return Row.decode(raw) if raw is not None else Row(wf.name, shape(wf))
+        return ctx.table("several").get(key) or Row(wf.name, shape(wf))
 
     def _arrive(self, ctx: StageContext, key: bytes, wf: Workflow, row: Row,
                 start: PendingStart, headers: Headers | None) -> Row:
@@ -406,7 +403,7 @@ class Throttles:
         for row in done:
             tail = row[len(prefix) + _MS.size:]
             ctx.store.delete(row)
-            ctx.store.delete(_PACE + _named(key) + tail)
+            ctx.table("paces").delete(_named(key) + tail)
         return following
 
     def _settle(self, ctx: StageContext, key: bytes, wf: Workflow, row: Row) -> None:
@@ -434,7 +431,7 @@ class Throttles:
             if row.turn_ms is not None:
                 ctx.timers.cancel(row.turn_ms, TURN + key)
             row = self._move_sweep(ctx, key, row, None)
-            ctx.store.delete(_ROW + key)
+            ctx.table("several").delete(key)
             return
         turn = min(due) if due else None
         if turn != row.turn_ms:
@@ -443,15 +440,14 @@ class Throttles:
             if turn is not None:
                 ctx.timers.schedule(turn, TURN + key)
             row = replace(row, turn_ms=turn)
-        ctx.store.put(_ROW + key, row.encode())
+        ctx.table("several").put(key, row)
 
     # -- timers, sweeps, restore ---------------------------------------------------------
 
     def fire(self, ctx: StageContext, kind: bytes, key: bytes) -> None:
-        raw = ctx.store.get(_ROW + key)
-        if raw is None:
+        row = ctx.table("several").get(key)
+        if row is None:
             return
-        row = Row.decode(raw)
         # The runtime removed the fired timer already: the row must not cancel it again.
         if kind == TURN:
             row = replace(row, turn_ms=None)
@@ -530,15 +526,15 @@ class Throttles:
             self._index(ctx, key, wf, lane, queue.peek())
 
     def _clear(self, ctx: StageContext, key: bytes, row: Row) -> None:
-        for prefix in (_PACE, _LANE, _READY, _WAIT, _IDLE):
-            rows = [k for k, _ in ctx.store.items(prefix + _named(key))]
-            for k in rows:
-                ctx.store.delete(k)
+        for spec in self.TABLES[1:]:
+            table = ctx.table(spec.name)
+            for k in list(table.keys(_named(key))):
+                table.delete(k)
         if row.turn_ms is not None:
             ctx.timers.cancel(row.turn_ms, TURN + key)
         if row.sweep_ms is not None:
             ctx.timers.cancel(row.sweep_ms, SWEEP + key)
-        ctx.store.delete(_ROW + key)
+        ctx.table("several").delete(key)
 
     def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards the waiting starts that match the event. All of a workflow's
@@ -546,10 +542,9 @@ class Throttles:
         the rows of the workflows it names, and no others."""
         for workflow in sweep.workflows:
             key = ControlKey(workflow).encode()
-            raw = ctx.store.get(_ROW + key)
-            if raw is None:
+            row = ctx.table("several").get(key)
+            if row is None:
                 continue
-            row = Row.decode(raw)
             wf = self.router.workflow(row.workflow)
             if not several(wf) or wf is None or row.shape != shape(wf):
                 continue  # the sweep set at restore deals with these
@@ -569,11 +564,9 @@ class Throttles:
     def restored(self, ctx: StageContext) -> None:
         """Workflows removed, or whose throttles were redeclared, in the declarations this
         worker loaded get their sweep now (it decides in the cycle's timer pass)."""
-        for raw_key, raw in list(ctx.store.items(_ROW)):
-            row = Row.decode(raw)
+        rows = ctx.table("several")
+        for key, row in list(rows.items()):
             wf = self.router.workflow(row.workflow)
             if several(wf) and wf is not None and row.shape == shape(wf):
                 continue
-            key = raw_key[len(_ROW):]
-            row = self._move_sweep(ctx, key, row, ctx.now_ms)
-            ctx.store.put(raw_key, row.encode())
+            rows.put(key, self._move_sweep(ctx, key, row, ctx.now_ms))

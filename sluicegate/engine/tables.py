@@ -1,0 +1,401 @@
+"""A stage's state as named, typed tables (docs/decisions/typed-tables.md).
+
+A stage declares its tables (`Stage.tables`): each a name, the key prefix its rows sit
+under in the stage's store, and a codec for its keys and one for its values. The stage
+reaches a table through its context (`ctx.table("queue")`) and reads and writes keys and
+values, never bytes: the codecs are the only code that knows how a row is laid out, as
+Kafka Streams names its stores in the topology and gives each its serdes.
+
+The tables of a stage share its store and its changelog, each under its own prefix: a
+changelog record's key is the table's prefix and the row's key. A table marked
+`derived` is one whose rows are computed from the others' (counters, indexes): kept for
+reads, never logged, made again at restore (docs/decisions/derived-rows.md).
+
+Values are encoded by a codec of the stage's choosing: `Fields` (a compact struct of a
+dataclass's fields, below), the project's Avro codec (given by the stage), or `RAW`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import struct
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, Union
+
+from sluicegate.engine.store import StoreTransaction
+
+V = TypeVar("V")
+K = TypeVar("K")
+R = TypeVar("R")
+
+
+class Codec(Protocol[V]):
+    """Bytes to a value and back. `decode(encode(v)) == v`."""
+
+    def encode(self, value: V, /) -> bytes: ...
+    def decode(self, raw: bytes, /) -> V: ...
+
+
+class _Raw:
+    """Bytes as they are."""
+
+    def encode(self, value: bytes) -> bytes:
+        return value
+
+    def decode(self, raw: bytes) -> bytes:
+        return raw
+
+
+class _Text:
+    """Text as UTF-8: its byte order is its code points' order, so a table keyed by text
+    reads in text order."""
+
+    def encode(self, value: str) -> bytes:
+        return value.encode()
+
+    def decode(self, raw: bytes) -> str:
+        return raw.decode()
+
+
+class _Integer:
+    """A signed 64-bit integer, big-endian with its sign bit flipped: byte order is
+    numeric order."""
+
+    _S = struct.Struct(">Q")
+
+    def encode(self, value: int) -> bytes:
+        return self._S.pack(value + (1 << 63))
+
+    def decode(self, raw: bytes) -> int:
+        return int(self._S.unpack(raw)[0]) - (1 << 63)
+
+
+class Decimal:
+    """A non-negative integer as zero-padded decimal text of `width` digits: byte order is
+    numeric order."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+    def encode(self, value: int) -> bytes:
+        return str(value).encode().rjust(self.width, b"0")
+
+    def decode(self, raw: bytes) -> int:
+        return int(raw)
+
+
+class Joined:
+    """A key of several parts, each encoded by its codec, separated by 0x1f: read in order
+    of its first part, then its second, as long as no part but the last holds a byte at or
+    below the separator (text keys, hex, decimal)."""
+
+    SEP = b"\x1f"
+
+    def __init__(self, *parts: Codec[Any]) -> None:
+        self.parts = parts
+
+    def encode(self, value: tuple[Any, ...]) -> bytes:
+        return self.SEP.join(c.encode(v) for c, v in zip(self.parts, value, strict=True))
+
+    def decode(self, raw: bytes) -> tuple[Any, ...]:
+        pieces = raw.split(self.SEP, len(self.parts) - 1)
+        return tuple(c.decode(p) for c, p in zip(self.parts, pieces, strict=True))
+
+    def head(self, *values: Any) -> bytes:
+        """The encoded start of every key whose first parts are `values`: for `items`."""
+        return b"".join(c.encode(v) + self.SEP for c, v in zip(self.parts, values, strict=False))
+
+
+class Sized:
+    """A key of two texts, the first preceded by its length (4 bytes), so that one first
+    part's rows never start with another's: `head(first)` is where the rows of `first`
+    start, read in order of the second part."""
+
+    _LEN = struct.Struct(">I")
+
+    def encode(self, value: tuple[str, str]) -> bytes:
+        return self.head(value[0]) + value[1].encode()
+
+    def decode(self, raw: bytes) -> tuple[str, str]:
+        (size,) = self._LEN.unpack_from(raw)
+        return raw[4:4 + size].decode(), raw[4 + size:].decode()
+
+    @staticmethod
+    @functools.lru_cache(maxsize=65_536)
+    def head(first: str) -> bytes:
+        raw = first.encode()
+        return Sized._LEN.pack(len(raw)) + raw
+
+
+class SizedText:
+    """A text preceded by its length (4 bytes): the first part of a `Sized` key alone."""
+
+    def encode(self, value: str) -> bytes:
+        return SIZED.head(value)
+
+    def decode(self, raw: bytes) -> str:
+        return raw[4:].decode()
+
+
+class Many(Generic[V]):
+    """A tuple of values, each encoded by `item` and preceded by its length."""
+
+    _LEN = struct.Struct(">I")
+
+    def __init__(self, item: Codec[V]) -> None:
+        self.item = item
+
+    def encode(self, value: tuple[V, ...]) -> bytes:
+        pack, encode = self._LEN.pack, self.item.encode
+        parts = []
+        for v in value:
+            data = encode(v)
+            parts.append(pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+
+    def decode(self, raw: bytes) -> tuple[V, ...]:
+        unpack, decode = self._LEN.unpack_from, self.item.decode
+        out = []
+        at = 0
+        while at < len(raw):
+            (n,) = unpack(raw, at)
+            at += 4
+            out.append(decode(raw[at:at + n]))
+            at += n
+        return tuple(out)
+
+
+RAW: Codec[bytes] = _Raw()
+SIZED = Sized()
+SIZED_TEXT = SizedText()
+TEXT: Codec[str] = _Text()
+INTEGER: Codec[int] = _Integer()
+
+
+class Fields(Generic[R]):
+    """A compact struct codec for a dataclass: its integer, boolean and float fields in one
+    fixed-size struct, its text and bytes fields after it, each with its length in the
+    struct, and a bit per optional field that is None. A field of another type is encoded
+    by the codec given for it in `nested` (another `Fields`, the project's Avro codec).
+
+    The first byte says the layout (`VERSION`). A row whose first byte is anything else
+    was written before tables were typed; `legacy` decodes it, and `legacy_encode` writes
+    rows that way while a deployment rolls from such a release
+    (docs/decisions/typed-tables.md).
+    """
+
+    VERSION = 1
+
+    def __init__(self, cls: type[R], *, nested: dict[str, Codec[Any]] | None = None,
+                 legacy: Callable[[bytes], R] | None = None,
+                 legacy_encode: Callable[[R], bytes] | None = None) -> None:
+        self.cls = cls
+        self.legacy = legacy
+        self.legacy_encode = legacy_encode
+        nested = nested or {}
+        hints = typing.get_type_hints(cls)
+        self._names: list[str] = []
+        # Per field: (kind, optional, codec); kind is "n" (in the struct) or "v" (after it).
+        self._kinds: list[tuple[str, bool, Codec[Any] | None, str]] = []
+        fixed = ">B"
+        optional = 0
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            hint = hints[f.name]
+            base, is_optional = _unwrap_optional(hint)
+            if is_optional:
+                optional += 1
+            self._names.append(f.name)
+            if f.name in nested:
+                self._kinds.append(("v", is_optional, nested[f.name], ""))
+                fixed += "I"
+            elif base is bool:
+                self._kinds.append(("n", is_optional, None, "?"))
+                fixed += "?"
+            elif base is int:
+                self._kinds.append(("n", is_optional, None, "q"))
+                fixed += "q"
+            elif base is float:
+                self._kinds.append(("n", is_optional, None, "d"))
+                fixed += "d"
+            elif base is str:
+                self._kinds.append(("v", is_optional, TEXT, ""))
+                fixed += "I"
+            elif base is bytes:
+                self._kinds.append(("v", is_optional, RAW, ""))
+                fixed += "I"
+            else:
+                raise TypeError(f"{cls.__name__}.{f.name}: a field of type {hint} needs a "
+                                f"codec in `nested`")
+        if optional > 64:
+            raise TypeError(f"{cls.__name__}: more than 64 optional fields")
+        # The None bits: as few bytes as the optional fields need.
+        self._bitmap = "" if not optional else "BBHHIIIIQ"[(optional + 7) // 8]
+        self._fixed = struct.Struct(fixed + self._bitmap)
+        self._get = _getter(self._names)
+
+    @property
+    def field_names(self) -> list[str]:
+        return list(self._names)
+
+    @property
+    def kinds(self) -> list[str]:
+        """Per field, its struct format ("q", "?", "d"), or "" for one after the struct."""
+        return [fmt for _, _, _, fmt in self._kinds]
+
+    def encode(self, value: R) -> bytes:
+        nulls = 0
+        bit = 1
+        numbers: list[Any] = [self.VERSION]
+        tails: list[bytes] = []
+        for (kind, optional, codec, _), v in zip(self._kinds, self._get(value), strict=True):
+            if optional:
+                if v is None:
+                    nulls |= bit
+                bit <<= 1
+            if kind == "n":
+                numbers.append(0 if v is None else v)
+            else:
+                data = b"" if v is None else codec.encode(v)  # type: ignore[union-attr]
+                numbers.append(len(data))
+                tails.append(data)
+        if self._bitmap:
+            numbers.append(nulls)
+        return self._fixed.pack(*numbers) + b"".join(tails)
+
+    def decode(self, raw: bytes) -> R:
+        if not raw or raw[0] != self.VERSION:
+            if self.legacy is None:
+                raise ValueError(f"not a {self.cls.__name__} row: {raw[:32]!r}")
+            return self.legacy(raw)
+        numbers = self._fixed.unpack_from(raw)
+        if self._bitmap:
+            nulls = numbers[-1]
+            numbers = numbers[:-1]
+        else:
+            nulls = 0
+        at = self._fixed.size
+        bit = 1
+        args: list[Any] = []
+        for (kind, optional, codec, _), n in zip(self._kinds, numbers[1:], strict=True):
+            absent = False
+            if optional:
+                absent = bool(nulls & bit)
+                bit <<= 1
+            if kind == "n":
+                args.append(None if absent else n)
+            else:
+                end = at + n
+                args.append(None if absent else codec.decode(raw[at:end]))  # type: ignore[union-attr]
+                at = end
+        return self.cls(*args)
+
+
+def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0], True
+    return hint, False
+
+
+def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
+    if len(names) == 1:
+        name = names[0]
+        return lambda value: (getattr(value, name),)
+    from operator import attrgetter
+    return attrgetter(*names)
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec(Generic[K, V]):
+    """A table a stage declares: its name, the prefix of its rows' keys in the stage's
+    store (under STATE_PREFIX), and its codecs. `derived`: its rows are computed from the
+    other tables' and made again at restore, never logged."""
+
+    name: str
+    prefix: bytes
+    key: Codec[K]
+    value: Codec[V]
+    derived: bool = False
+
+    def row(self, key: K, value: V) -> tuple[bytes, bytes]:
+        """The store row of (key, value): for a stage's `derive`, which returns rows."""
+        return self.prefix + self.key.encode(key), self.value.encode(value)
+
+    def read(self, store: StoreReader) -> Iterator[tuple[K, V]]:
+        """Every row of the table in `store` (a restored one, for `derive`), in key order."""
+        cut = len(self.prefix)
+        decode_key, decode = self.key.decode, self.value.decode
+        return ((decode_key(k[cut:]), decode(v)) for k, v in store.items(self.prefix))
+
+
+class StoreReader(Protocol):
+    """The reads a stage's `derive` makes of its restored store."""
+
+    def get(self, key: bytes, /) -> bytes | None: ...
+    def items(self, prefix: bytes, start: bytes | None = None,
+              /) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+class StateTable(Generic[K, V]):
+    """One table of one stage on one task, over the cycle's transaction. `legacy_rows`:
+    values are written as a release before typed tables wrote them (a rolling upgrade:
+    SLUICEGATE_LOG_DERIVED), when the value codec knows how."""
+
+    __slots__ = ("_decode", "_encode", "_key", "_key_decode", "_prefix", "_tx", "name")
+
+    def __init__(self, spec: TableSpec[K, V], tx: StoreTransaction,
+                 legacy_rows: bool = False) -> None:
+        self.name = spec.name
+        self._tx = tx
+        self._prefix = spec.prefix
+        self._key = spec.key.encode
+        self._key_decode = spec.key.decode
+        self._decode = spec.value.decode
+        encode = spec.value.encode
+        if legacy_rows and getattr(spec.value, "legacy_encode", None) is not None:
+            encode = spec.value.legacy_encode  # type: ignore[attr-defined]
+        self._encode = encode
+
+    def get(self, key: K) -> V | None:
+        raw = self._tx.get(self._prefix + self._key(key))
+        return None if raw is None else self._decode(raw)
+
+    def __contains__(self, key: K) -> bool:
+        return self._tx.get(self._prefix + self._key(key)) is not None
+
+    def put(self, key: K, value: V) -> None:
+        self._tx.put(self._prefix + self._key(key), self._encode(value))
+
+    def delete(self, key: K) -> None:
+        self._tx.delete(self._prefix + self._key(key))
+
+    def items(self, start: bytes = b"", after: bytes | None = None) -> Iterator[tuple[K, V]]:
+        """Rows in key order whose encoded key starts with `start` (every row: b""), from
+        the encoded key `after` on (inclusive) when given."""
+        prefix = self._prefix + start
+        cut = len(self._prefix)
+        decode_key, decode = self._key_decode, self._decode
+        rows = self._tx.items(prefix, None if after is None else self._prefix + after)
+        return ((decode_key(k[cut:]), decode(v)) for k, v in rows)
+
+    def keys(self, start: bytes = b"") -> Iterator[K]:
+        cut = len(self._prefix)
+        decode_key = self._key_decode
+        return (decode_key(k[cut:]) for k, _ in self._tx.items(self._prefix + start))
+
+    def encoded_key(self, key: K) -> bytes:
+        """The key as the table stores it (without its prefix): where an ordered read of
+        `items` starts."""
+        return self._key(key)
+
+
+def derived_prefixes(*specs: TableSpec[Any, Any]) -> tuple[bytes, ...]:
+    """The key prefixes of the derived tables among `specs` (a stage's `derived`)."""
+    return tuple(spec.prefix for spec in specs if spec.derived)
