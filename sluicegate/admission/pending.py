@@ -22,10 +22,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sluicegate.declare import Workflow
 from sluicegate.engine.stage import Headers, StoreReader
 from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.tables import RAW, Decimal, Floors, TableSpec, derived_prefixes
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import PendingStart
@@ -97,11 +99,29 @@ def unpack_headers(raw: bytes) -> Headers:
     return headers
 
 
-# The queues' bookkeeping rows: a queue's count, its sequence and its last row, a fair
-# queue's total. Each follows from the queues' rows (`derive`), so none is logged
+# The queues' tables, in the store of each stage that parks starts (its `tables`). A
+# queue's name is length-prefixed (`_name`), a fair queue's lane queue named `budget 0x1f
+# lane`. Only this module reads and writes them, through the transaction, since it keeps
+# an index beside them (below).
+#  - queue: (name, rank, sequence[, "h"]) -> the start's Avro record, encoded once;
+#  - headers: a queue row's key -> the headers its start came with;
+#  - lanes: (budget, lane) -> the lane's marker, "turn" or "turn:turns in a row";
+#  - turn: budget -> the round's counter.
+# And its bookkeeping: a queue's count, its sequence and its last row, a fair queue's
+# total. Each follows from the queues' rows (`derive`), so none is logged
 # (docs/decisions/derived-rows.md); a stage whose queues these are lists them among its
 # `derived` prefixes.
-DERIVED = (_COUNT, _SEQ, _LAST, _TOTAL)
+TABLES: tuple[TableSpec[Any, Any], ...] = (
+    TableSpec("queue", _QUEUE, RAW, RAW),
+    TableSpec("queue.headers", _HEADERS, RAW, RAW),
+    TableSpec("queue.lanes", _LANES, RAW, RAW),
+    TableSpec("queue.turn", _TURN, RAW, Decimal(1)),
+    TableSpec("queue.count", _COUNT, RAW, Decimal(1), derived=True),
+    TableSpec("queue.seq", _SEQ, RAW, Decimal(1), derived=True),
+    TableSpec("queue.last", _LAST, RAW, RAW, derived=True),
+    TableSpec("queue.total", _TOTAL, RAW, Decimal(1), derived=True),
+)
+DERIVED = derived_prefixes(*TABLES)
 
 
 def agrees(kept: dict[bytes, bytes], derived: dict[bytes, bytes]) -> bool:
@@ -224,13 +244,68 @@ class _Heads:
         self.complete = complete
 
 
+# -- the queues' index: floors, first rows, lanes ----------------------------------------
+#
+# Beside its rows, a queue keeps in memory (in the transaction's cache, so that any change
+# of the view but its own writes drops it: engine.store.StoreTransaction.cache) where its
+# rows start (its floor: no row of the queue below it), its first rows (`_Heads`), and for
+# a fair queue its lanes with their turns. Admission is only right while these agree with
+# the rows, and only this module writes the rows they follow, keeping them true as it
+# does: `index_problems` says whether they do (the queue tests assert it after every
+# step, docs/decisions/queue-head-memo.md).
+
+_FLOORS = "queues"
+_MEMOS = "queue memos"
+# Memos kept per transaction at most (a queue's first rows, a budget's lanes: a few KB at
+# most each); the oldest goes, and is read again by its next use.
+_MAX_MEMOS = 16_384
+
+
+def _memo(tx: StoreTransaction, key: bytes) -> Any:
+    return tx.cache(_MEMOS).get(key)
+
+
+def _set_memo(tx: StoreTransaction, key: bytes, value: Any) -> None:
+    memos = tx.cache(_MEMOS)
+    if value is None:
+        memos.pop(key, None)
+        return
+    if len(memos) >= _MAX_MEMOS and key not in memos:
+        del memos[next(iter(memos))]
+    memos[key] = value
+
+
+def index_problems(tx: StoreTransaction) -> list[str]:
+    """What is wrong with the queues' index in `tx` (none: empty): a queue with a row below
+    its floor, first rows that are not the queue's first rows (or a complete memo that
+    misses some), lanes that are not the markers' lanes and turns. It reads every row the
+    index covers: for tests and debugging."""
+    problems = Floors(tx, _FLOORS).holds()
+    for key, memo in tx.cache(_MEMOS).items():
+        if key.startswith(_QUEUE):
+            heads: _Heads = memo
+            rows = [row for row, _ in tx.items(key)]
+            kept = [row for row, _ in heads.rows]
+            if kept != rows[:len(kept)] or (heads.complete and len(rows) != len(kept)):
+                problems.append(f"queue {key!r}: its memo holds {kept!r} "
+                                f"({'complete' if heads.complete else 'first rows'}), its "
+                                f"rows begin {rows[:len(kept) + 1]!r}")
+        elif key.startswith(_LANES):
+            lanes = {row[len(key):].decode(): _turn(value)[0] for row, value in tx.items(key)}
+            if memo != lanes:
+                problems.append(f"fair queue {key!r}: its memo holds lanes {memo!r}, its "
+                                f"markers {lanes!r}")
+    return problems
+
+
 class PendingQueue:
     """One priority-ordered queue of starts under `name` in a stage's store."""
 
-    __slots__ = ("_count_key", "_last_key", "_prefix", "_row_len", "_seq_key", "tx")
+    __slots__ = ("_count_key", "_floors", "_last_key", "_prefix", "_row_len", "_seq_key", "tx")
 
     def __init__(self, tx: StoreTransaction, name: bytes) -> None:
         self.tx = tx
+        self._floors = Floors(tx, _FLOORS)
         named = _name(name)
         self._prefix = _QUEUE + named
         self._row_len = len(self._prefix) + _RANK_AND_SEQ
@@ -270,11 +345,9 @@ class PendingQueue:
             self.tx.put(_HEADERS + row, pack_headers(headers))
         else:
             headers = None
-        self.tx.put(row, codec.encode(start))
-        if row < self.tx.floor(self._prefix):
-            self.tx.set_floor(self._prefix, row)
+        self._floors.put(self._prefix, row, codec.encode(start))
         parked = Parked(row, start, headers)
-        heads: _Heads | None = self.tx.memo(self._prefix)
+        heads: _Heads | None = _memo(self.tx, self._prefix)
         near: int | None = None  # its place, when among the memo's first rows
         if heads is not None and (heads.complete or row < heads.rows[-1][0]):
             # Among the first rows the memo holds: it goes in at its place.
@@ -324,7 +397,7 @@ class PendingQueue:
     def _rows(self) -> Iterator[tuple[bytes, bytes]]:
         """The queue's rows in order, from its floor: the rows taken from its head are not
         stepped over again (docs/decisions/store-buffer-index.md)."""
-        return self.tx.items(self._prefix, self.tx.floor(self._prefix))
+        return self.tx.items(self._prefix, self._floors.floor(self._prefix))
 
     def peek(self) -> Parked | None:
         if self.tx.get(self._count_key) is None:
@@ -337,19 +410,19 @@ class PendingQueue:
         from its memo, else from its floor (its first rows, kept in the memo), without
         looking at its count first."""
         tx = self.tx
-        heads: _Heads | None = tx.memo(self._prefix)
+        heads: _Heads | None = _memo(tx, self._prefix)
         if heads is None:
-            floor = tx.floor(self._prefix)
+            floor = self._floors.floor(self._prefix)
             rows: list[tuple[bytes, bytes | Parked]] = []
             for key, value in tx.items(self._prefix, floor):
                 if not rows and key != floor:
-                    tx.set_floor(self._prefix, key)
+                    self._floors.set_floor(self._prefix, key)
                 # Decoded when it becomes the head: a start removed before never is.
                 rows.append((key, value))
                 if len(rows) == _HEAD_ROWS:
                     break
             heads = _Heads(rows, len(rows) < _HEAD_ROWS)
-            tx.set_memo(self._prefix, heads)
+            _set_memo(tx, self._prefix, heads)
         if not heads.rows:
             return None
         row, item = heads.rows[0]
@@ -364,7 +437,7 @@ class PendingQueue:
         tx.delete(row)
         if len(row) > self._row_len:
             tx.delete(_HEADERS + row)
-        heads: _Heads | None = tx.memo(self._prefix)
+        heads: _Heads | None = _memo(tx, self._prefix)
         if heads is not None:
             rows = heads.rows
             for at, (key, _) in enumerate(rows):
@@ -373,14 +446,14 @@ class PendingQueue:
                     break
             if rows:
                 # Its first row is the queue's head: nothing is left below it.
-                tx.set_floor(self._prefix, rows[0][0])
+                self._floors.set_floor(self._prefix, rows[0][0])
                 return
             if not heads.complete:
                 # Read again from the floor once what it held is taken.
-                tx.set_memo(self._prefix, None)
-        if row == tx.floor(self._prefix):
+                _set_memo(tx, self._prefix, None)
+        if row == self._floors.floor(self._prefix):
             # Its head, taken: nothing is left below the key just after it.
-            tx.set_floor(self._prefix, row + b"\x00")
+            self._floors.set_floor(self._prefix, row + b"\x00")
 
     def remove(self, parked: Parked) -> None:
         self._delete(parked.row)
@@ -394,13 +467,12 @@ class PendingQueue:
         return head
 
     def __iter__(self) -> Iterator[Parked]:
-        tx = self.tx
-        floor = tx.floor(self._prefix)
-        rows = iter(tx.items(self._prefix, floor))
+        floor = self._floors.floor(self._prefix)
+        rows = iter(self.tx.items(self._prefix, floor))
         for key, value in rows:
             if key != floor:
                 # The head: what was walked over to reach it is not walked again.
-                tx.set_floor(self._prefix, key)
+                self._floors.set_floor(self._prefix, key)
             yield self._parked(key, value)
             break
         for key, value in rows:
@@ -421,7 +493,7 @@ class PendingQueue:
         if rows:
             # Empty now: nothing below the last row taken either. (A queue emptied at once,
             # a batch's items, was read again from its first row ever at each take.)
-            self.tx.set_floor(self._prefix, rows[-1] + b"\x00")
+            self._floors.set_floor(self._prefix, rows[-1] + b"\x00")
         self._set_count(0)
 
 
@@ -495,11 +567,11 @@ class FairQueue:
         transaction's memo, which this queue, the markers' one writer, keeps true: a
         release no longer opens an iterator over the markers (whose range the lanes
         emptied before have left with tombstones) to find the one lane a budget has."""
-        lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
+        lanes: dict[str, int] | None = _memo(self.tx, self._lanes_prefix)
         if lanes is None:
             lanes = {key[len(self._lanes_prefix):].decode(): _turn(value)[0]
                      for key, value in self.tx.items(self._lanes_prefix)}
-            self.tx.set_memo(self._lanes_prefix, lanes)
+            _set_memo(self.tx, self._lanes_prefix, lanes)
         return lanes
 
     def _alone(self, lane: str) -> bool:
@@ -512,7 +584,7 @@ class FairQueue:
 
     def _set_marker(self, lane: str, turn: int, raw: bytes) -> None:
         self.tx.put(self._lanes_prefix + lane.encode(), raw)
-        lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
+        lanes: dict[str, int] | None = _memo(self.tx, self._lanes_prefix)
         if lanes is not None:
             lanes[lane] = turn
 
@@ -592,7 +664,7 @@ class FairQueue:
         self._add(-1)
         if len(queue) == 0:
             self.tx.delete(self._lanes_prefix + lane.encode())
-            lanes: dict[str, int] | None = self.tx.memo(self._lanes_prefix)
+            lanes: dict[str, int] | None = _memo(self.tx, self._lanes_prefix)
             if lanes is not None:
                 lanes.pop(lane, None)
             return False

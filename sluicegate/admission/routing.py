@@ -20,6 +20,7 @@ from sluicegate.admission.lease import Leases
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
 from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.tables import RAW, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.payloads import Payloads
@@ -51,6 +52,21 @@ _CONTROL = {DEPLOYMENT_CAP: Control.concurrency}
 # Where a stage keeps the digest of the workflows it last checked its state against (a
 # state row no idempotency key, queue or group can have: those never start with \x00).
 DECLARED_ROW = STATE_PREFIX + b"\x00declared"
+
+
+def declared_table(prefix: bytes = DECLARED_ROW) -> TableSpec[bytes, bytes]:
+    """A stage's table of one row (key b""): the digest of the declarations it last checked
+    its state against (`declared_digest`), under `prefix`."""
+    return TableSpec("declared", prefix, RAW, RAW)
+
+
+def checked_under(ctx: StageContext, digest: bytes) -> bool:
+    """Whether the stage's state was last checked under the declarations of `digest`."""
+    return bool(ctx.table("declared").get(b"") == digest)
+
+
+def mark_checked(ctx: StageContext, digest: bytes) -> None:
+    ctx.table("declared").put(b"", digest)
 
 
 def _control(hop: Hop) -> Control:

@@ -431,6 +431,9 @@ class StoreTransaction:
     inside the Kafka transaction, then `commit`s them with the highest offset
     produced once that transaction has committed, or `discard`s them on abort.
 
+    What a reader derives from the view and keeps beside it (a queue's floor and first
+    rows) is the reader's, kept in `cache`.
+
     Ordered reads (`items`) find the buffered rows of a prefix through a sorted index of
     the buffer's keys, built at the cycle's first ordered read and kept up to date by its
     writes after that: a queue's head costs the same with 10 or 100,000 rows written in
@@ -445,13 +448,10 @@ class StoreTransaction:
         self._index: SortedList | None = None
         self._discards = 0
         self._commits = 0
-        # Per prefix, a key below which the prefix has no row (see floor()), valid for the
-        # view of revision _floors_at.
-        self._floors: dict[bytes, bytes] = {}
-        # Per key, what a reader derived from the view and keeps true through its own
-        # writes (see memo()), valid for the same view as the floors.
-        self._memos: dict[bytes, Any] = {}
-        self._floors_at = self.revision
+        # Per owner (the timers, the queues), what it derived from the view: dropped when
+        # the view changes other than through this transaction's commit (see cache()).
+        self._caches: dict[str, dict[Any, Any]] = {}
+        self._cached_at = self.revision
         # A row is also a record of its log: one too large to be written there is refused
         # when it is put, so the failure belongs to the record being processed, not to a
         # commit that could never succeed.
@@ -525,49 +525,21 @@ class StoreTransaction:
                 if value is not None:
                     yield key, value
 
-    def floor(self, prefix: bytes) -> bytes:
-        """A key under `prefix` below which the prefix has no row: where an ordered read of
-        a queue or of the timers starts, so the rows deleted before it (in this cycle, or
-        tombstones in RocksDB) are not stepped over again. The prefix itself when none is
-        known. Kept across commits (they do not change the view), dropped when the view
-        changes otherwise (a discard, a restore)."""
-        return self._valid_floors().get(prefix, prefix)
-
-    def set_floor(self, prefix: bytes, key: bytes) -> None:
-        """Declare that `prefix` has no row below `key`. The one writer of the prefix's rows
-        keeps it true: it raises the floor past a row it deletes at the floor, and lowers it
-        to a row it puts below it."""
-        floors = self._valid_floors()
-        if len(floors) >= _MAX_FLOORS and prefix not in floors:
-            # Bounded: a floor forgotten only costs its next read a longer walk.
-            floors.clear()
-        floors[prefix] = key
-
-    def memo(self, key: bytes) -> Any:
-        """What a reader derived from the view and stored with `set_memo` (None: nothing,
-        or dropped since). Like a floor, it lives in memory beside the buffer, only the
-        writer of the rows it was derived from keeps it true (by updating it as it writes
-        them), a commit keeps it, and a discard or any other write to the store (a
-        restore, a wipe) drops it: a fair queue's lanes, read at every release
-        (docs/decisions/queue-head-memo.md)."""
-        self._valid_floors()
-        return self._memos.get(key)
-
-    def set_memo(self, key: bytes, value: Any) -> None:
-        self._valid_floors()
-        memos = self._memos
-        if len(memos) >= _MAX_MEMOS and key not in memos:
-            # Bounded: the oldest goes, and is derived again by its next read.
-            del memos[next(iter(memos))]
-        memos[key] = value
-
-    def _valid_floors(self) -> dict[bytes, bytes]:
+    def cache(self, owner: str) -> dict[Any, Any]:
+        """A place for what `owner` derived from this transaction's view of the store (a
+        timer index's floor, a queue's first rows: engine.tables.Floors, the queue module's
+        index). A commit keeps it (it does not change the view); a discard, or any other
+        write to the store (a restore, a wipe), drops every owner's. Only its owner keeps
+        it true, by updating it as it writes the rows it was derived from, and bounds its
+        size."""
         at = self.revision
-        if at != self._floors_at:
-            self._floors = {}
-            self._memos = {}
-            self._floors_at = at
-        return self._floors
+        if at != self._cached_at:
+            self._caches = {}
+            self._cached_at = at
+        cache = self._caches.get(owner)
+        if cache is None:
+            cache = self._caches[owner] = {}
+        return cache
 
     @property
     def changes(self) -> dict[bytes, bytes | None]:
@@ -601,8 +573,3 @@ class StoreTransaction:
 
 
 _END: tuple[None, None] = (None, None)
-# Floors kept per transaction at most (one per queue or timer index read in order).
-_MAX_FLOORS = 65_536
-# Memos kept per transaction at most (a queue's first rows, a budget's lanes: a few KB at
-# most each).
-_MAX_MEMOS = 16_384

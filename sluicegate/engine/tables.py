@@ -141,6 +141,22 @@ class SizedText:
         return raw[4:].decode()
 
 
+class Coded(Generic[R]):
+    """A value of a class that codes itself: `value.encode()`, `cls.decode(raw)` (a binary
+    layout of its own, such as a rate limit's window of admission times)."""
+
+    def __init__(self, cls: Any) -> None:
+        self.cls = cls
+
+    def encode(self, value: R) -> bytes:
+        data: bytes = value.encode()  # type: ignore[attr-defined]
+        return data
+
+    def decode(self, raw: bytes) -> R:
+        value: R = self.cls.decode(raw)
+        return value
+
+
 class Many(Generic[V]):
     """A tuple of values, each encoded by `item` and preceded by its length."""
 
@@ -399,3 +415,64 @@ class StateTable(Generic[K, V]):
 def derived_prefixes(*specs: TableSpec[Any, Any]) -> tuple[bytes, ...]:
     """The key prefixes of the derived tables among `specs` (a stage's `derived`)."""
     return tuple(spec.prefix for spec in specs if spec.derived)
+
+
+class Floors:
+    """Per prefix, a key below which the prefix has no row: where an ordered read of an
+    index deleted from its front (timers, a queue) starts, so the rows deleted before it
+    (in this cycle, or tombstones in RocksDB) are not stepped over again. The prefix itself
+    when none is known. Kept in the transaction's cache for `owner`
+    (`StoreTransaction.cache`): a commit keeps them, any other change of the view drops
+    them (docs/decisions/store-buffer-index.md).
+
+    The one writer of a prefix's rows keeps its floor true: it raises the floor past a row
+    it deletes at the floor, and lowers it to a row it puts below it."""
+
+    __slots__ = ("_owner", "_tx")
+
+    # Floors kept per owner at most (one per queue or index read in order): a floor
+    # forgotten only costs its next read a longer walk.
+    MAX = 65_536
+
+    def __init__(self, tx: StoreTransaction, owner: str) -> None:
+        self._tx = tx
+        self._owner = owner
+
+    def floor(self, prefix: bytes) -> bytes:
+        floor: bytes = self._tx.cache(self._owner).get(prefix, prefix)
+        return floor
+
+    def set_floor(self, prefix: bytes, key: bytes) -> None:
+        """Declare that `prefix` has no row below `key`."""
+        floors = self._tx.cache(self._owner)
+        if len(floors) >= self.MAX and prefix not in floors:
+            floors.clear()
+        floors[prefix] = key
+
+    def put(self, prefix: bytes, row: bytes, value: bytes) -> None:
+        """Put a row of the prefix, lowering its floor to it when it goes below."""
+        tx = self._tx
+        tx.put(row, value)
+        floors = tx.cache(self._owner)
+        if row < floors.get(prefix, prefix):
+            floors[prefix] = row
+
+    def first(self, prefix: bytes) -> bytes | None:
+        """The prefix's first row, read from its floor (which it raises to that row)."""
+        floor = self.floor(prefix)
+        for row, _ in self._tx.items(prefix, floor):
+            if row != floor:
+                self.set_floor(prefix, row)
+            return row
+        return None
+
+    def holds(self) -> list[str]:
+        """What is wrong with the floors (none: empty): a prefix with a row below its
+        floor. For tests and debugging: it reads every row of every prefix."""
+        problems = []
+        for prefix, floor in self._tx.cache(self._owner).items():
+            first = next(iter(self._tx.items(prefix)), None)
+            if first is not None and first[0] < floor:
+                problems.append(f"{self._owner}: {prefix!r} has row {first[0]!r} below its "
+                                f"floor {floor!r}")
+        return problems

@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 
 from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.tables import Floors
 
 TIMER_PREFIX = b"\x00T"
 STATE_PREFIX = b"\x00S"
@@ -114,6 +115,7 @@ class TimerIndex:
     def __init__(self, tx: StoreTransaction, prefix: bytes = TIMER_PREFIX) -> None:
         self._tx = tx
         self._prefix = prefix
+        self._floors = Floors(tx, f"timers {prefix!r}")
         # The revision of `tx` that _next describes; None = stale.
         self._seen: tuple[int, int] | None = None
         self._next: int | None = None
@@ -121,16 +123,14 @@ class TimerIndex:
 
     def rebind(self, tx: StoreTransaction) -> None:
         self._tx = tx
+        self._floors = Floors(tx, f"timers {self._prefix!r}")
         self._seen = None
 
     def schedule(self, due_ms: int, key: bytes, value: bytes = b"") -> None:
         """Add a timer; (due_ms, key) identifies it, so moving one means cancel + schedule."""
         raw = timer_key(due_ms, key, self._prefix)
         self._sync()
-        tx = self._tx
-        tx.put(raw, value)
-        if raw < tx.floor(self._prefix):
-            tx.set_floor(self._prefix, raw)
+        self._floors.put(self._prefix, raw, value)
         if self._next_known and (self._next is None or due_ms < self._next):
             self._next = due_ms
 
@@ -147,8 +147,7 @@ class TimerIndex:
         if next_due is None or next_due > now_ms:
             return []
         fired: list[tuple[int, bytes, bytes]] = []
-        tx = self._tx
-        for raw, value in tx.items(self._prefix, tx.floor(self._prefix)):
+        for raw, value in self._tx.items(self._prefix, self._floors.floor(self._prefix)):
             due_ms, key = parse_timer_key(raw, self._prefix)
             if due_ms > now_ms or len(fired) >= limit:
                 break
@@ -159,12 +158,8 @@ class TimerIndex:
     def next_due(self) -> int | None:
         self._sync()
         if not self._next_known:
-            self._next = None
-            tx = self._tx
-            for raw, _ in tx.items(self._prefix, tx.floor(self._prefix)):
-                tx.set_floor(self._prefix, raw)
-                self._next = parse_timer_key(raw, self._prefix)[0]
-                break
+            first = self._floors.first(self._prefix)
+            self._next = None if first is None else parse_timer_key(first, self._prefix)[0]
             self._next_known = True
         return self._next
 

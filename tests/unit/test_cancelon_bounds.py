@@ -26,6 +26,7 @@ from sluicegate.declare import (
     Workflow,
 )
 from sluicegate.engine.memstore import MemoryStore
+from sluicegate.engine.stage import StageContext
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, PendingStart
@@ -228,16 +229,22 @@ def test_the_index_a_sweep_reads_is_what_derive_makes_before_and_after_it(
     h.close()
 
 
+def _no_send(*args: object) -> None:
+    raise AssertionError("the index sends nothing")
+
+
 def test_a_store_kept_across_a_redeploy_is_indexed_again_when_cancelon_moved() -> None:
     """A RocksDB store restored with nothing to replay keeps its derived rows, made under
     the declarations before. The index is made again at the restore when the workflows
     declaring cancelOn changed, and only then."""
-    store = StoreTransaction(MemoryStore())
+    tx = StoreTransaction(MemoryStore())
+    store = StageContext("concurrency", 0, None, tx, None, _no_send, lambda: 0, _no_send,
+                         tables=SweepIndex.TABLES)
     parked = [(TARGET, b"w1"), ("others", b"w2")]
     before = SweepIndex(App([_limited(TARGET), _limited("others")]))
     after = SweepIndex(App([_limited(TARGET, _on_delete), _limited("others")]))
     before.restored(store, lambda: parked)
-    assert list(store.items(b"")) == [], "nothing declares cancelOn: nothing to index"
+    assert list(tx.items(b"")) == [], "nothing declares cancelOn: nothing to index"
     after.restored(store, lambda: parked)
     assert after.parked(store, TARGET) == [b"w1"]
     assert after.parked(store, "others") == []

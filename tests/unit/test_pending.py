@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ from sluicegate.admission.pending import (
     PendingQueue,
     agrees,
     derive,
+    index_problems,
     pack_headers,
     unpack_headers,
 )
@@ -183,11 +185,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_queue_matches_the_model(self) -> None:
+        # Its index (floor, first rows) agrees with its rows before, and after, it is read.
+        assert index_problems(self.tx) == []
         head = self.queue.peek()
         assert (head.start.execution_id if head else None) == (
             self.live[0][2] if self.live else None)
         assert [p.start.execution_id for p in self.queue] == [e[2] for e in self.live]
         assert len(self.queue) == len(self.live)
+        assert index_problems(self.tx) == []
 
     def teardown(self) -> None:
         self.store.close()
@@ -373,13 +378,12 @@ def test_a_queue_emptied_at_once_reads_its_next_rows_without_walking_the_taken(
 
 
 class _Unremembering(StoreTransaction):
-    """A transaction that keeps no memo: every read goes to the rows."""
+    """A transaction in which the queues keep no memo: every read goes to the rows."""
 
-    def memo(self, key: bytes) -> None:
-        return None
-
-    def set_memo(self, key: bytes, value: object) -> None:
-        pass
+    def cache(self, owner: str) -> dict[Any, Any]:
+        if owner == "queue memos":
+            return {}  # a new one at every use: nothing kept
+        return super().cache(owner)
 
 
 class _TakingTurnsAlone(FairQueue):
@@ -460,6 +464,7 @@ class MemoMachine(RuleBasedStateMachine):
 
     @invariant()
     def both_answer_alike(self) -> None:
+        assert index_problems(self.txs[0]) == []
         memo, plain = self.queues
         # The same lanes; their turns' numbers may differ, not their order.
         assert [lane for lane, _ in memo.lanes()] == [lane for lane, _ in plain.lanes()]
@@ -493,7 +498,7 @@ def test_a_queue_remembers_its_first_rows_only(store: PartitionStore) -> None:
     assert queue.peek() is not None  # read: the memo holds the queue, all of it
     for n in range(1, 100):
         queue.push(_start(n, priority=float(n % 3)))
-    heads = tx.memo(b"\x00SQ" + b"\x00\x01q")
+    heads = tx.cache("queue memos").get(b"\x00SQ" + b"\x00\x01q")
     assert heads is not None and len(heads.rows) == HEAD_ROWS
     tx.commit(0)
     expected = [f"x{n}" for n in sorted(range(100), key=lambda n: (-(n % 3), n))]

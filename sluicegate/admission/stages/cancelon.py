@@ -43,10 +43,11 @@ from typing import Any
 
 from sluicegate.admission.decisions import describe_invalid, record_decision, reject
 from sluicegate.admission.routing import PAUSE_STAGE, Router
+from sluicegate.admission.rows import Avro
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, CancelOn, Workflow
-from sluicegate.engine.stage import Headers, InputRecord, StoreReader
-from sluicegate.engine.store import StoreTransaction
+from sluicegate.engine.stage import Headers, InputRecord
+from sluicegate.engine.tables import RAW, TEXT, Decimal, Joined, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.payloads import Payloads, validate
@@ -257,30 +258,33 @@ def discard(ctx: StageContext, router: Router, start: PendingStart, sweep: Cance
 
 # -- sweeps kept by the stages: the adapter over a stage's store ------------------------
 
-# Rows: a kept sweep (`KEPT source` -> CancelSweep) and how many there are (`_KEPT_COUNT`,
-# so a stage with none, nearly always, knows it from one read); timer `_FORGET source`.
-# Under a 0x00 byte: no stage row (a workflow name, a queue letter) starts with one.
+# cancelOn's tables in the store of every stage that keeps sweeps (`KEPT_TABLES`): a kept
+# sweep (source -> CancelSweep) and how many there are (one row, so a stage with none,
+# nearly always, knows it from one read); timer `_FORGET source`. Under a 0x00 byte: no
+# stage row (a workflow name, a queue letter) starts with one.
 KEPT = STATE_PREFIX + b"\x00cancelOn\x1f"
-_KEPT_COUNT = STATE_PREFIX + b"\x00cancelOn#"
 _FORGET = b"\x00cancelOn\x1f"
+_SWEEPS = TableSpec("cancelOn.kept", KEPT, TEXT, Avro(CancelSweep))
+_COUNT = TableSpec("cancelOn.count", STATE_PREFIX + b"\x00cancelOn#", RAW, Decimal(1))
+KEPT_TABLES: tuple[TableSpec[Any, Any], ...] = (_SWEEPS, _COUNT)
 
 
 def keep(ctx: StageContext, sweep: CancelSweep) -> None:
     """This stage took `sweep`: keep it for `SWEEP_GRACE_MS`, for what reaches the stage
     after it (a run row, a start in transit)."""
-    source = sweep.source.encode()
-    if ctx.store.get(KEPT + source) is not None:
+    sweeps = ctx.table(_SWEEPS.name)
+    if sweep.source in sweeps:
         return
-    ctx.store.put(KEPT + source, codec.encode(sweep))
-    raw = ctx.store.get(_KEPT_COUNT)
-    ctx.store.put(_KEPT_COUNT, str(int(raw or 0) + 1).encode())
-    ctx.timers.schedule(ctx.now_ms + SWEEP_GRACE_MS, _FORGET + source)
+    sweeps.put(sweep.source, sweep)
+    count = ctx.table(_COUNT.name)
+    count.put(b"", (count.get(b"") or 0) + 1)
+    ctx.timers.schedule(ctx.now_ms + SWEEP_GRACE_MS, _FORGET + sweep.source.encode())
 
 
 def kept(ctx: StageContext) -> list[CancelSweep]:
-    if ctx.store.get(_KEPT_COUNT) is None:
+    if b"" not in ctx.table(_COUNT.name):
         return []
-    return [codec.decode(CancelSweep, raw) for _, raw in ctx.store.items(KEPT)]
+    return [sweep for _, sweep in ctx.table(_SWEEPS.name).items()]
 
 
 def forgets(key: bytes) -> bool:
@@ -292,15 +296,16 @@ def forget(ctx: StageContext, key: bytes) -> bool:
     """Handle a fired timer if it ends a kept sweep's grace; False for any other timer."""
     if not forgets(key):
         return False
-    row = KEPT + key[len(_FORGET):]
-    if ctx.store.get(row) is None:
+    sweeps, count = ctx.table(_SWEEPS.name), ctx.table(_COUNT.name)
+    source = key[len(_FORGET):].decode()
+    if source not in sweeps:
         return True
-    ctx.store.delete(row)
-    left = int(ctx.store.get(_KEPT_COUNT) or 1) - 1
+    sweeps.delete(source)
+    left = (count.get(b"") or 1) - 1
     if left > 0:
-        ctx.store.put(_KEPT_COUNT, str(left).encode())
+        count.put(b"", left)
     else:
-        ctx.store.delete(_KEPT_COUNT)
+        count.delete(b"")
     return True
 
 
@@ -327,17 +332,18 @@ def discard_on_arrival(ctx: StageContext, app: App, router: Router, start: Pendi
 
 # -- what a sweep reads: the starts a stage parks, by workflow ----------------------------
 
-# Derived rows (docs/decisions/cancelon-sweep-bounds.md): `_INDEX` + the workflow's name
-# (length first) + where the stage parked the start (its own key for the row) -> b"".
-# Beside them, logged, which workflows the rows are for (`_INDEXED`: a digest of the
-# names of those declaring cancelOn), so a store kept across a redeploy is indexed again.
+# Derived rows (docs/decisions/cancelon-sweep-bounds.md): the workflow's name (length
+# first) + where the stage parked the start (its own key for the row) -> b"". Beside them,
+# logged, which workflows the rows are for (a digest of the names of those declaring
+# cancelOn), so a store kept across a redeploy is indexed again.
 _INDEX = STATE_PREFIX + b"\x00cancelOn@"
-_INDEXED = STATE_PREFIX + b"\x00cancelOn!"
+_INDEX_TABLE = TableSpec("cancelOn.index", _INDEX, RAW, RAW, derived=True)
+_INDEXED = TableSpec("cancelOn.indexed", STATE_PREFIX + b"\x00cancelOn!", RAW, RAW)
 
 
 def _indexed(workflow: str) -> bytes:
     raw = workflow.encode()
-    return _INDEX + struct.pack(">H", len(raw)) + raw
+    return struct.pack(">H", len(raw)) + raw
 
 
 class SweepIndex:
@@ -349,44 +355,46 @@ class SweepIndex:
     nothing for them."""
 
     DERIVED = (_INDEX,)
+    TABLES: tuple[TableSpec[Any, Any], ...] = (_INDEX_TABLE, _INDEXED)
 
     def __init__(self, app: App) -> None:
         self.workflows = frozenset(wf.name for wf in app.workflows.values() if wf.cancel_on)
         self._digest = hashlib.sha256("\n".join(sorted(self.workflows)).encode()).digest()
 
-    def add(self, store: StoreTransaction, workflow: str, where: bytes) -> None:
+    def add(self, ctx: StageContext, workflow: str, where: bytes) -> None:
         if workflow in self.workflows:
-            store.put(_indexed(workflow) + where, b"")
+            ctx.table(_INDEX_TABLE.name).put(_indexed(workflow) + where, b"")
 
-    def remove(self, store: StoreTransaction, workflow: str, where: bytes) -> None:
+    def remove(self, ctx: StageContext, workflow: str, where: bytes) -> None:
         if workflow in self.workflows:
-            store.delete(_indexed(workflow) + where)
+            ctx.table(_INDEX_TABLE.name).delete(_indexed(workflow) + where)
 
     @staticmethod
-    def parked(store: StoreReader, workflow: str) -> list[bytes]:
+    def parked(ctx: StageContext, workflow: str) -> list[bytes]:
         """Where the stage parked each start of `workflow` (read whole: the caller
         removes rows as it goes)."""
         prefix = _indexed(workflow)
-        return [key[len(prefix):] for key, _ in store.items(prefix)]
+        return [key[len(prefix):] for key in ctx.table(_INDEX_TABLE.name).keys(prefix)]
 
     def rows(self, parked: Iterable[tuple[str, bytes]]) -> dict[bytes, bytes]:
         """The rows for (workflow, where) of every start parked: a stage's `derive`."""
-        return {_indexed(workflow) + where: b"" for workflow, where in parked
-                if workflow in self.workflows}
+        return dict(_INDEX_TABLE.row(_indexed(workflow) + where, b"")
+                    for workflow, where in parked if workflow in self.workflows)
 
-    def restored(self, store: StoreTransaction,
+    def restored(self, ctx: StageContext,
                  parked: Callable[[], Iterable[tuple[str, bytes]]]) -> None:
         """At a restore: when the workflows declaring cancelOn changed since the rows were
         made (a store kept across a redeploy keeps its derived rows), make them again.
         Only then does it read every parked start (`parked`)."""
-        seen = store.get(_INDEXED)
+        indexed, index = ctx.table(_INDEXED.name), ctx.table(_INDEX_TABLE.name)
+        seen = indexed.get(b"")
         if seen == self._digest or (seen is None and not self.workflows):
             return
-        for key in [key for key, _ in store.items(_INDEX)]:
-            store.delete(key)
+        for key in list(index.keys()):
+            index.delete(key)
         for key, value in self.rows(parked()).items():
-            store.put(key, value)
-        store.put(_INDEXED, self._digest)
+            ctx.store.put(key, value)
+        indexed.put(b"", self._digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,18 +427,17 @@ def decode_for(app: App, event: str, body: bytes | None) -> Decoded:
 
 # -- the stage -----------------------------------------------------------------------
 
-# Store rows: a live run (`_LIVE workflow \x1f execution id` -> RunRow), a run already
-# cancelled (`_SENT execution id`); the sweeps kept for late run rows (`keep`).
-_LIVE = STATE_PREFIX + b"L"
-_SENT = STATE_PREFIX + b"C"
-
-
-def _live_key(workflow: str, execution_id: str) -> bytes:
-    return _LIVE + workflow.encode() + b"\x1f" + execution_id.encode()
+# The stage's tables: a live run ((workflow, execution id) -> its row as sg.runs carries
+# it, Avro, kept as read), a run already cancelled (execution id -> b""); and the sweeps
+# kept for late run rows (`keep`).
+_LIVE_KEY = Joined(TEXT, TEXT)
+_LIVE = TableSpec("live", STATE_PREFIX + b"L", _LIVE_KEY, RAW)
+_SENT = TableSpec("sent", STATE_PREFIX + b"C", TEXT, RAW)
 
 
 class CancelOnStage(AdmissionStage):
     name = NAME
+    tables = (_LIVE, _SENT, *KEPT_TABLES)
 
     def __init__(self, app: App) -> None:
         self.app = app
@@ -477,7 +484,7 @@ class CancelOnStage(AdmissionStage):
     def _sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         data = json.loads(sweep.body)
         for workflow in sweep.workflows:
-            for _, raw in list(ctx.store.items(_LIVE + workflow.encode() + b"\x1f")):
+            for _, raw in list(ctx.table("live").items(_LIVE_KEY.head(workflow))):
                 self._judge(ctx, codec.decode(RunRow, raw), sweep, data)
         keep(ctx, sweep)
 
@@ -507,8 +514,8 @@ class CancelOnStage(AdmissionStage):
             reason=f"{reason}: event {sweep.event!r} at {sweep.source} matched the run",
             execution_id=row.execution_id, declaration_version=row.declaration_version,
         ), None)
-        ctx.store.delete(_live_key(row.workflow, row.execution_id))
-        ctx.store.put(_SENT + row.execution_id.encode(), b"")
+        ctx.table("live").delete((row.workflow, row.execution_id))
+        ctx.table("sent").put(row.execution_id, b"")
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         forget(ctx, key)
@@ -525,15 +532,16 @@ class CancelOnStage(AdmissionStage):
             return
         if row.workflow not in self.declaring:
             return
-        live, sent = _live_key(row.workflow, row.execution_id), _SENT + row.execution_id.encode()
+        live, sent = ctx.table("live"), ctx.table("sent")
+        where = (row.workflow, row.execution_id)
         if row.status not in LIVE:
-            ctx.store.delete(live)
-            ctx.store.delete(sent)
+            live.delete(where)
+            sent.delete(row.execution_id)
             return
-        if ctx.store.get(sent) is not None or ctx.store.get(live) is not None:
+        if row.execution_id in sent or where in live:
             return  # already known (or already cancelled): its start time does not change
         for sweep in kept(ctx):
             if row.workflow in sweep.workflows and self._judge(
                     ctx, row, sweep, json.loads(sweep.body)):
                 return
-        ctx.store.put(live, record.value)
+        live.put(where, record.value)

@@ -26,7 +26,14 @@ from enum import StrEnum
 
 from sluicegate.admission import pending
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
-from sluicegate.admission.routing import REMOVED, Router, with_slot
+from sluicegate.admission.routing import (
+    REMOVED,
+    Router,
+    checked_under,
+    declared_table,
+    mark_checked,
+    with_slot,
+)
 from sluicegate.admission.rows import legacy
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
@@ -81,7 +88,7 @@ WAITING = TableSpec("waiting", _WAITING, SIZED, RAW, derived=True)
 _EXPIRE = b"X"                  # + key + execution id: its timeouts.start
 _SWEEP = b"R"                   # after a restore: removed workflows, raised limits
 # The declarations (every workflow's version) the partition's last sweep ran under.
-_SWEPT = STATE_PREFIX + b"V"
+_SWEPT = declared_table(STATE_PREFIX + b"V")
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -176,7 +183,8 @@ class ConcurrencyStage(QueueStage):
     expects = "a pending start or a release"
     # Slots held per key follow from the holders, the waiting index and cancelOn's index by
     # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
-    tables = (*QueueStage.tables, HOLDERS, HELD, WAITING)
+    tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, HOLDERS, HELD, WAITING,
+              _SWEPT)
     derived = (*derived_prefixes(*tables), *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
@@ -363,7 +371,7 @@ class ConcurrencyStage(QueueStage):
         parked, position = queue.park(lane, start, headers)
         where = SIZED.encode((key, start.execution_id))
         ctx.table("waiting").put((key, start.execution_id), SIZED.head(lane) + parked.row)
-        self.sweeps.add(ctx.store, start.workflow, where)
+        self.sweeps.add(ctx, start.workflow, where)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
         due = expires_at(start, timeout)
         if due is not None:
@@ -406,7 +414,7 @@ class ConcurrencyStage(QueueStage):
         """Drop a start's waiting index and expiry timer once it leaves the queue."""
         where = SIZED.encode((key, start.execution_id))
         ctx.table("waiting").delete((key, start.execution_id))
-        self.sweeps.remove(ctx.store, start.workflow, where)
+        self.sweeps.remove(ctx, start.workflow, where)
         wf = self.router.workflow(start.workflow)
         timeout = wf.timeouts.start_ms if wf is not None and wf.timeouts is not None else None
         due = expires_at(start, timeout)
@@ -481,7 +489,7 @@ class ConcurrencyStage(QueueStage):
         resume is left alone: its run exists, and the correlator cancels runs. No slot
         frees, so nothing drains."""
         for workflow in sweep.workflows:
-            for where in self.sweeps.parked(ctx.store, workflow):
+            for where in self.sweeps.parked(ctx, workflow):
                 key, execution_id = _unprefix(where)
                 self._judge(ctx, sweep, key, execution_id.decode())
 
@@ -527,17 +535,17 @@ class ConcurrencyStage(QueueStage):
                    f"{self._described(key, wf)} and never got one{limit}", parked.headers)
 
     def restored(self, ctx: StageContext) -> None:
-        self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
+        self.sweeps.restored(ctx, lambda: self._parked(ctx.store))
         # A timer due now does the sweep in the cycle's timer pass, through the same code
         # as any other sweep. Under the declarations the last sweep ran with there is
         # nothing for it to do: it reads every waiting start, seconds at a million.
-        if ctx.store.get(_SWEPT) == self._declared:
+        if checked_under(ctx, self._declared):
             return
         if next(ctx.table("waiting").keys(), None) is None:
             # Nothing waits, so nothing to sweep: these are the declarations the partition
             # was checked under. (Without this row, a partition first assigned empty swept
             # every start queued since at its first restart.)
-            ctx.store.put(_SWEPT, self._declared)
+            mark_checked(ctx, self._declared)
             return
         ctx.timers.schedule(ctx.now_ms, _SWEEP)
 
@@ -559,7 +567,7 @@ class ConcurrencyStage(QueueStage):
                 self._fail(ctx, key, start, Outcome.failed, REMOVED, parked.headers)
         for key in keys:
             self._drain(ctx, key, sweeping=True)
-        ctx.store.put(_SWEPT, self._declared)
+        mark_checked(ctx, self._declared)
 
     # -- decisions -------------------------------------------------------------------------
 

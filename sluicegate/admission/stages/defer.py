@@ -14,7 +14,14 @@ docs/decisions/debounce-and-batch.md records the choices the spec leaves open.
 
 from __future__ import annotations
 
-from sluicegate.admission.routing import REMOVED, Router, declared_digest
+from sluicegate.admission.routing import (
+    REMOVED,
+    Router,
+    checked_under,
+    declared_digest,
+    declared_table,
+    mark_checked,
+)
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.batch import HEADERS, Batches, batch_rule
@@ -29,12 +36,12 @@ from sluicegate.topology.keys import ControlKey, key_text
 
 NAME = "defer"
 # The workflows declared when the partition's groups were last checked at a restore.
-_CHECKED = STATE_PREFIX + b"V"
+_CHECKED = declared_table(STATE_PREFIX + b"V")
 
 
 class DeferStage(QueueStage):
     name = NAME
-    tables = (*QueueStage.tables, BURSTS, HEADERS)
+    tables = (*QueueStage.tables, BURSTS, HEADERS, _CHECKED)
 
     def __init__(self, app: App, router: Router, max_payload_bytes: int) -> None:
         super().__init__(app, router)
@@ -89,9 +96,9 @@ class DeferStage(QueueStage):
         the cycle's timer pass, with the same code as any other expiry. This reads every
         timer of the partition (seconds at a million parked keys), so it is done only when
         the workflows declared changed since the last time."""
-        if ctx.store.get(_CHECKED) == self._declared:
+        if checked_under(ctx, self._declared):
             return
-        ctx.store.put(_CHECKED, self._declared)
+        mark_checked(ctx, self._declared)
         now = ctx.now_ms
         for raw, _ in list(ctx.store.items(TIMER_PREFIX)):
             due_ms, key = parse_timer_key(raw)

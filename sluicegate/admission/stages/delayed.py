@@ -16,15 +16,28 @@ from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.declare import App, Workflow
 from sluicegate.engine.stage import Headers, StoreReader
+from sluicegate.engine.tables import RAW, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX, TIMER_PREFIX, parse_timer_key, timer_key
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, changed
 
 # Timer keys of delayed starts: this, the start's rank, its request id.
 _DELAYED = b"D"
-# A delayed start's trace context, under its timer's key (a row no idempotency key has:
-# those never start with \x00).
-_TRACE = STATE_PREFIX + b"\x00trace\x1f"
+
+
+class _Headers:
+    """A trace context's headers, packed as the stage topics carry them."""
+
+    def encode(self, value: Headers) -> bytes:
+        return pack_headers(value)
+
+    def decode(self, raw: bytes) -> Headers:
+        return unpack_headers(raw)
+
+
+# A delayed start's timer key -> its trace context (a row no idempotency key has: those
+# never start with \x00).
+TRACES = TableSpec("delayed.traces", STATE_PREFIX + b"\x00trace\x1f", RAW, _Headers())
 
 
 def is_delayed(timer: bytes) -> bool:
@@ -33,6 +46,8 @@ def is_delayed(timer: bytes) -> bool:
 
 class DelayedStarts:
     """The identity stage's delayed starts, one timer each."""
+
+    TABLES = (TRACES, *cancelon.SweepIndex.TABLES)
 
     def __init__(self, app: App, router: Router) -> None:
         self.app = app
@@ -48,27 +63,27 @@ class DelayedStarts:
             return
         timer = _DELAYED + rank_key(pending, priority_mode(wf)) + pending.request_id.encode()
         ctx.timers.schedule(at_ms, timer, codec.encode(pending))
-        self.sweeps.add(ctx.store, pending.workflow, timer_key(at_ms, timer))
+        self.sweeps.add(ctx, pending.workflow, timer_key(at_ms, timer))
         if trace is not None:
-            ctx.store.put(_TRACE + timer, pack_headers(trace))
+            ctx.table(TRACES.name).put(timer, trace)
         self.router.queued(ctx, pending, deferral="delayed", key=pending.identity_key,
                            due_at_ms=at_ms, headers=trace)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         """Its `at` came: an ordinary arrival, which the controls judge as of now."""
         pending = codec.decode(PendingStart, value)
-        self.sweeps.remove(ctx.store, pending.workflow, timer_key(due_ms, key))
+        self.sweeps.remove(ctx, pending.workflow, timer_key(due_ms, key))
         self.router.forward(ctx, changed(pending, arrived_at_ms=ctx.now_ms),
                             headers=self._trace(ctx, key))
 
     @staticmethod
     def _trace(ctx: StageContext, timer: bytes) -> Headers | None:
         """The trace context a delayed start came with, taken from the store."""
-        raw = ctx.store.get(_TRACE + timer)
-        if raw is None:
-            return None
-        ctx.store.delete(_TRACE + timer)
-        return unpack_headers(raw)
+        traces = ctx.table(TRACES.name)
+        trace: Headers | None = traces.get(timer)
+        if trace is not None:
+            traces.delete(timer)
+        return trace
 
     @staticmethod
     def _parked(store: StoreReader) -> list[tuple[int, bytes, PendingStart]]:
@@ -101,13 +116,13 @@ class DelayedStarts:
 
     def restored(self, ctx: StageContext) -> None:
         """The index made again if the workflows declaring cancelOn changed."""
-        self.sweeps.restored(ctx.store, lambda: self.indexed(ctx.store))
+        self.sweeps.restored(ctx, lambda: self.indexed(ctx.store))
 
     def cancel_queued(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards the delayed starts that match the event, read from the index
         by workflow: the timers of the workflows it names, and no others."""
         for workflow in sweep.workflows:
-            for row in self.sweeps.parked(ctx.store, workflow):
+            for row in self.sweeps.parked(ctx, workflow):
                 value = ctx.store.get(row)
                 if value is None:
                     continue
@@ -116,6 +131,6 @@ class DelayedStarts:
                 if reason is not None:
                     due_ms, key = parse_timer_key(row)
                     ctx.timers.cancel(due_ms, key)
-                    self.sweeps.remove(ctx.store, workflow, row)
+                    self.sweeps.remove(ctx, workflow, row)
                     cancelon.discard(ctx, self.router, pending, sweep, reason,
                                      pending.identity_key, headers=self._trace(ctx, key))

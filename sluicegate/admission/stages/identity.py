@@ -27,9 +27,11 @@ from sluicegate.admission.decisions import (
     reject,
 )
 from sluicegate.admission.routing import (
-    DECLARED_ROW,
     Router,
+    checked_under,
     declared_digest,
+    declared_table,
+    mark_checked,
 )
 from sluicegate.admission.rows import text_fields
 from sluicegate.admission.stage import AdmissionStage, StageContext
@@ -183,7 +185,8 @@ def ended(row: IdentityRow, execution_id: str, ended_at_ms: int, ttl_ms: int) ->
 
 class IdentityStage(AdmissionStage):
     name = NAME
-    tables = (SPENT,)
+    tables = (SPENT, *DelayedStarts.TABLES, *cancelon.KEPT_TABLES,
+              declared_table())
     # cancelOn's index of the delayed starts by workflow follows from their timers.
     derived = cancelon.SweepIndex.DERIVED
 
@@ -335,10 +338,10 @@ class IdentityStage(AdmissionStage):
         idempotency keys' expiries too), so only when the declarations changed since the
         partition was last checked."""
         self.delayed.restored(ctx)
-        if ctx.store.get(DECLARED_ROW) == self._declared:
+        if checked_under(ctx, self._declared):
             return
         self.delayed.fail_removed(ctx)
-        ctx.store.put(DECLARED_ROW, self._declared)
+        mark_checked(ctx, self._declared)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         if cancelon.forget(ctx, key):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from sluicegate.admission.pending import PendingQueue, priority_mode, queue_names
 from sluicegate.admission.routing import (
-    DECLARED_ROW,
     PAUSE_STAGE,
     REMOVED,
     Router,
+    checked_under,
     declared_digest,
+    declared_table,
+    mark_checked,
 )
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
@@ -33,6 +35,7 @@ def queue_name(workflow: str) -> bytes:
 
 class PauseStage(QueueStage):
     name = PAUSE_STAGE
+    tables = (*QueueStage.tables, declared_table())
 
     def __init__(self, app: App, partitions: int, router: Router) -> None:
         super().__init__(app, router)
@@ -69,7 +72,7 @@ class PauseStage(QueueStage):
         """Fail the collected starts of workflows no longer declared: they would wait for
         an unpause that a worker without the workflow cannot act on. Read only when the
         declarations changed since the partition was last checked."""
-        if ctx.store.get(DECLARED_ROW) == self._declared:
+        if checked_under(ctx, self._declared):
             return
         for name in queue_names(ctx.store):
             if self.app.get(name.decode(errors="replace")) is not None:
@@ -79,7 +82,7 @@ class PauseStage(QueueStage):
                 queue.remove(parked)
                 self.router.fail(ctx, parked.start, Outcome.failed, REMOVED,
                                  headers=parked.headers)
-        ctx.store.put(DECLARED_ROW, self._declared)
+        mark_checked(ctx, self._declared)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
         cancelon.forget(ctx, key)  # its only timers

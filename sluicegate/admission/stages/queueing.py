@@ -6,12 +6,15 @@ arrival (docs/decisions/cancelon-correlator.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sluicegate.admission import pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import ControlStage
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.engine.stage import InputRecord, StoreReader
+from sluicegate.engine.tables import TableSpec
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, PendingStart, Record, Release
 
@@ -21,6 +24,7 @@ class QueueStage(ControlStage):
     # that is none of them is described in its dead letter.
     carries: tuple[type[Record], ...] = (PendingStart, CancelSweep)
     expects = "a pending start"
+    tables: tuple[TableSpec[Any, Any], ...] = (*pending.TABLES, *cancelon.KEPT_TABLES)
     # Its queues' bookkeeping follows from their rows (admission/pending.py).
     derived: tuple[bytes, ...] = pending.DERIVED
 

@@ -18,13 +18,13 @@ from sluicegate.admission.routing import ControlStage
 from sluicegate.admission.stage import StageContext
 from sluicegate.declare import RateLimit, format_duration
 from sluicegate.engine.stage import InputRecord
+from sluicegate.engine.tables import RAW, Coded, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import Outcome, PendingStart
 from sluicegate.topology.keys import ControlKey, key_text
 
 NAME = "ratelimit"
-_WINDOW = STATE_PREFIX + b"W"
 # The timer that deletes a key's row once every admission in it has left the window.
 _FORGET = b"F"
 
@@ -79,8 +79,13 @@ def decide(window: Window, limit: int, period_ms: int, now_ms: int) -> Admit | D
 # -- the stage -----------------------------------------------------------------------
 
 
+# A rate key -> its window.
+WINDOWS = TableSpec("windows", STATE_PREFIX + b"W", RAW, Coded[Window](Window))
+
+
 class RateLimitStage(ControlStage):
     name = NAME
+    tables = (WINDOWS,)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         if record.key is None or record.value is None:
@@ -99,17 +104,17 @@ class RateLimitStage(ControlStage):
             # nothing here judges it any more, the router takes it on.
             self.router.forward(ctx, start, headers=record.headers)
             return
-        row = _WINDOW + record.key
-        raw = ctx.store.get(row)
-        window = Window.decode(raw) if raw else Window()
+        windows = ctx.table("windows")
+        found = windows.get(record.key)
+        window = found or Window()
         decision = decide(window, option.limit, option.period_ms, ctx.now_ms)
         if isinstance(decision, Drop):
             self.router.decide(ctx, start, Outcome.dropped, key=text,
                                reason=_reason(option, text, decision.retry_after_ms),
                                retry_after_ms=decision.retry_after_ms, headers=record.headers)
             return
-        ctx.store.put(row, decision.window.encode())
-        if raw is None:
+        windows.put(record.key, decision.window)
+        if found is None:
             # One timer per row's life, not per admission: it moves itself on when it fires.
             ctx.timers.schedule(decision.window.forget_at(option.period_ms),
                                 _FORGET + record.key)
@@ -119,15 +124,14 @@ class RateLimitStage(ControlStage):
         if not key.startswith(_FORGET):
             return
         kafka_key = key[len(_FORGET):]
-        row = _WINDOW + kafka_key
-        raw = ctx.store.get(row)
-        if raw is None:
+        windows = ctx.table("windows")
+        window = windows.get(kafka_key)
+        if window is None:
             return
-        window = Window.decode(raw)
         wf = self.app.get(_workflow(kafka_key))
         option = wf.rate_limit if wf is not None else None
         if option is None or window.forget_at(option.period_ms) <= ctx.now_ms:
-            ctx.store.delete(row)
+            windows.delete(kafka_key)
         else:
             # Admissions came after the row was made: forget it after the newest one.
             ctx.timers.schedule(window.forget_at(option.period_ms), key)

@@ -186,7 +186,7 @@ class ThrottleStage(QueueStage):
         from sluicegate.admission.stages.throttles import Throttles
 
         self.many = Throttles(router)
-        self.tables = (*QueueStage.tables, KEYS, *Throttles.TABLES)
+        self.tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, KEYS, *Throttles.TABLES)
         self.sweeps = cancelon.SweepIndex(app)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
@@ -205,7 +205,7 @@ class ThrottleStage(QueueStage):
     def _leave(self, ctx: StageContext, queue: PendingQueue, parked: Parked) -> None:
         """A start leaves a key's queue, whatever for."""
         queue.remove(parked)
-        self.sweeps.remove(ctx.store, parked.start.workflow, parked.row)
+        self.sweeps.remove(ctx, parked.start.workflow, parked.row)
 
     def on_start(self, ctx: StageContext, record: InputRecord, start: PendingStart) -> None:
         if record.key is None:
@@ -273,7 +273,7 @@ class ThrottleStage(QueueStage):
                         f"frees in {format_duration(retry_after)}"), headers=headers)
             return row
         parked, position = queue.park(start, priority_mode(wf), headers)
-        self.sweeps.add(ctx.store, start.workflow, parked.row)
+        self.sweeps.add(ctx, start.workflow, parked.row)
         record_queued(self.router, ctx, start, text, position,
                       lambda at: due_ms(row.pace, rate, at), f"key {text!r}", headers)
         if expires is not None and (row.sweep_ms is None or expires < row.sweep_ms):
@@ -357,7 +357,7 @@ class ThrottleStage(QueueStage):
         self.many.cancel_queued(ctx, sweep)
         touched: dict[bytes, PendingQueue] = {}
         for workflow in sweep.workflows:
-            for row in self.sweeps.parked(ctx.store, workflow):
+            for row in self.sweeps.parked(ctx, workflow):
                 key = pending.queue_of(row)
                 queue = PendingQueue(ctx.store, key)
                 parked = queue.at(row)
@@ -439,7 +439,7 @@ class ThrottleStage(QueueStage):
         It only schedules: the sweep decides in the cycle's timer pass, with the same
         code that writes the ledger rows and onFailure starts for any other sweep."""
         now = ctx.now_ms
-        self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
+        self.sweeps.restored(ctx, lambda: self._parked(ctx.store))
         self.many.restored(ctx)
         keys = ctx.table("keys")
         for key, row in list(keys.items()):

@@ -50,7 +50,7 @@ from sluicegate.admission.stages.throttle import (
 )
 from sluicegate.declare import ExpressionError, Workflow, format_duration
 from sluicegate.engine.stage import Headers
-from sluicegate.engine.tables import RAW, Fields, TableSpec
+from sluicegate.engine.tables import RAW, Fields, Floors, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
 from sluicegate.topology.keys import ControlKey
@@ -61,6 +61,8 @@ _LANE = STATE_PREFIX + b"tE"    # + key + lane -> the lane's index row
 _READY = STATE_PREFIX + b"tY"   # + key + head rank + arrival + lane
 _WAIT = STATE_PREFIX + b"tV"    # + key + ready ms + lane
 _IDLE = STATE_PREFIX + b"tI"    # + key + forget ms + throttle index + key text
+# The owner of the indexes' floors in the transaction's cache.
+_INDEXES = "several throttles"
 # Timers: the next turn (a lane due, the gates' turn, an idle key to forget); the sweep.
 TURN = MANY_TURN
 SWEEP = MANY_SWEEP
@@ -253,21 +255,12 @@ class Throttles:
         """Put an index row, lowering the index's floor to it when it goes below: the
         index's rows are deleted from the front, and an ordered read starts at its floor,
         not at the rows deleted before (docs/decisions/store-buffer-index.md)."""
-        tx = ctx.store
-        tx.put(row, b"")
-        if row < tx.floor(prefix):
-            tx.set_floor(prefix, row)
+        Floors(ctx.store, _INDEXES).put(prefix, row, b"")
 
     @staticmethod
     def _first(ctx: StageContext, prefix: bytes) -> bytes | None:
         """An index's first row, read from its floor (which it raises to that row)."""
-        tx = ctx.store
-        floor = tx.floor(prefix)
-        for row, _ in tx.items(prefix, floor):
-            if row != floor:
-                tx.set_floor(prefix, row)
-            return row
-        return None
+        return Floors(ctx.store, _INDEXES).first(prefix)
 
     def _lanes(self, ctx: StageContext, key: bytes) -> Iterator[bytes]:
         prefix = _LANE + _named(key)
@@ -388,18 +381,19 @@ class Throttles:
         prefix = _IDLE + _named(key)
         done = []
         following = None
-        floor = ctx.store.floor(prefix)
+        floors = Floors(ctx.store, _INDEXES)
+        floor = floors.floor(prefix)
         for row, _ in ctx.store.items(prefix, floor):
             at = _MS.unpack_from(row, len(prefix))[0]
             if at > ctx.now_ms:
                 following = at
                 # The index's first row from now on: its next read starts there.
                 if row != floor:
-                    ctx.store.set_floor(prefix, row)
+                    floors.set_floor(prefix, row)
                 break
             done.append(row)
         if done and following is None:
-            ctx.store.set_floor(prefix, done[-1] + b"\x00")
+            floors.set_floor(prefix, done[-1] + b"\x00")
         for row in done:
             tail = row[len(prefix) + _MS.size:]
             ctx.store.delete(row)
