@@ -206,6 +206,9 @@ class Fields(Generic[R]):
     """
 
     VERSION = 1
+    # Written out per dataclass at construction (`_compile`).
+    encode: Callable[[R], bytes]
+    decode: Callable[[bytes], R]
 
     def __init__(self, cls: type[R], *, nested: dict[str, Codec[Any]] | None = None,
                  legacy: Callable[[bytes], R] | None = None,
@@ -252,7 +255,7 @@ class Fields(Generic[R]):
         # The None bits: as few bytes as the optional fields need.
         self._bitmap = "" if not optional else "BBHHIIIIQ"[(optional + 7) // 8]
         self._fixed = struct.Struct(fixed + self._bitmap)
-        self._get = _getter(self._names)
+        self.encode, self.decode = self._compile()
 
     @property
     def field_names(self) -> list[str]:
@@ -263,52 +266,73 @@ class Fields(Generic[R]):
         """Per field, its struct format ("q", "?", "d"), or "" for one after the struct."""
         return [fmt for _, _, _, fmt in self._kinds]
 
-    def encode(self, value: R) -> bytes:
-        nulls = 0
+    def _compile(self) -> tuple[Callable[[R], bytes], Callable[[bytes], R]]:
+        """An encoder and a decoder written out for this dataclass's fields (one struct
+        call, no loop over the fields at each row: a row is read or written at every
+        start through a stage)."""
+        env: dict[str, Any] = {"_pack": self._fixed.pack, "_unpack": self._fixed.unpack_from,
+                               "_size": self._fixed.size, "_cls": self.cls, "_self": self}
+        enc = ["def encode(v):", "    nulls = 0"]
+        numbers, tails = [str(self.VERSION)], []
+        dec = ["def decode(raw):",
+               f"    if not raw or raw[0] != {self.VERSION}:",
+               "        return _self._old(raw)"]
+        unpacked = ["_"]
+        args = []
         bit = 1
-        numbers: list[Any] = [self.VERSION]
-        tails: list[bytes] = []
-        for (kind, optional, codec, _), v in zip(self._kinds, self._get(value), strict=True):
-            if optional:
-                if v is None:
-                    nulls |= bit
-                bit <<= 1
+        at_var = False
+        for i, ((kind, optional, codec, _), name) in enumerate(
+                zip(self._kinds, self._names, strict=True)):
+            enc.append(f"    f{i} = v.{name}")
+            if codec is TEXT:
+                coder, reader = f"f{i}.encode()", "raw[at:end].decode()"
+            elif codec is RAW:
+                coder, reader = f"f{i}", "raw[at:end]"
+            elif codec is not None:
+                env[f"_e{i}"], env[f"_d{i}"] = codec.encode, codec.decode
+                coder, reader = f"_e{i}(f{i})", f"_d{i}(raw[at:end])"
             if kind == "n":
-                numbers.append(0 if v is None else v)
+                if optional:
+                    enc.append(f"    if f{i} is None:\n        nulls |= {bit}\n        f{i} = 0")
+                numbers.append(f"f{i}")
+                unpacked.append(f"n{i}")
+                args.append(f"None if nulls & {bit} else n{i}" if optional else f"n{i}")
             else:
-                data = b"" if v is None else codec.encode(v)  # type: ignore[union-attr]
-                numbers.append(len(data))
-                tails.append(data)
+                if optional:
+                    enc.append(f"    if f{i} is None:\n        nulls |= {bit}\n        d{i} = b''"
+                               f"\n    else:\n        d{i} = {coder}")
+                else:
+                    enc.append(f"    d{i} = {coder}")
+                numbers.append(f"len(d{i})")
+                tails.append(f"d{i}")
+                unpacked.append(f"n{i}")
+                if not at_var:
+                    dec_at = ["    at = _size"]
+                    at_var = True
+                else:
+                    dec_at = []
+                read = f"None if nulls & {bit} else {reader}" if optional else reader
+                dec.extend([*dec_at, f"    end = at + n{i}", f"    v{i} = {read}", "    at = end"])
+                args.append(f"v{i}")
+            if optional:
+                bit <<= 1
         if self._bitmap:
-            numbers.append(nulls)
-        return self._fixed.pack(*numbers) + b"".join(tails)
-
-    def decode(self, raw: bytes) -> R:
-        if not raw or raw[0] != self.VERSION:
-            if self.legacy is None:
-                raise ValueError(f"not a {self.cls.__name__} row: {raw[:32]!r}")
-            return self.legacy(raw)
-        numbers = self._fixed.unpack_from(raw)
-        if self._bitmap:
-            nulls = numbers[-1]
-            numbers = numbers[:-1]
+            numbers.append("nulls")
+            unpacked.append("nulls")
         else:
-            nulls = 0
-        at = self._fixed.size
-        bit = 1
-        args: list[Any] = []
-        for (kind, optional, codec, _), n in zip(self._kinds, numbers[1:], strict=True):
-            absent = False
-            if optional:
-                absent = bool(nulls & bit)
-                bit <<= 1
-            if kind == "n":
-                args.append(None if absent else n)
-            else:
-                end = at + n
-                args.append(None if absent else codec.decode(raw[at:end]))  # type: ignore[union-attr]
-                at = end
-        return self.cls(*args)
+            dec.insert(3, "    nulls = 0")
+        enc.append(f"    return _pack({', '.join(numbers)})"
+                   + "".join(f" + {t}" for t in tails))
+        dec.insert(3, f"    {', '.join(unpacked)}, = _unpack(raw)")
+        dec.append(f"    return _cls({', '.join(args)})")
+        exec(compile("\n".join(enc) + "\n\n" + "\n".join(dec), f"<fields {self.cls.__name__}>",
+                     "exec"), env)
+        return env["encode"], env["decode"]
+
+    def _old(self, raw: bytes) -> R:
+        if self.legacy is None:
+            raise ValueError(f"not a {self.cls.__name__} row: {raw[:32]!r}")
+        return self.legacy(raw)
 
 
 def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
@@ -318,14 +342,6 @@ def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
         if len(args) == 1 and len(typing.get_args(hint)) == 2:
             return args[0], True
     return hint, False
-
-
-def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
-    if len(names) == 1:
-        name = names[0]
-        return lambda value: (getattr(value, name),)
-    from operator import attrgetter
-    return attrgetter(*names)
 
 
 @dataclass(frozen=True, slots=True)
