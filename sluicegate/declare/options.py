@@ -161,6 +161,9 @@ class RateLimit(_Keyed):
     duration_fields = ("period",)
     limit: int
     period: DurationValue
+    # The name of this limit's rows in the limits table (`sg.limits`): a key the table
+    # names gets the table's limit, any other `limit` (admission/limits.py).
+    per_key: str | None = None
 
     @cached_property
     def period_ms(self) -> int:
@@ -179,6 +182,8 @@ class Throttle(_Keyed):
     burst: int = 0
     max_queued: int | None = None
     pool: str | None = None
+    # Per-key limits from the limits table, as RateLimit's.
+    per_key: str | None = None
 
     @cached_property
     def period_ms(self) -> int:
@@ -276,6 +281,8 @@ class Concurrency(_Keyed):
     # default), so one value's backlog cannot hold back the others.
     fair_by: str | None = None
     weights: dict[str, int] | None = None
+    # Per-key limits from the limits table, as RateLimit's.
+    per_key: str | None = None
 
     @cached_property
     def fair_expr(self) -> Expression | None:

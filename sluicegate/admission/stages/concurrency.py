@@ -22,9 +22,10 @@ import functools
 import hashlib
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from sluicegate.admission import limits as key_limits
 from sluicegate.admission import pending
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
@@ -209,12 +210,21 @@ class ConcurrencyStage(QueueStage):
         # Per budget, the widest limit any route gives it: a key holding that many slots
         # has no room for any start waiting there, whatever its workflow.
         self.widest: dict[str, int] = {}
+        # The budgets whose limits per key come from the limits table, by the rows' name
+        # (every member of a pool alike: checked at load). Their widest is per key.
+        self.per_key: dict[str, set[str]] = {}
         for route in router.routes.values():
             wf = app.workflows[route.workflow]
             for hop in route.hops:
                 if hop.stage == NAME:
                     self.widest[hop.budget] = max(self.widest.get(hop.budget, 0),
                                                   self.limit(wf, hop).limit)
+                    name = wf.concurrency[hop.index].per_key if hop.index >= 0 else None
+                    if name is not None:
+                        self.per_key.setdefault(name, set()).add(hop.budget)
+        for budgets in self.per_key.values():
+            for budget in budgets:
+                self.widest.pop(budget, None)
 
     # -- declarations --------------------------------------------------------------------
 
@@ -230,6 +240,34 @@ class ConcurrencyStage(QueueStage):
                 made = Limit(option.limit, option.mode, option.max_queued)
             self._limits[(wf.name, hop.index)] = made
         return made
+
+    def limit_at(self, wf: Workflow, hop: Hop, key: str) -> Limit:
+        """The limit of `key` at `hop`: the declared one, or the limits table's for the key
+        when the limit declares per_key (admission/limits.py)."""
+        made = self.limit(wf, hop)
+        per_key = wf.concurrency[hop.index].per_key if hop.index >= 0 else None
+        if per_key is None:
+            return made
+        found = key_limits.key_limit(self.router.limits, per_key, key_text(key), made.limit)
+        return made if found == made.limit else replace(made, limit=found)
+
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """A row of the limits table: a key whose limit rose admits its waiting starts at
+        once (a lowered one admits none until it drains below it; no run is cancelled);
+        a record that is no limit is dead-lettered by the task owning its key."""
+        if table != key_limits.LIMITS_TABLE:
+            return
+        partitions = ctx.topics.settings.partitions
+        if isinstance(row, key_limits.BadLimitRow):
+            if key_limits.owns(row.record.key, ctx.partition, partitions):
+                ctx.dead_letter(row.record, row.reason)
+            return
+        if not isinstance(row, key_limits.LimitChange):
+            return
+        for budget in sorted(self.per_key.get(row.name, ())):
+            key = str(ControlKey(budget, row.key))
+            if key_limits.owns(key.encode(), ctx.partition, partitions):
+                self._drain(ctx, key)
 
     def _mode_of_holder(self, workflow: str, index: int) -> str:
         wf = self.app.get(workflow)
@@ -307,7 +345,7 @@ class ConcurrencyStage(QueueStage):
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
                                        key_text(key), headers=headers):
             return
-        limit = self.limit(wf, hop)
+        limit = self.limit_at(wf, hop, key)
         holder = _HOLDER + _prefixed(key) + start.execution_id.encode()
         queue = self.queue(ctx, key)
         occupancy = Occupancy(self.held(ctx, key), len(queue))
@@ -452,7 +490,7 @@ class ConcurrencyStage(QueueStage):
                 self._unpark(ctx, key, start)
                 self.router.forward(ctx, start, headers=parked.headers)
                 continue
-            if self.held(ctx, key) >= self.limit(wf, hop).limit:
+            if self.held(ctx, key) >= self.limit_at(wf, hop, key).limit:
                 return
             queue.take(lane, parked, self._weight(wf, hop, lane))
             self._unpark(ctx, key, start)
