@@ -122,6 +122,7 @@ def _ranges(wf: Workflow) -> list[str]:
     for limit in wf.concurrency:
         out += _between(limit, "limit", 1, MAX_LIMIT)
         out += _per_key(limit)
+        out += _floor(limit)
         out += _duration(limit, "lease", SECOND, WEEK)
         out += _queue_cap(limit)
     if wf.idempotency is not None:
@@ -132,6 +133,25 @@ def _ranges(wf: Workflow) -> list[str]:
     for entry in wf.cancel_on:
         out += _duration(entry, "within", SECOND, None)
     return out
+
+
+def _floor(limit: Any) -> list[str]:
+    """A guaranteed share of a concurrency limit per fairness value (admission/floors.py):
+    at most the limit. Floors of many values may add up to more than the limit: while
+    more values wait than it can hold, they share the slots in the round's order."""
+    floor = limit.floor
+    if floor is None or not limit.valid:
+        return []
+    if limit.fair_by is None:
+        return [f"concurrency floor needs fair_by: it is each fairness value's guaranteed "
+                f"share of the limit's {limit.limit} slots"]
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
+        return [f"concurrency floor must be a whole number from 1 to the limit "
+                f"({limit.limit}) (got {floor!r})"]
+    if isinstance(limit.limit, int) and floor > limit.limit:
+        return [f"concurrency floor {floor} is over the limit {limit.limit}: no fairness "
+                "value could ever hold it"]
+    return []
 
 
 def _per_key(option: Any) -> list[str]:
@@ -387,6 +407,12 @@ def _pools(workflows: Sequence[Workflow]) -> list[str]:
                     f"workflow {wf.name}: concurrency {what} declares limit {limit.limit}, but "
                     f"workflow {other} declares {other_limit.limit}; every member of a shared "
                     "budget must declare the same limit"
+                )
+            if other_limit.floor != limit.floor:
+                problems.append(
+                    f"workflow {wf.name}: concurrency {what} declares floor {limit.floor}, "
+                    f"but workflow {other} declares {other_limit.floor}; every member of a "
+                    "shared budget must declare the same floor"
                 )
             if other_limit.per_key != limit.per_key:
                 problems.append(

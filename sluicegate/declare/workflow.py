@@ -215,7 +215,7 @@ def _one_or_many(value: Any) -> Any:
 
 # Option fields added after versions were first hashed count only when set, so a
 # declaration that does not use them keeps the version it had.
-_HASHED_WHEN_SET = frozenset({"per_key"})
+_HASHED_WHEN_SET = frozenset({"per_key", "floor"})
 
 
 def _canonical_option(value: Any) -> Any:

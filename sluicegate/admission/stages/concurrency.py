@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from sluicegate.admission import floors, pending
 from sluicegate.admission import limits as key_limits
-from sluicegate.admission import pending
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
 from sluicegate.admission.stage import StageContext
@@ -155,16 +155,22 @@ class ConcurrencyStage(QueueStage):
     expects = "a pending start or a release"
     # Slots held per key follow from the holders, the waiting index and cancelOn's index by
     # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
-    derived = (_HELD, _WAITING, *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
+    derived = (_HELD, _WAITING, floors.LANE_HELD, *cancelon.SweepIndex.DERIVED,
+               *pending.DERIVED)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         rows = super().derive(store)
         held: dict[bytes, int] = {}
+        holding: set[bytes] = set()
         for row, _ in store.items(_HOLDER):
             (size,) = struct.unpack_from(">I", row, len(_HOLDER))
             key = row[len(_HOLDER):len(_HOLDER) + 4 + size]
             held[key] = held.get(key, 0) + 1
+            if self.floors:
+                holding.add(row[len(_HOLDER):])
         rows.update((_HELD + key, str(n).encode()) for key, n in held.items())
+        if self.floors:
+            rows.update(floors.derive(store, holding))
         parked = list(self._parked(store, rows))
         rows.update(self.sweeps.rows(parked))
         return rows
@@ -202,6 +208,12 @@ class ConcurrencyStage(QueueStage):
                     modes.setdefault(hop.budget, set()).add(mode)
         self.modes = {budget: "age" if found == {"age"} else "strict"
                       for budget, found in modes.items()}
+        # Budgets whose limit guarantees each fairness value a floor of its slots (every
+        # member alike: checked at load; admission/floors.py).
+        self.floors = {hop.budget: floor for route in router.routes.values()
+                       for hop in route.hops if hop.stage == NAME and hop.index >= 0
+                       and (floor := app.workflows[route.workflow]
+                            .concurrency[hop.index].floor) is not None}
         # Budgets whose limit declares a fairness key (every member alike: checked at load).
         self.fair = {hop.budget for route in router.routes.values() for hop in route.hops
                      if hop.stage == NAME and hop.index >= 0
@@ -372,10 +384,16 @@ class ConcurrencyStage(QueueStage):
                 self._drain(ctx, key)
 
     def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop,
-              headers: Headers | None) -> None:
+              headers: Headers | None, lane: str | None = None) -> None:
         row = _HOLDER + _prefixed(key) + start.execution_id.encode()
         ctx.store.put(row, f"{start.workflow}\x1f{hop.index}".encode())
         self._set_held(ctx, key, self.held(ctx, key) + 1)
+        if hop.budget in self.floors:
+            wf = self.router.workflow(start.workflow)
+            if lane is None and wf is not None:
+                lane = self._lane(wf, start)
+            if lane is not None:
+                floors.took(ctx.store, _prefixed(key), start.execution_id, lane)
         self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
@@ -452,6 +470,8 @@ class ConcurrencyStage(QueueStage):
             return
         ctx.store.delete(holder)
         self._set_held(ctx, key, self.held(ctx, key) - 1)
+        if self.floors:
+            floors.released(ctx.store, _prefixed(key), release.execution_id)
         self._drain(ctx, key)
 
     def _forget_waiting_resume(self, ctx: StageContext, key: str, execution_id: str) -> None:
@@ -469,11 +489,14 @@ class ConcurrencyStage(QueueStage):
         and the queue is not read. Only a sweep at restore reads it anyway: starts whose
         route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
-        widest = self.widest.get(ControlKey.parse(key).budget)
+        budget = ControlKey.parse(key).budget
+        widest = self.widest.get(budget)
+        floor = self.floors.get(budget)
         while True:
             if not sweeping and widest is not None and self.held(ctx, key) >= widest:
                 return
-            head = queue.next()
+            head = (queue.next() if floor is None
+                    else floors.next_start(queue, ctx.store, _prefixed(key), floor))
             if head is None:
                 return
             lane, parked = head
@@ -494,7 +517,7 @@ class ConcurrencyStage(QueueStage):
                 return
             queue.take(lane, parked, self._weight(wf, hop, lane))
             self._unpark(ctx, key, start)
-            self._take(ctx, key, start, hop, parked.headers)
+            self._take(ctx, key, start, hop, parked.headers, lane)
 
     def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event, read
