@@ -142,3 +142,76 @@ def test_a_tenants_limit_from_the_table_changes_while_its_starts_wait(
     assert [before for _, before in acme] == [0, 1, 2, 3, 4] + [0] * (3 + len(probes))
     free = in_flight_at_admissions(admitted.records, events.records, "free")
     assert len(free) == 3 and max(before for _, before in free) < 2, free
+
+
+def in_flight_at_admissions_of(admitted: Iterable[AdmittedStart], events: Iterable[RunEvent],
+                               workflow: str) -> list[tuple[str, int]]:
+    """(tenant, runs of `workflow` in flight just before it) for each of its admissions."""
+    ours = {a.execution_id: _tenant(a) for a in admitted if a.workflow == workflow}
+    moments = sorted([(e.at_ms, 0, "") for e in events
+                      if e.kind is RunEventKind.completed and e.execution_id in ours]
+                     + [(a.admitted_at_ms, 1, _tenant(a)) for a in admitted
+                        if a.execution_id in ours])
+    out, now = [], 0
+    for _, kind, tenant in moments:
+        if kind == 1:
+            out.append((tenant, now))
+            now += 1
+        else:
+            now -= 1
+    return out
+
+
+def test_a_small_tenant_gets_its_floor_of_a_pool_behind_a_large_tenants_backlog(
+        settings: Settings) -> None:
+    app = load_app(APP)
+    create_topics(settings)
+    topics = Topics(settings)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    events = TopicReader(settings, topics.run_events, RunEvent)
+    engine = StepEngine(settings)
+    try:
+        with WorkerThread(app, settings):
+            produce_in_order(settings, [("floored", {"tenant": "big", "n": i})
+                                        for i in range(30)])
+            running = [engine.next_admitted() for _ in range(6)]
+            assert {_tenant(r) for r in running} == {"big"}, "alone, big uses every slot"
+            ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows) >= 24,
+                         timeout=20, what="big's other 24 queued")
+            produce_in_order(settings, [("floored", {"tenant": "small", "n": 100 + i})
+                                        for i in range(4)])
+            ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows) >= 28,
+                         timeout=20, what="small's 4 queued")
+            engine.nothing_admitted(1.0)
+            # Each slot that frees: small's first two (its floor), then big's weighted
+            # turns; without the floor big's weight of 50 would take them all.
+            served = []
+            for _ in range(5):
+                engine.report(running.pop(0), RunEventKind.completed)
+                run = engine.next_admitted()
+                running.append(run)
+                served.append(_tenant(run))
+            assert served == ["small", "small", "big", "big", "big"]
+            # small's runs end: back under its floor, the next slot is small's again.
+            for run in [r for r in running if _tenant(r) == "small"]:
+                engine.report(run, RunEventKind.completed)
+                running.remove(run)
+                nxt = engine.next_admitted()
+                running.append(nxt)
+                served.append(_tenant(nxt))
+            assert served[5:] == ["small", "small"]
+            for run in running:
+                engine.report(run, RunEventKind.completed)
+            events.until(lambda rows: sum(e.kind is RunEventKind.completed for e in rows)
+                         >= 13, timeout=20, what="the runs ended")
+        admitted.settle(0.5)
+    finally:
+        engine.close()
+    # By the engine's clock: the pool never ran more than 6, and small reached its floor
+    # of 2 while big's backlog waited.
+    flight = in_flight_at_admissions_of(admitted.records, events.records, "floored")
+    assert max(before for _, before in flight) < 6, flight
+    tenants = [tenant for tenant, _ in flight]
+    assert tenants[:6] == ["big"] * 6
+    assert tenants[6:8] == ["small", "small"]
