@@ -26,6 +26,7 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
+from tests.integration import cli
 from tests.integration.kafka_helpers import TopicReader, WorkerThread
 from tests.integration.test_concurrency import StepEngine, produce_in_order
 
@@ -215,3 +216,33 @@ def test_a_small_tenant_gets_its_floor_of_a_pool_behind_a_large_tenants_backlog(
     tenants = [tenant for tenant, _ in flight]
     assert tenants[:6] == ["big"] * 6
     assert tenants[6:8] == ["small", "small"]
+
+
+def test_limits_set_list_and_unset_from_the_command_line(settings: Settings) -> None:
+    create_topics(settings)
+    ran = cli.on(settings, "limits", "set", "tiers", "acme", "20", "--reason",
+                 "enterprise", "--by", "billing", "--app", APP)
+    assert ran.code == 0, ran.stderr
+    assert ran.stdout.strip() == "set tiers:acme to 20: enterprise"
+    assert cli.on(settings, "limits", "set", "tiers", "org:7", "3").code == 0
+    listed = cli.on(settings, "limits", "list", "tiers")
+    lines = listed.stdout.strip().splitlines()
+    assert [line.split()[:2] for line in lines] == [["tiers:acme", "20"], ["tiers:org:7", "3"]]
+    assert lines[0].endswith("by billing: enterprise")
+    as_json = [json.loads(line) for line in
+               cli.on(settings, "limits", "list", "--json").stdout.splitlines()]
+    assert [(r["name"], r["key"], r["limit"]) for r in as_json] == [
+        ("tiers", "acme", 20), ("tiers", "org:7", 3)]
+    gone = cli.on(settings, "limits", "unset", "tiers", "acme")
+    assert gone.code == 0 and "was 20" in gone.stdout
+    again = cli.on(settings, "limits", "unset", "tiers", "acme")
+    assert again.code == 0 and "has no row" in again.stdout
+    assert [r.key for r in limits.limit_rows(settings)] == ["org:7"]
+    # Refused, exit 2, nothing written: a misspelt name, a limit out of range.
+    typo = cli.on(settings, "limits", "set", "teirs", "acme", "5", "--app", APP)
+    assert typo.code == 2
+    assert "no per_key 'teirs' declared in tests.apps.limits; did you mean 'tiers'?" in \
+        typo.stderr
+    zero = cli.on(settings, "limits", "set", "tiers", "acme", "0")
+    assert zero.code == 2 and "limit 0 is not from 1 to 100,000" in zero.stderr
+    assert [r.key for r in limits.limit_rows(settings)] == ["org:7"]

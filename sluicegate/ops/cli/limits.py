@@ -37,7 +37,8 @@ def _declared(app_spec: str | None, settings: Settings) -> App | None:
 
 
 def _refused(exc: ValueError) -> typer.Exit:
-    typer.echo(str(exc), err=True)
+    # As every other refused command says it (exit code 2, one line).
+    typer.echo(f"error: {exc}", err=True)
     return typer.Exit(2)
 
 
