@@ -65,6 +65,7 @@ from pydantic import BaseModel
 from sluicegate import tracing
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
+from sluicegate.admission.limits import KeyLimits, limits_key
 from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
@@ -82,6 +83,7 @@ from sluicegate.schemas.records import (
     ControlRow,
     DeadLetter,
     EngineCommand,
+    KeyLimit,
     LedgerRecord,
     PendingStart,
     Record,
@@ -164,6 +166,9 @@ class TestDriver:
         self.topics = Topics(self.settings)
         self.clock = ManualClock(start_ms)
         self.control = SetControlTable(self.settings)
+        # The limits table as the test sets it (`set_limit`): nothing read from Kafka.
+        self.limits = KeyLimits(self.topics.limits)
+        self._limit_offset = 0
         self.app = app
         # Every record written, in order, and by topic; per (topic, partition) the next
         # offset.
@@ -199,7 +204,7 @@ class TestDriver:
 
     def _open(self, app: App) -> None:
         self.app = app
-        self.pipeline: Pipeline = build_pipeline(app, self.settings, self.control)
+        self.pipeline: Pipeline = build_pipeline(app, self.settings, self.control, self.limits)
         topology = self.pipeline.topology
         if self._run is not None:
             unknown = self._run - {node.name for node in topology.nodes}
@@ -215,6 +220,10 @@ class TestDriver:
             topic: node for node in topology.nodes for topic in node.handed_over}
         self._control_readers = [node.name for node in topology.nodes
                                  if self.control.name in node.reads]
+        # Nobody reads the limits table when no limit declares per_key.
+        self._limits_readers = [
+            node.name for node in topology.nodes if self.limits.name in node.reads
+            and self.limits in self.pipeline.topology.global_tables]
         # A restart takes the open stores over: what they hold is what was committed.
         stores = {p: {name: state.store for name, state in task.states.items()
                       if state.store is not None} for p, task in self.tasks.items()}
@@ -232,6 +241,8 @@ class TestDriver:
                 state.stage.restored(state.ctx)
             for row in list(self.control.rows.values()):
                 self._control_changed(task, row)
+            for change in list(self.limits.rows.values()):
+                self._limits_changed(task, change)
         self._settle()
 
     def _partition(self, key: bytes | None, partition: int | None) -> int:
@@ -465,6 +476,34 @@ class TestDriver:
         for name in self._control_readers:
             state = task.states[name]
             state.stage.table_changed(state.ctx, self.control.name, row)
+
+    def set_limit(self, name: str, key: str, limit: int, *, reason: str | None = None,
+                  by: str | None = None) -> None:
+        """`sluicegate limits set NAME KEY LIMIT`: the row every worker reads."""
+        row = KeyLimit(limit=limit, at_ms=self.now_ms, reason=reason, by=by)
+        self.limits_record(limits_key(name, key), codec.encode(row))
+
+    def unset_limit(self, name: str, key: str) -> None:
+        """`sluicegate limits unset NAME KEY`: a tombstone, the key back to its default."""
+        self.limits_record(limits_key(name, key), None)
+
+    def limits_record(self, key: bytes | None, value: bytes | None) -> None:
+        """A record on the limits topic as any system may write it (a bad one too)."""
+        self._outside_cycle("limits_record()")
+        record = InputRecord(self.topics.limits, 0, self._limit_offset, key, value,
+                             self.now_ms)
+        self._limit_offset += 1
+        found = self.limits.apply(record)
+        if found is None:
+            return
+        for task in self.tasks.values():
+            self._limits_changed(task, found)
+        self._settle()
+
+    def _limits_changed(self, task: Task, row: object) -> None:
+        for name in self._limits_readers:
+            state = task.states[name]
+            state.stage.table_changed(state.ctx, self.limits.name, row)
 
     def commit(self) -> None:
         """What the runtime does at commit: each store's writes of the cycle to its log (the

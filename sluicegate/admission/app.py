@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sluicegate.admission.control import CONTROL_TABLE, ControlTable
 from sluicegate.admission.decisions import dead_letter
+from sluicegate.admission.limits import LIMITS_TABLE, KeyLimits, LimitsTable, declares_per_key
 from sluicegate.admission.routing import Router
 from sluicegate.admission.stage import AdmissionStage
 from sluicegate.admission.stages.cancelon import CancelOnStage
@@ -20,7 +21,7 @@ from sluicegate.admission.stages.singleton import SingletonStage
 from sluicegate.admission.stages.throttle import ThrottleStage
 from sluicegate.config import Settings
 from sluicegate.declare import App
-from sluicegate.engine.topology import Node, StartupStep, Table, Topology
+from sluicegate.engine.topology import GlobalTable, Node, StartupStep, Table, Topology
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.registry import RegistryError
 from sluicegate.topology.admin import require_topics
@@ -37,13 +38,22 @@ class Pipeline:
     router: Router
 
 
-def build_pipeline(app: App, settings: Settings, control: ControlTable | None = None) -> Pipeline:
+def build_pipeline(app: App, settings: Settings, control: ControlTable | None = None,
+                   limits: KeyLimits | None = None) -> Pipeline:
     """Every stage for `app`, sharing one router and one control table: the worker's, read
-    from Kafka, unless `control` is given (the test driver's, set by the test)."""
+    from Kafka, unless `control` is given (the test driver's, set by the test). The limits
+    table likewise, read only when a limit declares `per_key`."""
     if control is None:
         control = ControlTable(settings)
+    tables: tuple[GlobalTable, ...] = (control,)
+    if declares_per_key(app):
+        if limits is None:
+            limits = LimitsTable(settings)
+        tables += (limits,)
+    else:
+        limits = None
     topics = Topics(settings)
-    router = Router(app, settings.deployment_cap, control)
+    router = Router(app, settings.deployment_cap, control, limits)
     stages: list[AdmissionStage] = [
         IdentityStage(app, settings.partitions, router, settings.max_payload_bytes),
         PauseStage(app, settings.partitions, router),
@@ -58,7 +68,7 @@ def build_pipeline(app: App, settings: Settings, control: ControlTable | None = 
     topology = Topology(
         topics.group, tuple(node(stage, topics) for stage in stages),
         partitioner=partition_for, dead_letter=dead_letter, topics=topics,
-        global_tables=(control,),
+        global_tables=tables,
         startup=(StartupStep("check the topics", lambda: require_topics(settings, 5.0)),
                  StartupStep("configure the codec", lambda: configure_codec(settings))),
         # A registry that does not answer is no fault of the record being decoded.
@@ -79,6 +89,10 @@ def node(stage: AdmissionStage, topics: Topics) -> Node:
                         handed_over_in_order=(own,))
         case PauseStage():
             return Node(stage.name, stage, (own,), changelog, reads=(CONTROL_TABLE,),
+                        handed_over_in_order=(own,))
+        case ConcurrencyStage() | ThrottleStage():
+            # A key's limit raised in the limits table admits its waiting starts at once.
+            return Node(stage.name, stage, (own,), changelog, reads=(LIMITS_TABLE,),
                         handed_over_in_order=(own,))
         case RunsStage():
             return Node(

@@ -20,7 +20,7 @@ others; in age mode the heads go by waiting time, boost included, across lanes t
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -600,11 +600,11 @@ class FairQueue:
             self.tx.delete(self._total_key)
             self.tx.delete(self._turn_key)
 
-    def next(self) -> tuple[str, Parked] | None:
+    def next(self, among: Callable[[str], bool] | None = None) -> tuple[str, Parked] | None:
         """The start to serve next: in `strict` mode the head with the highest priority,
         among equal priorities the lane served least recently; in `age` mode the head
         with the earliest arrival less its boost, then the earliest arrival, then the lane
-        served least recently."""
+        served least recently. With `among`, only the lanes it accepts (a floor's)."""
         if self.tx.get(self._total_key) is None:
             # Nothing waits: one point read, where listing the lanes is an iterator over a
             # range that the lanes emptied before have left with tombstones. A key that
@@ -614,6 +614,8 @@ class FairQueue:
         fair = self.fair
         best: tuple[float, int, int, str, Parked] | None = None
         for name, turn in self.lanes():
+            if among is not None and not among(name):
+                continue
             # A lane is listed only while it holds starts.
             head = self.lane(name).head()
             if head is None:

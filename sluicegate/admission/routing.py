@@ -17,6 +17,7 @@ from sluicegate import tracing
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.decisions import admit, dead_letter, record_decision, reject
 from sluicegate.admission.lease import Leases
+from sluicegate.admission.limits import KeyLimits
 from sluicegate.admission.stage import AdmissionStage, StageContext
 from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
 from sluicegate.engine.stage import Headers, InputRecord
@@ -80,9 +81,12 @@ def declared_digest(app: App) -> bytes:
 
 
 class Router:
-    def __init__(self, app: App, deployment_cap: int, control: ControlTable | None) -> None:
+    def __init__(self, app: App, deployment_cap: int, control: ControlTable | None,
+                 limits: KeyLimits | None = None) -> None:
         self.app = app
         self.control = control
+        # Per-key limits (admission/limits.py): None when no limit declares per_key.
+        self.limits = limits
         self.payloads = Payloads.of(app.settings)
         self.leases = Leases(app)
         self.routes: dict[str, Route] = {

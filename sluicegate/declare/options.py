@@ -161,6 +161,9 @@ class RateLimit(_Keyed):
     duration_fields = ("period",)
     limit: int
     period: DurationValue
+    # The name of this limit's rows in the limits table (`sg.limits`): a key the table
+    # names gets the table's limit, any other `limit` (admission/limits.py).
+    per_key: str | None = None
 
     @cached_property
     def period_ms(self) -> int:
@@ -179,6 +182,8 @@ class Throttle(_Keyed):
     burst: int = 0
     max_queued: int | None = None
     pool: str | None = None
+    # Per-key limits from the limits table, as RateLimit's.
+    per_key: str | None = None
 
     @cached_property
     def period_ms(self) -> int:
@@ -260,7 +265,8 @@ class Concurrency(_Keyed):
     workflow using the same key expression. `mode="steps"` frees a slot while the run is
     suspended; `lease` frees a slot whose run went silent (unless timeouts.finish is set).
     `fair_by` serves the waiting starts round-robin across the values of an expression,
-    `weights` giving some values more turns (docs/decisions/fairness-option.md)."""
+    `weights` giving some values more turns (docs/decisions/fairness-option.md); `floor`
+    guarantees each value with starts waiting that many slots (concurrency-floor.md)."""
 
     option_name = "concurrency"
     duration_fields = ("lease",)
@@ -276,6 +282,11 @@ class Concurrency(_Keyed):
     # default), so one value's backlog cannot hold back the others.
     fair_by: str | None = None
     weights: dict[str, int] | None = None
+    # A guaranteed share: every fairness value with starts waiting gets up to `floor` of
+    # the limit's slots before the weighted round serves the rest (admission/floors.py).
+    floor: int | None = None
+    # Per-key limits from the limits table, as RateLimit's.
+    per_key: str | None = None
 
     @cached_property
     def fair_expr(self) -> Expression | None:

@@ -71,6 +71,11 @@ def _combinations(wf: Workflow) -> list[str]:
             "its starts are paced together on one partition of their own, where the "
             "pool's other members never come; declare the pool's throttle alone"
         )
+    if len(wf.throttle) > 1 and any(t.per_key is not None for t in wf.throttle):
+        problems.append(
+            "throttle per_key cannot be declared by a workflow that declares several "
+            "throttles: declare the per-key throttle alone"
+        )
     if wf.batch and wf.debounce:
         problems.append(
             "batch and debounce cannot both be declared: a batch timeout is a deadline, a "
@@ -95,6 +100,7 @@ def _ranges(wf: Workflow) -> list[str]:
         if option is not None:
             out += _between(option, "limit", 1, MAX_LIMIT)
             out += _duration(option, "period", SECOND, WEEK)
+            out += _per_key(option)
     for throttle in wf.throttle:
         out += _between(throttle, "burst", 0, MAX_LIMIT)
         out += _queue_cap(throttle)
@@ -115,6 +121,8 @@ def _ranges(wf: Workflow) -> list[str]:
         out += _queue_cap(wf.batch)
     for limit in wf.concurrency:
         out += _between(limit, "limit", 1, MAX_LIMIT)
+        out += _per_key(limit)
+        out += _floor(limit)
         out += _duration(limit, "lease", SECOND, WEEK)
         out += _queue_cap(limit)
     if wf.idempotency is not None:
@@ -125,6 +133,39 @@ def _ranges(wf: Workflow) -> list[str]:
     for entry in wf.cancel_on:
         out += _duration(entry, "within", SECOND, None)
     return out
+
+
+def _floor(limit: Any) -> list[str]:
+    """A guaranteed share of a concurrency limit per fairness value (admission/floors.py):
+    at most the limit. Floors of many values may add up to more than the limit: while
+    more values wait than it can hold, they share the slots in the round's order."""
+    floor = limit.floor
+    if floor is None or not limit.valid:
+        return []
+    if limit.fair_by is None:
+        return [f"concurrency floor needs fair_by: it is each fairness value's guaranteed "
+                f"share of the limit's {limit.limit} slots"]
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
+        return [f"concurrency floor must be a whole number from 1 to the limit "
+                f"({limit.limit}) (got {floor!r})"]
+    if isinstance(limit.limit, int) and floor > limit.limit:
+        return [f"concurrency floor {floor} is over the limit {limit.limit}: no fairness "
+                "value could ever hold it"]
+    return []
+
+
+def _per_key(option: Any) -> list[str]:
+    """A limit whose values per key come from the limits table (admission/limits.py)."""
+    name = option.per_key
+    if name is None:
+        return []
+    if not NAME.fullmatch(name):
+        return [f"{option.option_name} per_key {name!r} is not a valid name for the limits "
+                f"table's rows ({_NAME_RULE})"]
+    if option.key is None:
+        return [f"{option.option_name} per_key {name!r} needs a key: the limits table "
+                "gives a limit per value of the key expression"]
+    return []
 
 
 def _between(option: Option, field: str, low: int, high: int) -> list[str]:
@@ -305,8 +346,10 @@ def _is_failure_report(model: type[BaseModel]) -> bool:
 
 
 def _throttle_pools(workflows: Sequence[Workflow]) -> list[str]:
-    """Every member of a throttle pool paces it alike: one rate, burst and queue cap."""
+    """Every member of a throttle pool paces it alike: one rate, burst and queue cap, and
+    one set of per-key limits."""
     first: dict[str, tuple[str, tuple[Any, ...]]] = {}
+    per_key: dict[str, tuple[str, str | None]] = {}
     problems = []
     for wf in workflows:
         if len(wf.throttle) != 1:
@@ -317,6 +360,7 @@ def _throttle_pools(workflows: Sequence[Workflow]) -> list[str]:
         pace = (option.limit, option.period_ms, option.burst, option.max_queued)
         if option.pool not in first:
             first[option.pool] = (wf.name, pace)
+            per_key[option.pool] = (wf.name, option.per_key)
             continue
         other, other_pace = first[option.pool]
         if pace != other_pace:
@@ -324,6 +368,12 @@ def _throttle_pools(workflows: Sequence[Workflow]) -> list[str]:
                 f"workflow {wf.name}: throttle pool {option.pool!r} declares {_pace(pace)}, "
                 f"but workflow {other} declares {_pace(other_pace)}; every member of a "
                 "throttle pool must declare the same limit, period, burst and max_queued")
+        other, other_rows = per_key[option.pool]
+        if other_rows != option.per_key:
+            problems.append(
+                f"workflow {wf.name}: throttle pool {option.pool!r} declares per_key "
+                f"{option.per_key!r}, but workflow {other} declares {other_rows!r}; every "
+                "member of a throttle pool must take its limits per key from the same rows")
     return problems
 
 
@@ -357,6 +407,19 @@ def _pools(workflows: Sequence[Workflow]) -> list[str]:
                     f"workflow {wf.name}: concurrency {what} declares limit {limit.limit}, but "
                     f"workflow {other} declares {other_limit.limit}; every member of a shared "
                     "budget must declare the same limit"
+                )
+            if other_limit.floor != limit.floor:
+                problems.append(
+                    f"workflow {wf.name}: concurrency {what} declares floor {limit.floor}, "
+                    f"but workflow {other} declares {other_limit.floor}; every member of a "
+                    "shared budget must declare the same floor"
+                )
+            if other_limit.per_key != limit.per_key:
+                problems.append(
+                    f"workflow {wf.name}: concurrency {what} declares per_key "
+                    f"{limit.per_key!r}, but workflow {other} declares "
+                    f"{other_limit.per_key!r}; every member of a shared budget must take "
+                    "its limits per key from the same rows"
                 )
             if ((limit.fair_by is None, limit.weights or {})
                     != (other_limit.fair_by is None, other_limit.weights or {})):

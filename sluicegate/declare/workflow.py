@@ -213,6 +213,11 @@ def _one_or_many(value: Any) -> Any:
         value[0], Throttle) else value
 
 
+# Option fields added after versions were first hashed count only when set, so a
+# declaration that does not use them keeps the version it had.
+_HASHED_WHEN_SET = frozenset({"per_key", "floor"})
+
+
 def _canonical_option(value: Any) -> Any:
     if isinstance(value, tuple):
         entries = [_canonical_option(option) for option in value]
@@ -220,6 +225,8 @@ def _canonical_option(value: Any) -> Any:
     out: dict[str, Any] = {}
     for field in type(value).model_fields:
         raw = getattr(value, field)
+        if raw is None and field in _HASHED_WHEN_SET:
+            continue
         if field in value.duration_fields:
             out[field] = value.ms(field)
         elif field in value.expression_fields:

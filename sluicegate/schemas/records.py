@@ -241,6 +241,18 @@ class ControlRow:
 
 
 @record
+class KeyLimit:
+    """sg.limits (compacted, key: ``<per_key>:<key value>``): the limit of one key of the
+    limits a workflow declares with that `per_key`, in the declared limit's own unit
+    (slots, or starts per its period). A tombstone returns the key to the declared limit."""
+
+    limit: int
+    at_ms: int
+    reason: str | None = None
+    by: str | None = None
+
+
+@record
 class DeadLetter:
     """sg.deadletter: an input record that could not be handled, and why."""
 
@@ -372,6 +384,7 @@ Record = (
     | EngineCommand
     | RunOperation
     | ControlRow
+    | KeyLimit
     | DeadLetter
     | RunRow
     | FailureReportRecord

@@ -19,6 +19,7 @@ from sluicegate.schemas.records import (
     ControlRow,
     DeadLetter,
     EngineCommand,
+    KeyLimit,
     LedgerRecord,
     Reply,
     RunEvent,
@@ -45,6 +46,7 @@ TOPIC_VALUE_TYPES: Mapping[str, type] = {
     "ledger": LedgerRecord,
     "runs": RunRow,
     "control": ControlRow,
+    "limits": KeyLimit,
     "deadletter": DeadLetter,
 }
 

@@ -59,6 +59,7 @@ class Topics:
         self.run_events = f"{ns}run-events"
         self.commands = f"{ns}commands"
         self.control = f"{ns}control"
+        self.limits = f"{ns}limits"
         self.deadletter = f"{ns}deadletter"
         self.runs = f"{ns}runs"
         self.replies = f"{ns}replies"
@@ -94,6 +95,7 @@ class Topics:
             TopicSpec(self.run_events, n, dict(_WEEK), "run lifecycle reported by engines"),
             TopicSpec(self.commands, n, dict(_WEEK), "cancel and redrive commands for engines"),
             TopicSpec(self.control, 1, dict(_COMPACT), "pause rows"),
+            TopicSpec(self.limits, 1, dict(_COMPACT), "per-key limits (tenant tiers)"),
             TopicSpec(self.deadletter, n, dict(_MONTH), "records that could not be handled"),
             TopicSpec(self.runs, n, dict(_COMPACT), "the runs table"),
             TopicSpec(self.replies, n, {"retention.ms": str(3600 * 1000)},

@@ -23,7 +23,7 @@ from tests.unit.test_codec import records_of
 
 pytestmark = pytest.mark.broker
 
-_COMPACTED = {"control", "runs"}
+_COMPACTED = {"control", "limits", "runs"}
 
 
 def test_topics_create_twice_creates_once_and_compacts_changelogs_control_and_runs(

@@ -43,6 +43,7 @@ from sluicegate.schemas.records import (
     EngineCommand,
     FailureReportRecord,
     IdentityAlias,
+    KeyLimit,
     LedgerRecord,
     Outcome,
     PendingStart,
@@ -153,6 +154,8 @@ def records() -> dict[str, Any]:
         _first(written, LedgerRecord, lambda r: r.outcome is Outcome.dropped),
         _first(written, RunRow, lambda r: r.status is RunStatus.failed),
         driver.control.rows["generateReport"],
+        # A tenant's limit as `sluicegate limits set` writes it.
+        KeyLimit(limit=20, at_ms=START_MS, reason="enterprise tier", by="billing-sync"),
         _first(written, DeadLetter),
         FailureReportRecord(**{**report, "payload": json.dumps(
             report["payload"], separators=(",", ":")).encode()}),

@@ -68,6 +68,7 @@ PINNED_FINGERPRINTS = {
     "EngineCommand": ("0d0500815e3a9f47",),
     "FailureReportRecord": ("bd0c4f1464eeddb1",),
     "IdentityAlias": ("5477608d3edd6039",),
+    "KeyLimit": ("6eae03c5ca2e1e6e",),
     "LedgerRecord": ("15b3363074c5d885", "ad4be50f143d2e3f"),
     "PendingStart": ("b777d6c986184f76",),
     "Release": ("465edb096de24533",),

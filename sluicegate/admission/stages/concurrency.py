@@ -21,10 +21,11 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from sluicegate.admission import pending
+from sluicegate.admission import floors, pending
+from sluicegate.admission import limits as key_limits
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import (
     REMOVED,
@@ -184,15 +185,20 @@ class ConcurrencyStage(QueueStage):
     # Slots held per key follow from the holders, the waiting index and cancelOn's index by
     # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
     tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, HOLDERS, HELD, WAITING,
-              _SWEPT)
+              _SWEPT, *floors.TABLES)
     derived = (*derived_prefixes(*tables), *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         rows = super().derive(store)
         held: dict[str, int] = {}
-        for (key, _), _ in HOLDERS.read(store):
+        holding: set[bytes] = set()
+        for (key, execution_id), _ in HOLDERS.read(store):
             held[key] = held.get(key, 0) + 1
+            if self.floors:
+                holding.add(SIZED.encode((key, execution_id)))
         rows.update(HELD.row(key, n) for key, n in held.items())
+        if self.floors:
+            rows.update(floors.derive(store, holding))
         parked = list(self._parked(store, rows))
         rows.update(self.sweeps.rows(parked))
         return rows
@@ -230,6 +236,12 @@ class ConcurrencyStage(QueueStage):
                     modes.setdefault(hop.budget, set()).add(mode)
         self.modes = {budget: "age" if found == {"age"} else "strict"
                       for budget, found in modes.items()}
+        # Budgets whose limit guarantees each fairness value a floor of its slots (every
+        # member alike: checked at load; admission/floors.py).
+        self.floors = {hop.budget: floor for route in router.routes.values()
+                       for hop in route.hops if hop.stage == NAME and hop.index >= 0
+                       and (floor := app.workflows[route.workflow]
+                            .concurrency[hop.index].floor) is not None}
         # Budgets whose limit declares a fairness key (every member alike: checked at load).
         self.fair = {hop.budget for route in router.routes.values() for hop in route.hops
                      if hop.stage == NAME and hop.index >= 0
@@ -238,12 +250,21 @@ class ConcurrencyStage(QueueStage):
         # Per budget, the widest limit any route gives it: a key holding that many slots
         # has no room for any start waiting there, whatever its workflow.
         self.widest: dict[str, int] = {}
+        # The budgets whose limits per key come from the limits table, by the rows' name
+        # (every member of a pool alike: checked at load). Their widest is per key.
+        self.per_key: dict[str, set[str]] = {}
         for route in router.routes.values():
             wf = app.workflows[route.workflow]
             for hop in route.hops:
                 if hop.stage == NAME:
                     self.widest[hop.budget] = max(self.widest.get(hop.budget, 0),
                                                   self.limit(wf, hop).limit)
+                    name = wf.concurrency[hop.index].per_key if hop.index >= 0 else None
+                    if name is not None:
+                        self.per_key.setdefault(name, set()).add(hop.budget)
+        for budgets in self.per_key.values():
+            for budget in budgets:
+                self.widest.pop(budget, None)
 
     # -- declarations --------------------------------------------------------------------
 
@@ -259,6 +280,34 @@ class ConcurrencyStage(QueueStage):
                 made = Limit(option.limit, option.mode, option.max_queued)
             self._limits[(wf.name, hop.index)] = made
         return made
+
+    def limit_at(self, wf: Workflow, hop: Hop, key: str) -> Limit:
+        """The limit of `key` at `hop`: the declared one, or the limits table's for the key
+        when the limit declares per_key (admission/limits.py)."""
+        made = self.limit(wf, hop)
+        per_key = wf.concurrency[hop.index].per_key if hop.index >= 0 else None
+        if per_key is None:
+            return made
+        found = key_limits.key_limit(self.router.limits, per_key, key_text(key), made.limit)
+        return made if found == made.limit else replace(made, limit=found)
+
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """A row of the limits table: a key whose limit rose admits its waiting starts at
+        once (a lowered one admits none until it drains below it; no run is cancelled);
+        a record that is no limit is dead-lettered by the task owning its key."""
+        if table != key_limits.LIMITS_TABLE:
+            return
+        partitions = ctx.topics.settings.partitions
+        if isinstance(row, key_limits.BadLimitRow):
+            if key_limits.owns(row.record.key, ctx.partition, partitions):
+                ctx.dead_letter(row.record, row.reason)
+            return
+        if not isinstance(row, key_limits.LimitChange):
+            return
+        for budget in sorted(self.per_key.get(row.name, ())):
+            key = str(ControlKey(budget, row.key))
+            if key_limits.owns(key.encode(), ctx.partition, partitions):
+                self._drain(ctx, key)
 
     def _mode_of_holder(self, workflow: str, index: int) -> str:
         wf = self.app.get(workflow)
@@ -335,7 +384,7 @@ class ConcurrencyStage(QueueStage):
         if cancelon.discard_on_arrival(ctx, self.app, self.router, start,
                                        key_text(key), headers=headers):
             return
-        limit = self.limit(wf, hop)
+        limit = self.limit_at(wf, hop, key)
         queue = self.queue(ctx, key)
         occupancy = Occupancy(self.held(ctx, key), len(queue))
         where = (key, start.execution_id)
@@ -360,9 +409,15 @@ class ConcurrencyStage(QueueStage):
                 self._drain(ctx, key)
 
     def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop,
-              headers: Headers | None) -> None:
+              headers: Headers | None, lane: str | None = None) -> None:
         ctx.table("holders").put((key, start.execution_id), Holder(start.workflow, hop.index))
         self._set_held(ctx, key, self.held(ctx, key) + 1)
+        if hop.budget in self.floors:
+            wf = self.router.workflow(start.workflow)
+            if lane is None and wf is not None:
+                lane = self._lane(wf, start)
+            if lane is not None:
+                floors.took(ctx.store, _prefixed(key), start.execution_id, lane)
         self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
@@ -438,6 +493,8 @@ class ConcurrencyStage(QueueStage):
             return
         holders.delete((key, release.execution_id))
         self._set_held(ctx, key, self.held(ctx, key) - 1)
+        if self.floors:
+            floors.released(ctx.store, _prefixed(key), release.execution_id)
         self._drain(ctx, key)
 
     def _forget_waiting_resume(self, ctx: StageContext, key: str, execution_id: str) -> None:
@@ -455,11 +512,14 @@ class ConcurrencyStage(QueueStage):
         and the queue is not read. Only a sweep at restore reads it anyway: starts whose
         route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
-        widest = self.widest.get(ControlKey.parse(key).budget)
+        budget = ControlKey.parse(key).budget
+        widest = self.widest.get(budget)
+        floor = self.floors.get(budget)
         while True:
             if not sweeping and widest is not None and self.held(ctx, key) >= widest:
                 return
-            head = queue.next()
+            head = (queue.next() if floor is None
+                    else floors.next_start(queue, ctx.store, _prefixed(key), floor))
             if head is None:
                 return
             lane, parked = head
@@ -476,11 +536,11 @@ class ConcurrencyStage(QueueStage):
                 self._unpark(ctx, key, start)
                 self.router.forward(ctx, start, headers=parked.headers)
                 continue
-            if self.held(ctx, key) >= self.limit(wf, hop).limit:
+            if self.held(ctx, key) >= self.limit_at(wf, hop, key).limit:
                 return
             queue.take(lane, parked, self._weight(wf, hop, lane))
             self._unpark(ctx, key, start)
-            self._take(ctx, key, start, hop, parked.headers)
+            self._take(ctx, key, start, hop, parked.headers, lane)
 
     def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event, read

@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from sluicegate.admission.decisions import reject
+from sluicegate.admission.limits import key_limit
 from sluicegate.admission.routing import ControlStage
 from sluicegate.admission.stage import StageContext
 from sluicegate.declare import RateLimit, format_duration
@@ -107,10 +108,11 @@ class RateLimitStage(ControlStage):
         windows = ctx.table("windows")
         found = windows.get(record.key)
         window = found or Window()
-        decision = decide(window, option.limit, option.period_ms, ctx.now_ms)
+        limit = key_limit(self.router.limits, option.per_key, text, option.limit)
+        decision = decide(window, limit, option.period_ms, ctx.now_ms)
         if isinstance(decision, Drop):
             self.router.decide(ctx, start, Outcome.dropped, key=text,
-                               reason=_reason(option, text, decision.retry_after_ms),
+                               reason=_reason(option, limit, text, decision.retry_after_ms),
                                retry_after_ms=decision.retry_after_ms, headers=record.headers)
             return
         windows.put(record.key, decision.window)
@@ -143,6 +145,6 @@ def _workflow(kafka_key: bytes) -> str:
     return ControlKey.parse(kafka_key).budget
 
 
-def _reason(option: RateLimit, key: str, retry_after_ms: int) -> str:
-    return (f"rateLimit: {option.limit} per {option.period} for key {key!r} already started; "
+def _reason(option: RateLimit, limit: int, key: str, retry_after_ms: int) -> str:
+    return (f"rateLimit: {limit} per {option.period} for key {key!r} already started; "
             f"the oldest of them leaves the window in {format_duration(retry_after_ms)}")

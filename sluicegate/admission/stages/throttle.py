@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from sluicegate.admission import limits as key_limits
 from sluicegate.admission import pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.pending import COUNTED, Parked, PendingQueue, priority_mode
@@ -38,7 +39,7 @@ from sluicegate.engine.tables import RAW, Fields, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.topology.keys import key_text
+from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import hop_key
 
 NAME = "throttle"
@@ -85,6 +86,20 @@ class Pace:
         if self.tat is None or self.scale == rate.limit:
             return self.tat
         return -(-self.tat * rate.limit // self.scale)
+
+
+def repaced(pace: Pace, rate: Rate, now_ms: int) -> Pace:
+    """The pace of a key whose limit changed at `now_ms` (the limits table): the time it
+    still owes for the starts it admitted is paid at the new rate, so a raised limit
+    lets the next start go that much sooner, a lowered one later. Nothing is owed by a
+    key whose TAT has passed."""
+    if pace.tat is None or pace.scale == rate.limit:
+        return pace
+    # In either unit an admission owes `period_ms` units: what is owed keeps its number.
+    owed = pace.tat - now_ms * pace.scale
+    if owed <= 0:
+        return Pace(pace.at(rate), rate.limit)
+    return Pace(now_ms * rate.limit + owed, rate.limit)
 
 
 def _first_instant(rate: Rate, ms: int) -> int:
@@ -188,6 +203,41 @@ class ThrottleStage(QueueStage):
         self.many = Throttles(router)
         self.tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, KEYS, *Throttles.TABLES)
         self.sweeps = cancelon.SweepIndex(app)
+        # The budgets whose limits per key come from the limits table, by the rows' name.
+        self.per_key: dict[str, set[str]] = {}
+        for wf in app.workflows.values():
+            name = wf.throttle[0].per_key if len(wf.throttle) == 1 else None
+            if name is not None:
+                self.per_key.setdefault(name, set()).add(
+                    wf.throttle[0].shared_budget or wf.name)
+
+    def _rate(self, option: Throttle, key: bytes) -> Rate:
+        """The pace of `key`: the declared one, at the limits table's limit for the key
+        when the throttle declares per_key (admission/limits.py)."""
+        rate = Rate.of(option)
+        if option.per_key is None:
+            return rate
+        limit = key_limits.key_limit(self.router.limits, option.per_key, key_text(key),
+                                     option.limit)
+        return rate if limit == rate.limit else replace(rate, limit=limit)
+
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """A key's limit changed in the limits table: its head's turn is judged again at
+        the new pace (a raised limit lets whoever's turn has come go at once)."""
+        if table != key_limits.LIMITS_TABLE or not isinstance(row, key_limits.LimitChange):
+            return
+        for budget in sorted(self.per_key.get(row.name, ())):
+            key = ControlKey(budget, row.key).encode()
+            keyed = ctx.table("keys").get(key)
+            if keyed is None or not key_limits.owns(key, ctx.partition,
+                                                    ctx.topics.settings.partitions):
+                continue
+            queue = PendingQueue(ctx.store, key)
+            wf = self.app.get(keyed.workflow)
+            if wf is not None and len(wf.throttle) == 1:
+                keyed = keyed.paced(repaced(keyed.pace, self._rate(wf.throttle[0], key),
+                                            ctx.now_ms))
+            self._settle(ctx, key, self._drain(ctx, key, keyed, queue), queue)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         rows = super().derive(store)
@@ -251,7 +301,7 @@ class ThrottleStage(QueueStage):
                 wf: Workflow, option: Throttle, start: PendingStart,
                 headers: Headers | None) -> KeyRow:
         now = ctx.now_ms
-        rate = Rate.of(option)
+        rate = self._rate(option, key)
         if len(queue) == 0:
             taken = take(row.pace, rate, now)
             if taken is not None:
@@ -295,7 +345,7 @@ class ThrottleStage(QueueStage):
                 self._leave(ctx, queue, head)
                 self._unjudged(ctx, key, head, wf)
                 continue
-            taken = take(row.pace, Rate.of(wf.throttle[0]), now)
+            taken = take(row.pace, self._rate(wf.throttle[0], key), now)
             if taken is None:
                 break
             self._leave(ctx, queue, head)
@@ -318,7 +368,8 @@ class ThrottleStage(QueueStage):
         moment the key can be forgotten) and store the row, or drop the row once it says
         nothing a fresh key would not."""
         wf = self.app.get(row.workflow)
-        rate = Rate.of(wf.throttle[0]) if wf is not None and len(wf.throttle) == 1 else None
+        rate = (self._rate(wf.throttle[0], key) if wf is not None and len(wf.throttle) == 1
+                else None)
         turn: int | None
         if len(queue) > 0:
             head = queue.peek() if rate is None else None
@@ -326,7 +377,7 @@ class ThrottleStage(QueueStage):
             if member is not None and len(member.throttle) == 1:
                 # A pool's key whose last pacer left the declarations: a member still
                 # declared paces it (every member declares the same pace).
-                rate = Rate.of(member.throttle[0])
+                rate = self._rate(member.throttle[0], key)
                 row = replace(row, workflow=member.name)
             # No declaration judges the head any more: drain it at once.
             turn = due_ms(row.pace, rate) if rate is not None else ctx.now_ms

@@ -18,6 +18,7 @@ from sluicegate.ops import signals
 from sluicegate.ops.cli import options
 from sluicegate.ops.cli.inspect import app as inspect_app
 from sluicegate.ops.cli.ledger import app as ledger_app
+from sluicegate.ops.cli.limits import app as limits_app
 from sluicegate.ops.cli.localkafka import app as kafka_app
 from sluicegate.ops.cli.localkafka import registry_app
 from sluicegate.ops.cli.options import AppSpec, Bootstrap, Namespace
@@ -58,6 +59,7 @@ topology_app = typer.Typer(help="The route each workflow's starts take.", no_arg
 app.add_typer(topics_app, name="topics")
 app.add_typer(topology_app, name="topology")
 app.add_typer(workflows_app, name="workflows")
+app.add_typer(limits_app, name="limits")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(inspect_app, name="inspect")
 app.add_typer(runs_app, name="runs")
