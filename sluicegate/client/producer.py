@@ -433,7 +433,9 @@ def refuse_blocking(app: App, workflow: str) -> None:
     if wf is None:
         raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
     if wf.defers:
-        declared = ", ".join(name for name in _DEFERRING if getattr(wf, name))
+        declared = ", ".join([name for name in _DEFERRING if getattr(wf, name)]
+                             + (["singleton mode 'queue'"] if wf.singleton is not None
+                                and wf.singleton.mode == "queue" else []))
         raise BlockingCallerRefused(
             f"workflow {workflow} declares {declared}, so its starts can wait in the "
             "admission queue or fold into another run; run() / start(wait=True) blocks for "
