@@ -12,6 +12,7 @@ from sluicegate.admission.stages.singleton_queue import replace, waiting_for
 from sluicegate.client.errors import BlockingCallerRefused
 from sluicegate.client.producer import refuse_blocking
 from sluicegate.declare import App, Singleton, Timeouts, Workflow
+from sluicegate.ops.services.waiting import why
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -225,3 +226,9 @@ def test_queue_mode_waits_so_it_takes_timeouts_start_and_refuses_blocking_caller
     app = App([wf])
     with pytest.raises(BlockingCallerRefused, match="singleton mode 'queue'"):
         refuse_blocking(app, "f")
+
+
+def test_the_why_waiting_sentence_says_it_waits_for_the_run_holding_the_key() -> None:
+    assert why("singleton", "s1", None, 1, 1, None, None, 0) == (
+        "singleton on key 's1': waits for the run holding the key to end (a later start "
+        "would replace it)")

@@ -5,6 +5,7 @@ control holding it, in words (seed 000, "Seeing what happened"; issue 17's conso
 - batch n/size on key K until T;
 - throttle on key K: its slot is at T;
 - concurrency on key K: position N of M behind a limit of L;
+- singleton on key K: waits for the run holding the key to end;
 - paused since T (reason);
 - delayed until T (`at`).
 
@@ -125,6 +126,9 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
     if deferral == "concurrency":
         behind = f" behind a limit of {limit}" if limit is not None else ""
         return f"concurrency{on_key}: position {rank} of {waiting}{behind}"
+    if deferral == "singleton":
+        return (f"singleton{on_key}: waits for the run holding the key to end (a later start "
+                "would replace it)")
     if deferral == "pause":
         if pause is None or not pause.paused:
             return "paused; the pause was lifted, its starts are draining"
