@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sluicegate.admission.stages.singleton import hold_key, holder
 from sluicegate.admission.stages.singleton_queue import replace, waiting_for
@@ -20,6 +22,7 @@ from sluicegate.schemas.records import (
     Origin,
     Outcome,
     PendingStart,
+    RunEvent,
     RunEventKind,
     Slot,
 )
@@ -232,3 +235,54 @@ def test_the_why_waiting_sentence_says_it_waits_for_the_run_holding_the_key() ->
     assert why("singleton", "s1", None, 1, 1, None, None, 0) == (
         "singleton on key 's1': waits for the run holding the key to end (a later start "
         "would replace it)")
+
+
+def test_a_start_waiting_when_a_redeploy_drops_queue_mode_still_goes_when_the_run_ends(
+        driver: TestDriver) -> None:
+    driver.start(QUEUED, Rebuild(siteId="s1"))
+    (run,) = driver.admitted
+    waiting = driver.start(QUEUED, Rebuild(siteId="s1"))
+    driver.commit()
+    skip_now = App([Workflow(name=QUEUED, payload=Rebuild,
+                             singleton=Singleton(key="siteId", mode="skip"))])
+    driver.restart(app=skip_now)
+    driver.report(run.execution_id, RunEventKind.completed)
+    assert _outcomes(driver, waiting.request.request_id) == [Outcome.queued, Outcome.admitted]
+
+
+# -- exactly once, whatever the order of arrivals, ends and restarts -------------------------
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.sampled_from(["start", "start", "start", "end", "commit",
+                                       "restart"]), max_size=25))
+def test_every_start_is_admitted_once_or_collapsed_and_one_run_holds_the_key(
+        steps: list[str]) -> None:
+    with TestDriver(singleton_app, start_ms=1000) as d:
+        requests: list[str] = []
+        for step in steps:
+            if step == "start":
+                requests.append(d.start(QUEUED, Rebuild(siteId="s1")).request.request_id)
+            elif step == "end":
+                live = holder(d.store("singleton"), QUEUED, "s1")
+                if live is not None:
+                    d.report(live, RunEventKind.completed)
+            elif step == "commit":
+                d.commit()
+            else:
+                d.commit()
+                d.restart()
+            admitted = [a.execution_id for a in d.admitted]
+            assert len(admitted) == len(set(admitted)), "no run admitted twice"
+            ended = {e.execution_id for e in d.read(d.topics.run_events, RunEvent)
+                     if e.kind is RunEventKind.completed}
+            assert len(set(admitted) - ended) <= 1, "one run of the key at a time"
+        finals = {r.request_id: r.outcome for r in d.ledger}
+        assert set(finals) == set(requests), "every request decided"
+        still = [r for r, outcome in finals.items() if outcome is Outcome.queued]
+        assert len(still) <= 1, "one start waits at most"
+        assert all(outcome in (Outcome.admitted, Outcome.collapsed, Outcome.queued)
+                   for outcome in finals.values())
+        if still:
+            assert waiting_for(d.store("singleton"), QUEUED, "s1") is not None

@@ -210,6 +210,15 @@ class SingletonStage(AdmissionStage):
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        # Whether a start may wait here (`queue` mode): only then does a holder's end look
+        # for one, so the other modes' releases cost no extra read.
+        self.queues = any(wf.singleton is not None and wf.singleton.mode == "queue"
+                          for wf in router.app.workflows.values())
+
+    def restored(self, ctx: StageContext) -> None:
+        if not self.queues and singleton_queue.any_waiting(ctx.store):
+            # Declared `queue` before a redeploy that dropped it: what waits still goes.
+            self.queues = True
 
     def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         self.router.give_up(ctx, record, reason)
@@ -234,7 +243,7 @@ class SingletonStage(AdmissionStage):
             # A suspended run is still active: it keeps the key.
             hold = self._load(ctx, key)
             after = released(hold, message.execution_id)
-            if after.holder is None and hold.holder is not None:
+            if self.queues and after.holder is None and hold.holder is not None:
                 after = self._admit_waiting(ctx, key, after)
             if after != hold:
                 self._save(ctx, key, after)

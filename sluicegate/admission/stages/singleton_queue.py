@@ -64,6 +64,11 @@ def waiting(store: StoreReader, key: str) -> tuple[PendingStart, Headers | None]
             pending.unpack_headers(packed) if packed is not None else None)
 
 
+def any_waiting(store: StoreReader) -> bool:
+    """Whether a start waits at any key of `store`."""
+    return next(iter(store.items(_WAITING)), None) is not None
+
+
 def waiting_for(store: StoreReader, workflow: str, text: str) -> PendingStart | None:
     """The start waiting for `workflow`'s singleton key `text` (ops: what waits there)."""
     found = waiting(store, str(ControlKey(workflow, text)))
