@@ -324,7 +324,8 @@ class Client:
         """Start a run and block until it ended; returns its row in the runs table
         (`status` completed, failed or cancelled, `last_reason`). rateLimit and singleton
         `skip` answer with RateLimited / SingletonHeld; a workflow that can defer its
-        starts (debounce, batch, throttle, concurrency) refuses the call."""
+        starts (debounce, batch, throttle, concurrency, singleton `queue`) refuses the
+        call."""
         handle = self._start_and_wait(workflow, payload, id, None, origin, timeout)
         assert handle.result is not None
         return handle.result
