@@ -229,7 +229,8 @@ class SingletonStage(AdmissionStage):
             message = codec.decode_one_of((PendingStart, Release, AdmittedStart, CancelSweep),
                                           record.value)
         except codec.DecodeError as exc:
-            reject(ctx, record, f"not a singleton start, release or admission: {exc}")
+            reject(ctx, record,
+                   f"not a singleton start, release, admission or cancelOn sweep: {exc}")
             return
         if isinstance(message, PendingStart):
             self._arrive(ctx, key, message, record.headers)
@@ -255,7 +256,8 @@ class SingletonStage(AdmissionStage):
         if found is None:
             return hold
         start, headers = found
-        hold, _ = arrive(hold, start.execution_id, "skip", admitted_now=True)
+        # The key is free: it takes it as any start that finds it free does.
+        hold, _ = arrive(hold, start.execution_id, "queue", admitted_now=True)
         self.router.forward(ctx, with_slot(start, self.name, key), headers=headers)
         return hold
 
