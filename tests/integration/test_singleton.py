@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from sluicegate.client import Client, SingletonHeld
+from sluicegate.client import Client, Handle, SingletonHeld
 from sluicegate.config import Settings
 from sluicegate.declare import App, load_app
 from sluicegate.engine.clock import ManualClock
@@ -29,7 +29,13 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.integration.kafka_helpers import TopicReader, WorkerProcess, WorkerThread
+from tests.apps.singleton import SITE_DELETED
+from tests.integration.kafka_helpers import (
+    TopicReader,
+    WorkerProcess,
+    WorkerThread,
+    clock_at_now,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -322,3 +328,63 @@ def test_queue_the_waiting_start_survives_a_kill_and_is_admitted_exactly_once(
     assert json.loads(last.payload)["note"] == "c"
     assert [r.outcome for r in ledger.records if r.request_id == third.request_id] == [
         Outcome.queued, Outcome.admitted]
+
+
+def test_queue_composes_with_debounce_cancelon_and_timeouts_start(
+        settings: Settings, app: App) -> None:
+    """`guardedRebuild`: a debounce first, then the singleton's one waiting start, which a
+    matching cancelOn event discards (sent to the singleton stage's topic) and
+    `timeouts.start` expires."""
+    create_topics(settings, app)
+    topics = Topics(settings)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    clock = clock_at_now()
+
+    def decided(handle: Handle, outcome: Outcome, deferral: str | None = None) -> None:
+        ledger.until(lambda rows: any(r.request_id == handle.request_id and r.outcome is outcome
+                                      and (deferral is None or r.deferral == deferral)
+                                      for r in rows),
+                     timeout=30, what=f"{handle.request_id} {outcome} {deferral}")
+
+    with WorkerThread(app, settings, clock=clock), \
+            Client(app=app, settings=settings, replies=False) as client:
+        def start(site: str) -> Handle:
+            handle = client.submit("guardedRebuild", {"siteId": site})
+            client.flush()
+            decided(handle, Outcome.queued, "debounce")
+            return handle
+
+        holders = [start("s1"), start("s2")]
+        clock.advance(DEBOUNCE_MS)
+        for handle in holders:
+            decided(handle, Outcome.admitted)
+        discarded, expiring = start("s1"), start("s2")
+        clock.advance(DEBOUNCE_MS)
+        decided(discarded, Outcome.queued, "singleton")
+        decided(expiring, Outcome.queued, "singleton")
+
+        event_at = clock.now_ms()
+        clock.advance(1_000)
+        producer = Producer(settings.client_config())
+        producer.produce(topics.event(SITE_DELETED), json.dumps({"siteId": "s1"}).encode(),
+                         b"s1", timestamp=event_at)
+        assert producer.flush(30) == 0
+        decided(discarded, Outcome.cancelled)
+
+        clock.advance(3_600_000)
+        decided(expiring, Outcome.expired)
+        ledger.settle()
+
+    def outcomes(handle: Handle) -> list[tuple[Outcome, str | None]]:
+        return [(r.outcome, r.deferral) for r in ledger.records
+                if r.request_id == handle.request_id]
+
+    assert outcomes(discarded) == [(Outcome.queued, "debounce"), (Outcome.queued, "singleton"),
+                                   (Outcome.cancelled, None)]
+    assert outcomes(expiring) == [(Outcome.queued, "debounce"), (Outcome.queued, "singleton"),
+                                  (Outcome.expired, None)]
+    (cancelled,) = [r for r in ledger.records if r.request_id == discarded.request_id
+                    and r.outcome is Outcome.cancelled]
+    assert cancelled.stage == "singleton"
+    assert (cancelled.reason or "").startswith("cancelOn:site.deleted")
+    assert sum(r.outcome is Outcome.admitted for r in ledger.records) == 2
