@@ -266,10 +266,8 @@ def _waiting(db: LedgerDb, history: list[dict[str, Any]],
     for request_id, row in latest.items():
         if row["outcome"] != "queued":
             continue
-        found = next((w for w in waiting_starts(db, control_rows, workflow=row["workflow"],
-                                                key=row["key"], limit=100_000, now_ms=now_ms)
-                      if w.request_id == request_id), None)
-        if found is not None:
+        for found in waiting_starts(db, control_rows, workflow=row["workflow"],
+                                    key=row["key"], now_ms=now_ms, request_id=request_id):
             out.append({"request_id": request_id, "why": found.why,
                         "due_at": iso(found.due_at_ms), "estimate_ms": found.estimate_ms})
     return out

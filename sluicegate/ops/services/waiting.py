@@ -41,6 +41,7 @@ FROM latest
 WHERE outcome = 'queued' AND NOT starts_with(request_id, 'run:')
   AND ($workflow IS NULL OR workflow = $workflow)
   AND ($key IS NULL OR key IS NOT DISTINCT FROM $key)
+QUALIFY $request_id IS NULL OR request_id = $request_id
 ORDER BY workflow, key NULLS FIRST, control, rank
 LIMIT $limit
 """
@@ -147,12 +148,15 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
 def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
                    app: App | None = None, deployment_cap: int = 0,
                    workflow: str | None = None, key: str | None = None,
-                   limit: int = 500, now_ms: int | None = None) -> list[Waiting]:
-    """The starts waiting now (at most `limit`), by workflow, key and control, oldest
-    first; `now_ms` (default: the clock's) is what "today" is in their sentences."""
+                   limit: int = 500, now_ms: int | None = None,
+                   request_id: str | None = None) -> list[Waiting]:
+    """The starts waiting now (at most `limit`; only `request_id`'s when given, ranked
+    among all), by workflow, key and control, oldest first; `now_ms` (default: the
+    clock's) is what "today" is in their sentences."""
     if now_ms is None:
         now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit})
+    result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit,
+                                    "request_id": request_id})
     out = []
     paces: dict[tuple[str, str | None, str | None], Pace | None] = {}
     for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
