@@ -86,6 +86,16 @@ def pack_headers(headers: Headers) -> bytes:
     return bytes(out)
 
 
+class HeadersCodec:
+    """Headers as a table's value (`pack_headers`)."""
+
+    def encode(self, value: Headers) -> bytes:
+        return pack_headers(value)
+
+    def decode(self, raw: bytes) -> Headers:
+        return unpack_headers(raw)
+
+
 def unpack_headers(raw: bytes) -> Headers:
     headers: Headers = []
     at = 0

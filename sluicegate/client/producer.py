@@ -324,7 +324,8 @@ class Client:
         """Start a run and block until it ended; returns its row in the runs table
         (`status` completed, failed or cancelled, `last_reason`). rateLimit and singleton
         `skip` answer with RateLimited / SingletonHeld; a workflow that can defer its
-        starts (debounce, batch, throttle, concurrency) refuses the call."""
+        starts (debounce, batch, throttle, concurrency, singleton `queue`) refuses the
+        call."""
         handle = self._start_and_wait(workflow, payload, id, None, origin, timeout)
         assert handle.result is not None
         return handle.result
@@ -433,7 +434,9 @@ def refuse_blocking(app: App, workflow: str) -> None:
     if wf is None:
         raise UnknownWorkflow(f"workflow {workflow!r} is not declared in this app")
     if wf.defers:
-        declared = ", ".join(name for name in _DEFERRING if getattr(wf, name))
+        declared = ", ".join([name for name in _DEFERRING if getattr(wf, name)]
+                             + (["singleton mode 'queue'"] if wf.singleton is not None
+                                and wf.singleton.mode == "queue" else []))
         raise BlockingCallerRefused(
             f"workflow {workflow} declares {declared}, so its starts can wait in the "
             "admission queue or fold into another run; run() / start(wait=True) blocks for "

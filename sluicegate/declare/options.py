@@ -253,10 +253,11 @@ class Batch(_Keyed):
 
 class Singleton(_Keyed):
     """One active run per key. No default `mode`: `skip` drops the newcomer, `cancel` the
-    incumbent, and either default would silently throw work away (None is a load error)."""
+    incumbent, `queue` keeps one newcomer waiting for the incumbent to end (a later one
+    replacing it), and any default would silently throw work away (None is a load error)."""
 
     option_name = "singleton"
-    mode: Literal["skip", "cancel"] | None = None
+    mode: Literal["skip", "cancel", "queue"] | None = None
 
 
 class Concurrency(_Keyed):

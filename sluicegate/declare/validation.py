@@ -83,13 +83,15 @@ def _combinations(wf: Workflow) -> list[str]:
         )
     if wf.timeouts and wf.timeouts.start is not None and not wf.defers:
         problems.append(
-            "timeouts start needs a deferring control (debounce, batch, throttle or "
-            "concurrency): without one a start never waits, so it could never fire"
+            "timeouts start needs a deferring control (debounce, batch, throttle, "
+            "concurrency or singleton mode 'queue'): without one a start never waits, so "
+            "it could never fire"
         )
     if wf.singleton and wf.singleton.mode is None:
         problems.append(
             "singleton mode is required: 'skip' stands the newcomer down, 'cancel' cancels "
-            "the incumbent, and a default would silently throw away one or the other"
+            "the incumbent, 'queue' keeps the newcomer waiting for the incumbent to end (a "
+            "later one replacing it), and a default would silently throw away one or another"
         )
     return problems
 

@@ -142,7 +142,8 @@ class Workflow(Declared):
     @cached_property
     def defers(self) -> bool:
         """Whether a start can wait in the admission queue (so blocking callers are refused)."""
-        return any((self.debounce, self.batch, self.throttle, self.concurrency))
+        return any((self.debounce, self.batch, self.throttle, self.concurrency)) or (
+            self.singleton is not None and self.singleton.mode == "queue")
 
     @cached_property
     def version(self) -> str:

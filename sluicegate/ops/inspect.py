@@ -479,11 +479,13 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         return {"now_ms": view.now_ms, "waiting": [w.to_json() for w in starts]}
 
     def run_doc(request: Request) -> Any:
-        sources.reader.view(None)
+        view = sources.reader.view(None)
         sources.runs.refresh()
         try:
             return runs_mod.lookup(sources.reader.db, sources.runs,
-                                   request.path_params["ident"])
+                                   request.path_params["ident"],
+                                   {w.workflow: w.pause for w in view.workflows if w.pause},
+                                   view.now_ms)
         except runs_mod.NotFound as exc:
             raise Refused(404, str(exc)) from None
 

@@ -22,6 +22,7 @@ from sluicegate.declare import (
     CancelOn,
     Concurrency,
     Debounce,
+    Singleton,
     Throttle,
     Workflow,
 )
@@ -94,6 +95,17 @@ def _batched(name: str, *cancel_on: CancelOn) -> Workflow:
                     batch=Batch(item=Tour, key="rowId", max_size=10, timeout="1h"))
 
 
+def _one_waiting(name: str, *cancel_on: CancelOn) -> Workflow:
+    return Workflow(name=name, payload=Tour, cancel_on=list(cancel_on),
+                    singleton=Singleton(key="rowId", mode="queue"))
+
+
+def _behind_a_run(h: TestDriver, workflow: str, issue: str, n: int) -> None:
+    """A run of the row (of an issue no event names), then the start that waits for it."""
+    h.start(workflow, {"rowId": f"r{n}", "issueKey": "K0"})
+    h.start(workflow, {"rowId": f"r{n}", "issueKey": issue})
+
+
 def _plain(name: str, *cancel_on: CancelOn) -> Workflow:
     return Workflow(name=name, payload=Tour, cancel_on=list(cancel_on))
 
@@ -118,6 +130,9 @@ CASES = {
                      _plain("listens", _on_other)], ONE, _later),
     "pause": Case([_plain(TARGET, _on_delete), _plain("others"),
                    _plain("listens", _on_other)], ONE, _start),
+    # Singleton `queue`: each start waits behind a run of its row.
+    "singleton": Case([_one_waiting(TARGET, _on_delete), _one_waiting("others"),
+                       _one_waiting("listens", _on_other)], ONE, _behind_a_run),
 }
 
 
@@ -136,7 +151,9 @@ def _park(h: TestDriver, case: Case, unrelated: int) -> list[str]:
     before = len(h.ledger)
     for n, issue in enumerate(("K1", "K2", "K1")):
         case.park(h, TARGET, issue, 1_000 + n)
-    mine = [r for r in h.ledger[before:] if r.workflow == TARGET]
+    # (The runs a singleton start waits behind are admitted.)
+    mine = [r for r in h.ledger[before:]
+            if r.workflow == TARGET and r.outcome is not Outcome.admitted]
     assert [r.outcome for r in mine if r.outcome is not Outcome.queued] == []
     return [r.request_id for r, issue in zip(mine, ("K1", "K2", "K1"), strict=True)
             if issue == "K1"]
@@ -259,6 +276,7 @@ def test_a_store_kept_across_a_redeploy_is_indexed_again_when_cancelon_moved() -
 
 def test_every_stage_a_sweep_reaches_has_a_case_here() -> None:
     covered = {"defer": ("debounce", "batch"), "throttle": ("throttle", "several throttles"),
-               "concurrency": ("concurrency",), "pause": ("pause",), "identity": ("delayed",)}
+               "concurrency": ("concurrency",), "pause": ("pause",), "identity": ("delayed",),
+               "singleton": ("singleton",)}
     assert set(QUEUE_STAGES) == set(covered)
     assert all(case in CASES for cases in covered.values() for case in cases)

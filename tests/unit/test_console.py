@@ -35,6 +35,8 @@ from sluicegate.schemas.records import (
 )
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+# What a start behind a concurrency limit whose line has not moved lately is told.
+NO_ESTIMATE = "; no estimate yet: no start has left this line in the last 10 min"
 S = 1000
 
 
@@ -102,9 +104,10 @@ def test_each_waiting_start_says_which_control_holds_it_and_until_when() -> None
                                                    now_ms=T0)}
 
     assert set(why) == {"a2", "a3", "g1", "d1", "t1", "t2", "b1", "b2", "p1", "l1"}
-    assert why["a2"].why == "concurrency on key 'acme': position 1 of 2 behind a limit of 2"
+    assert why["a2"].why == ("concurrency on key 'acme': position 1 of 2 behind a limit of 2"
+                             "; no estimate yet: no start has left this line in the last 10 min")
     assert (why["a3"].rank, why["a3"].waiting, why["a3"].position) == (2, 2, 3)
-    assert why["g1"].why == "concurrency: position 1 of 1 behind a limit of 3"
+    assert why["g1"].why == "concurrency: position 1 of 1 behind a limit of 3" + NO_ESTIMATE
     assert why["d1"].why.startswith("debounce on key 'tour:r1' until 00:15:00 UTC")
     assert why["t1"].why == "throttle: its slot is at 00:00:05 UTC"
     assert why["t2"].why == ("throttle on key 'u9': its slot comes after those of many "
@@ -132,6 +135,7 @@ def test_a_start_held_by_a_control_of_a_paused_workflow_says_the_pause_comes_nex
     pause = ControlRow(workflow="perTenant", paused=True, at_ms=T0, reason="x")
     (only,) = waiting_starts(db, {"perTenant": pause}, app=APP)
     assert only.why == ("concurrency on key 'acme': position 1 of 1 behind a limit of 2; "
+                        "no estimate yet: no start has left this line in the last 10 min; "
                         "then the pause (the workflow is paused)")
 
 
@@ -139,7 +143,7 @@ def test_without_declarations_the_limit_is_not_guessed() -> None:
     db = LedgerDb(":memory:")
     fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme")])
     (only,) = waiting_starts(db, {})
-    assert only.why == "concurrency on key 'acme': position 1 of 1"
+    assert only.why == "concurrency on key 'acme': position 1 of 1" + NO_ESTIMATE
     assert only.limit is None
 
 
@@ -147,7 +151,7 @@ def test_the_deployment_cap_is_the_limit_of_its_rows() -> None:
     db = LedgerDb(":memory:")
     fill(db, [queued("a1", T0, "perTenant", "concurrency", "", control="deployment cap")])
     (only,) = waiting_starts(db, {}, deployment_cap=40)
-    assert only.why == "concurrency: position 1 of 1 behind a limit of 40"
+    assert only.why == "concurrency: position 1 of 1 behind a limit of 40" + NO_ESTIMATE
 
 
 def test_waiting_is_filtered_by_workflow_and_key() -> None:

@@ -142,6 +142,9 @@ APP = App([
         Throttle(limit=1, period="1h", key="tenant"), Throttle(limit=2, period="1h")]),
     Workflow(name="quiet", payload=Order, debounce=Debounce(key="orderId", period="1h")),
     Workflow(name="one", payload=Order, singleton=Singleton(key="tenant", mode="cancel")),
+    Workflow(name="queued", payload=Order, singleton=Singleton(key="tenant", mode="queue")),
+    Workflow(name="floored", payload=Order, concurrency=Concurrency(
+        limit=2, key="tenant", fair_by="orderId", floor=1)),
     Workflow(name="rated", payload=Order, rate_limit=RateLimit(limit=1, period="1h")),
 ])
 
@@ -155,7 +158,8 @@ def _table_of(tables: tuple[TableSpec, ...], key: bytes) -> TableSpec | None:
 def test_every_row_a_stage_writes_is_in_a_table_it_declares_and_decodes_there() -> None:
     with TestDriver(APP, Settings(partitions=2)) as driver:
         for n in range(6):
-            for wf in ("gated", "paced", "twice", "quiet", "one", "rated"):
+            for wf in ("gated", "paced", "twice", "quiet", "one", "rated", "queued",
+                       "floored"):
                 driver.start(wf, {"orderId": f"o{n % 3}", "tenant": f"t{n % 2}"})
         driver.start("gated", {"orderId": "later"}, at=driver.now_ms + 3_600_000)
         driver.event("order.deleted", {"orderId": "o1"})
@@ -184,4 +188,5 @@ def test_every_row_a_stage_writes_is_in_a_table_it_declares_and_decodes_there() 
         # The scenario reached the rows of every control.
         assert {"concurrency.holders", "concurrency.queue", "throttle.keys", "throttle.several",
                 "defer.bursts", "singleton.holds", "ratelimit.windows", "runs.runs",
-                "identity.spent", "identity.cancelOn.kept"} <= seen, sorted(seen)
+                "identity.spent", "identity.cancelOn.kept", "singleton.waiting",
+                "concurrency.floor.lane_of"} <= seen, sorted(seen)

@@ -462,9 +462,9 @@ def test_a_type_error_in_the_workflow_itself_names_the_workflow() -> None:
     ]
 
 
-def test_a_singleton_mode_outside_skip_and_cancel_is_a_type_error() -> None:
+def test_a_singleton_mode_outside_skip_cancel_and_queue_is_a_type_error() -> None:
     assert only_problem(singleton=Singleton(mode="replace")).startswith(
-        "workflow f: singleton mode: Input should be 'skip' or 'cancel'")
+        "workflow f: singleton mode: Input should be 'skip', 'cancel' or 'queue'")
 
 
 def test_something_that_is_not_a_workflow_is_a_load_error() -> None:

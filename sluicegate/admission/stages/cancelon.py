@@ -67,7 +67,7 @@ NAME = "cancelon"
 # How long a sweep waits for run rows still on their way from the runs stage.
 SWEEP_GRACE_MS = 10 * 60_000
 # The stages that hold queued starts and accept a sweep on their own topic.
-QUEUE_STAGES = ("defer", "throttle", "concurrency", "pause", "identity")
+QUEUE_STAGES = ("defer", "throttle", "concurrency", "pause", "identity", "singleton")
 
 # -- the pure core -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ context keeps it in a row beside its timer, which goes when the timer does.
 
 from __future__ import annotations
 
-from sluicegate.admission.pending import pack_headers, priority_mode, rank_key, unpack_headers
+from sluicegate.admission.pending import HeadersCodec, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
@@ -25,19 +25,9 @@ from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart, chang
 _DELAYED = b"D"
 
 
-class _Headers:
-    """A trace context's headers, packed as the stage topics carry them."""
-
-    def encode(self, value: Headers) -> bytes:
-        return pack_headers(value)
-
-    def decode(self, raw: bytes) -> Headers:
-        return unpack_headers(raw)
-
-
 # A delayed start's timer key -> its trace context (a row no idempotency key has: those
 # never start with \x00).
-TRACES = TableSpec("delayed.traces", STATE_PREFIX + b"\x00trace\x1f", RAW, _Headers())
+TRACES = TableSpec("delayed.traces", STATE_PREFIX + b"\x00trace\x1f", RAW, HeadersCodec())
 
 
 def is_delayed(timer: bytes) -> bool:

@@ -11,6 +11,9 @@ hold is a slot on the start (`routing.with_slot`), so the runs stage sends the r
   *claim* on the key, and the holder keeps running until the claim's admission is
   reported; among several claims the latest to arrive here wins, whatever order their
   admissions are reported in (docs/decisions/singleton-cancel-timing.md).
+- `queue`: a newcomer that finds the key held waits, one per key, a later one replacing
+  it; the waiting start is admitted when the holder's run ends (`singleton_queue.py`,
+  docs/decisions/singleton-queue-mode.md).
 
 The state is one `Hold` row per key (the hop key: workflow and key text); `holder` reads
 it for operators, with no lag.
@@ -27,6 +30,7 @@ from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import Router, with_slot
 from sluicegate.admission.rows import hold_fields
 from sluicegate.admission.stage import AdmissionStage, StageContext
+from sluicegate.admission.stages import cancelon, singleton_queue
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.tables import TEXT, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
@@ -34,6 +38,7 @@ from sluicegate.schemas import codec
 from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
     AdmittedStart,
+    CancelSweep,
     CommandKind,
     EngineCommand,
     Outcome,
@@ -46,7 +51,7 @@ from sluicegate.topology.keys import ControlKey, key_text
 NAME = "singleton"
 _HOLD = STATE_PREFIX + b"H"
 
-Mode = Literal["skip", "cancel"]
+Mode = Literal["skip", "cancel", "queue"]
 
 # -- the pure core -------------------------------------------------------------------
 
@@ -83,6 +88,13 @@ class Skip:
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """(`queue` mode) The newcomer waits for `holder`'s run to end."""
+
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     """Ask the engine to cancel `execution_id`: `replaced_by` now has the key."""
 
@@ -91,15 +103,16 @@ class Cancel:
 
 
 def arrive(hold: Hold, execution_id: str, mode: Mode,
-           admitted_now: bool) -> tuple[Hold, Skip | Cancel | None]:
-    """A start reaches the key. Anything but Skip lets it through; `admitted_now` says
+           admitted_now: bool) -> tuple[Hold, Skip | Wait | Cancel | None]:
+    """A start reaches the key. Anything but Skip and Wait lets it through; `admitted_now` says
     no later control can hold it back, so it starts in this very decision."""
     # Rows built directly, not with dataclasses.replace (several times a constructor's
     # cost): this runs for every start through the stage.
     claim = Claim(execution_id, hold.next_seq)
-    if mode == "skip":
+    if mode != "cancel":
         if hold.holder is not None:
-            return hold, Skip(hold.holder.execution_id)
+            held_by = hold.holder.execution_id
+            return hold, Skip(held_by) if mode == "skip" else Wait(held_by)
         return Hold(claim, hold.claims, hold.next_seq + 1), None
     claimed = Hold(hold.holder, (*hold.claims, claim), hold.next_seq + 1)
     if not admitted_now:
@@ -166,10 +179,19 @@ def holder(store: Readable, workflow: str, key: str) -> str | None:
 
 class SingletonStage(AdmissionStage):
     name = NAME
-    tables = (HOLDS,)
+    tables = (HOLDS, *singleton_queue.TABLES, *cancelon.KEPT_TABLES)
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        # Whether a start may wait here (`queue` mode): only then does a holder's end look
+        # for one, so the other modes' releases cost no extra read.
+        self.queues = any(wf.singleton is not None and wf.singleton.mode == "queue"
+                          for wf in router.app.workflows.values())
+
+    def restored(self, ctx: StageContext) -> None:
+        if not self.queues and singleton_queue.any_waiting(ctx.store):
+            # Declared `queue` before a redeploy that dropped it: what waits still goes.
+            self.queues = True
 
     def unprocessable(self, ctx: StageContext, record: InputRecord, reason: str) -> None:
         self.router.give_up(ctx, record, reason)
@@ -177,20 +199,44 @@ class SingletonStage(AdmissionStage):
     def process(self, ctx: StageContext, record: InputRecord) -> None:
         try:
             key = codec.decode_key(record.key)
-            message = codec.decode_one_of((PendingStart, Release, AdmittedStart), record.value)
+            message = codec.decode_one_of((PendingStart, Release, AdmittedStart, CancelSweep),
+                                          record.value)
         except codec.DecodeError as exc:
-            reject(ctx, record, f"not a singleton start, release or admission: {exc}")
+            reject(ctx, record,
+                   f"not a singleton start, release, admission or cancelOn sweep: {exc}")
             return
         if isinstance(message, PendingStart):
             self._arrive(ctx, key, message, record.headers)
         elif isinstance(message, AdmittedStart):
             self._admitted(ctx, key, message, record.headers)
+        elif isinstance(message, CancelSweep):
+            # `queue` mode's waiting starts (every other start only passes through here).
+            cancelon.keep(ctx, message)
+            singleton_queue.sweep(ctx, self.router.app, self.router, message)
         elif message.kind is not ReleaseKind.suspended:
             # A suspended run is still active: it keeps the key.
             hold = self._load(ctx, key)
             after = released(hold, message.execution_id)
+            if self.queues and after.holder is None and hold.holder is not None:
+                after = self._admit_waiting(ctx, key, after)
             if after != hold:
                 self._save(ctx, key, after)
+
+    def _admit_waiting(self, ctx: StageContext, key: str, hold: Hold) -> Hold:
+        """(`queue` mode) The holder ended: the start waiting for the key takes it and
+        goes on, in this same transaction."""
+        found = singleton_queue.take(ctx, self.router, key)
+        if found is None:
+            return hold
+        start, headers = found
+        # The key is free: it takes it as any start that finds it free does.
+        hold, _ = arrive(hold, start.execution_id, "queue", admitted_now=True)
+        self.router.forward(ctx, with_slot(start, self.name, key), headers=headers)
+        return hold
+
+    def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
+        if not cancelon.forget(ctx, key):
+            singleton_queue.fire(ctx, self.router, due_ms, key)
 
     def _arrive(self, ctx: StageContext, key: str, start: PendingStart,
                 headers: Headers | None) -> None:
@@ -216,6 +262,10 @@ class SingletonStage(AdmissionStage):
             # and whatever it held on its way is given back.
             self.router.alias(ctx, start, decision.holder)
             self.router.give_back(ctx, start, reason)
+            return
+        if isinstance(decision, Wait):
+            singleton_queue.wait(ctx, self.router.app, self.router, wf, key, start,
+                                 decision.holder, headers)
             return
         self._save(ctx, key, hold)
         if decision is not None:

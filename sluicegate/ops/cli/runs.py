@@ -29,13 +29,14 @@ def show(
 ) -> None:
     """A run or request: its run row and its whole ledger history."""
     from sluicegate.ops.services import runs
+    from sluicegate.ops.services.control import control_rows
 
     if fmt not in ("text", "json"):
         raise typer.BadParameter("--format is text or json")
     # No broker, a ledger file in use: one line from the CLI's error handling.
     settings = options.settings(bootstrap, namespace, reach=True)
     try:
-        doc = runs.show(settings, ident, Path(db) if db else None)
+        doc = runs.show(settings, ident, Path(db) if db else None, control_rows(settings))
     except runs.NotFound as exc:
         raise options.fail(str(exc), 1) from None
     typer.echo(json.dumps(doc, indent=2) if fmt == "json" else runs.text(doc))

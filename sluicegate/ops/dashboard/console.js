@@ -315,6 +315,14 @@ async function lookup(id) {
       out.appendChild(el("p", "Run " + eid + ": no row in the runs table."));
     }
   }
+  if (doc.waiting && doc.waiting.length) {
+    // Why each request still queued waits, and when it should go (the why-sentence).
+    out.appendChild(el("h3", "Waiting"));
+    const w = el("table");
+    w.id = "run-waiting";
+    for (const x of doc.waiting) w.appendChild(row([x.request_id, x.why], ["text", "text why"]));
+    out.appendChild(w);
+  }
   out.appendChild(el("h3", "Ledger history"));
   const h = el("table");
   h.id = "run-history";

@@ -11,6 +11,9 @@ print it), a request id, or an idempotency key. The answer joins two sources:
   and the name checks read too): the run's row, and each change of its status this
   reader saw (admitted, running, completed, ...); and the identity changelog
   (`RunsIndex`), for the run an idempotency key names.
+
+A request still waiting has the why-waiting sentence of `sluicegate.ops.services.waiting`
+beside its history: the time it goes, or, behind a concurrency limit, an estimate of it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from sluicegate.config import Settings
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.readers import TableReader
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import ENDED, RunRow
+from sluicegate.schemas.records import ENDED, ControlRow, RunRow
 from sluicegate.topology.keys import key_text
 from sluicegate.topology.topics import Topics
 
@@ -209,9 +212,13 @@ def run_json(row: RunRow, changes: list[StatusChange]) -> dict[str, Any]:
     }
 
 
-def lookup(db: LedgerDb, runs: RunsIndex, ident: str) -> dict[str, Any]:
+def lookup(db: LedgerDb, runs: RunsIndex, ident: str,
+           control_rows: dict[str, ControlRow] | None = None,
+           now_ms: int | None = None) -> dict[str, Any]:
     """Everything known about `ident`: `matched` says what it was taken as, `runs` the
-    run rows, `ledger` the history (oldest first). Raises NotFound when nothing has it."""
+    run rows, `ledger` the history (oldest first), `waiting` why each of its requests
+    still queued waits (a pause's from `control_rows`; "today" is `now_ms`'s, default the
+    clock's). Raises NotFound when nothing has it."""
     ident = ident.strip()
     keyed = sorted(set(runs.keys.get(ident, {}).values()))
     result = db.query(LOOKUP_SQL, {"id": ident, "min_prefix": MIN_PREFIX, "keyed": keyed})
@@ -245,7 +252,25 @@ def lookup(db: LedgerDb, runs: RunsIndex, ident: str) -> dict[str, Any]:
     found = [run_json(runs.rows[eid], runs.changes.get(eid, [])) for eid in ids
              if eid in runs.rows]
     return {"id": ident, "matched": matched, "execution_ids": ids, "runs": found,
-            "ledger": history}
+            "ledger": history,
+            "waiting": _waiting(db, history, control_rows or {}, now_ms)}
+
+
+def _waiting(db: LedgerDb, history: list[dict[str, Any]],
+             control_rows: dict[str, ControlRow], now_ms: int | None) -> list[dict[str, Any]]:
+    """The why-waiting entry of each request whose latest row is `queued`."""
+    from sluicegate.ops.services.waiting import waiting_starts
+
+    latest = {row["request_id"]: row for row in history}
+    out = []
+    for request_id, row in latest.items():
+        if row["outcome"] != "queued":
+            continue
+        for found in waiting_starts(db, control_rows, workflow=row["workflow"],
+                                    key=row["key"], now_ms=now_ms, request_id=request_id):
+            out.append({"request_id": request_id, "why": found.why,
+                        "due_at": iso(found.due_at_ms), "estimate_ms": found.estimate_ms})
+    return out
 
 
 def text(doc: dict[str, Any]) -> str:
@@ -284,12 +309,16 @@ def text(doc: dict[str, Any]) -> str:
         lines.append(line + (f"\n      {row['reason']}" if row["reason"] else ""))
     if not doc["ledger"]:
         lines.append("  (no ledger rows)")
+    for waiting in doc.get("waiting", []):
+        lines.append(f"waiting: request={waiting['request_id']}: {waiting['why']}")
     return "\n".join(lines)
 
 
-def show(settings: Settings, ident: str, db: Path | None = None) -> dict[str, Any]:
+def show(settings: Settings, ident: str, db: Path | None = None,
+         control_rows: dict[str, ControlRow] | None = None) -> dict[str, Any]:
     """`lookup` on the ledger copy at `db` (the default one when None), refreshed first,
-    and the runs table read to its end. Raises NotFound when nothing has `ident`."""
+    and the runs table read to its end, a pause told by `control_rows` (the control
+    topic's rows). Raises NotFound when nothing has `ident`."""
     from sluicegate.ops.services.ledger import open_copy
 
     runs = RunsIndex(settings)
@@ -297,6 +326,6 @@ def show(settings: Settings, ident: str, db: Path | None = None) -> dict[str, An
         ledger, _ = open_copy(settings, db)
         with ledger:
             runs.refresh()
-            return lookup(ledger, runs, ident)
+            return lookup(ledger, runs, ident, control_rows)
     finally:
         runs.close()

@@ -4,7 +4,9 @@ control holding it, in words (seed 000, "Seeing what happened"; issue 17's conso
 - debounce on key K until T (every start with the key moves T on, up to the timeout);
 - batch n/size on key K until T;
 - throttle on key K: its slot is at T;
-- concurrency on key K: position N of M behind a limit of L;
+- concurrency on key K: position N of M behind a limit of L; about 4 min: 37 ahead, 9
+  runs a minute over the last 10 min (`estimate.py`: the pace its line has been moving at);
+- singleton on key K: waits for the run holding the key to end;
 - paused since T (reason);
 - delayed until T (`at`).
 
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sluicegate.declare import App
+from sluicegate.ops.services.estimate import Estimate, Pace, no_estimate, read_pace
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LATEST, LedgerDb
 from sluicegate.schemas.records import ControlRow
@@ -38,6 +41,7 @@ FROM latest
 WHERE outcome = 'queued' AND NOT starts_with(request_id, 'run:')
   AND ($workflow IS NULL OR workflow = $workflow)
   AND ($key IS NULL OR key IS NOT DISTINCT FROM $key)
+QUALIFY $request_id IS NULL OR request_id = $request_id
 ORDER BY workflow, key NULLS FIRST, control, rank
 LIMIT $limit
 """
@@ -59,13 +63,16 @@ class Waiting:
     waiting: int  # M
     limit: int | None  # L, a concurrency limit or the batch size, when known
     why: str
+    # Behind a concurrency limit: how long it should still wait, from its line's pace
+    # (None: not behind one, or nobody left the line lately).
+    estimate_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "workflow": self.workflow, "key": self.key,
                 "control": self.control, "deferral": self.deferral,
                 "requested_at": iso(self.requested_at_ms), "due_at": iso(self.due_at_ms),
                 "position": self.position, "rank": self.rank, "waiting": self.waiting,
-                "limit": self.limit, "why": self.why}
+                "limit": self.limit, "why": self.why, "estimate_ms": self.estimate_ms}
 
 
 def _clock(ms: int | None, now_ms: int) -> str:
@@ -125,6 +132,9 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
     if deferral == "concurrency":
         behind = f" behind a limit of {limit}" if limit is not None else ""
         return f"concurrency{on_key}: position {rank} of {waiting}{behind}"
+    if deferral == "singleton":
+        return (f"singleton{on_key}: waits for the run holding the key to end (a later start "
+                "would replace it)")
     if deferral == "pause":
         if pause is None or not pause.paused:
             return "paused; the pause was lifted, its starts are draining"
@@ -138,25 +148,39 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
 def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
                    app: App | None = None, deployment_cap: int = 0,
                    workflow: str | None = None, key: str | None = None,
-                   limit: int = 500, now_ms: int | None = None) -> list[Waiting]:
-    """The starts waiting now (at most `limit`), by workflow, key and control, oldest
-    first; `now_ms` (default: the clock's) is what "today" is in their sentences."""
+                   limit: int = 500, now_ms: int | None = None,
+                   request_id: str | None = None) -> list[Waiting]:
+    """The starts waiting now (at most `limit`; only `request_id`'s when given, ranked
+    among all), by workflow, key and control, oldest first; `now_ms` (default: the
+    clock's) is what "today" is in their sentences."""
     if now_ms is None:
         now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit})
+    result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit,
+                                    "request_id": request_id})
     out = []
+    paces: dict[tuple[str, str | None, str | None], Pace | None] = {}
     for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
          _waited, rank, count) in result.rows:
         cap = limit_of(app, wf, control, deferral, deployment_cap)
         due = _ms(due_at)
+        estimate = None
+        said = ""
+        if deferral == "concurrency":
+            line = (wf, k, control)
+            if line not in paces:
+                paces[line] = read_pace(db, wf, k, control, now_ms)
+            pace = paces[line]
+            estimate = Estimate(int(rank) - 1, pace) if pace is not None else None
+            said = "; " + (estimate.text() if estimate is not None else no_estimate())
         out.append(Waiting(
             request_id=request_id, workflow=wf, key=k, control=control, deferral=deferral,
             requested_at_ms=_ms(requested_at) or 0, due_at_ms=due,
             position=None if position is None else int(position), rank=int(rank),
             waiting=int(count), limit=cap,
             why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf),
-                    now_ms)
-            + _paused_after(deferral, control_rows.get(wf))))
+                    now_ms) + said
+            + _paused_after(deferral, control_rows.get(wf)),
+            estimate_ms=estimate.wait_ms if estimate is not None else None))
     return out
 
 
