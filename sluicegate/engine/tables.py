@@ -191,6 +191,9 @@ SIZED = Sized()
 SIZED_TEXT = SizedText()
 TEXT: Codec[str] = _Text()
 INTEGER: Codec[int] = _Integer()
+# The codecs a table calls as the built-in functions they amount to (no Python frame).
+_FAST_ENCODE: dict[int, Callable[[Any], bytes]] = {id(RAW): bytes, id(TEXT): str.encode}
+_FAST_DECODE: dict[int, Callable[[bytes], Any]] = {id(RAW): bytes, id(TEXT): bytes.decode}
 
 
 class Fields(Generic[R]):
@@ -380,33 +383,36 @@ class StateTable(Generic[K, V]):
     values are written as a release before typed tables wrote them (a rolling upgrade:
     SLUICEGATE_LOG_DERIVED), when the value codec knows how."""
 
-    __slots__ = ("_decode", "_encode", "_key", "_key_decode", "_prefix", "_tx", "name")
+    __slots__ = ("_decode", "_delete", "_encode", "_get", "_key", "_key_decode", "_prefix",
+                 "_put", "_tx", "name")
 
     def __init__(self, spec: TableSpec[K, V], tx: StoreTransaction,
                  legacy_rows: bool = False) -> None:
         self.name = spec.name
         self._tx = tx
+        # Bound once: a table is read and written at every start through its stage.
+        self._get, self._put, self._delete = tx.get, tx.put, tx.delete
         self._prefix = spec.prefix
-        self._key = spec.key.encode
-        self._key_decode = spec.key.decode
-        self._decode = spec.value.decode
-        encode = spec.value.encode
+        self._key = _FAST_ENCODE.get(id(spec.key), spec.key.encode)
+        self._key_decode = _FAST_DECODE.get(id(spec.key), spec.key.decode)
+        self._decode = _FAST_DECODE.get(id(spec.value), spec.value.decode)
+        encode = _FAST_ENCODE.get(id(spec.value), spec.value.encode)
         if legacy_rows and getattr(spec.value, "legacy_encode", None) is not None:
             encode = spec.value.legacy_encode  # type: ignore[attr-defined]
         self._encode = encode
 
     def get(self, key: K) -> V | None:
-        raw = self._tx.get(self._prefix + self._key(key))
+        raw = self._get(self._prefix + self._key(key))
         return None if raw is None else self._decode(raw)
 
     def __contains__(self, key: K) -> bool:
-        return self._tx.get(self._prefix + self._key(key)) is not None
+        return self._get(self._prefix + self._key(key)) is not None
 
     def put(self, key: K, value: V) -> None:
-        self._tx.put(self._prefix + self._key(key), self._encode(value))
+        self._put(self._prefix + self._key(key), self._encode(value))
 
     def delete(self, key: K) -> None:
-        self._tx.delete(self._prefix + self._key(key))
+        self._delete(self._prefix + self._key(key))
 
     def items(self, start: bytes = b"", after: bytes | None = None) -> Iterator[tuple[K, V]]:
         """Rows in key order whose encoded key starts with `start` (every row: b""), from
