@@ -25,7 +25,7 @@ part around them:
   read again, and new stage objects (the declarations given, or the same) are restored
   over the committed stores (which stay open: RocksDB's own reopening is the store's
   tests' business, and costs tens of milliseconds a store);
-- the control table is set by the test (`pause`, `unpause`), not read from Kafka.
+- the control table is set by the test (`pause`, `unpause`, `limit`), not read from Kafka.
 
 Every topic is a list of what was written to it (`sent`); the output topics are also
 typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...), decoded when
@@ -65,6 +65,7 @@ from pydantic import BaseModel
 from sluicegate import tracing
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
+from sluicegate.admission.overrides import concurrency_target
 from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
@@ -83,6 +84,7 @@ from sluicegate.schemas.records import (
     DeadLetter,
     EngineCommand,
     LedgerRecord,
+    OverrideRow,
     PendingStart,
     Record,
     Reply,
@@ -104,11 +106,12 @@ class SetControlTable(ControlTable):
     def __init__(self, settings: Settings) -> None:  # no super(): it would make a consumer
         self.topic = Topics(settings).control
         self.rows: dict[str, ControlRow] = {}
+        self.overrides: dict[str, OverrideRow] = {}
 
     def catch_up(self, timeout_s: float = 30.0) -> None:
         return None
 
-    def poll(self) -> list[ControlRow]:
+    def poll(self) -> list[ControlRow | OverrideRow]:
         return []
 
     def close(self) -> None:
@@ -461,7 +464,22 @@ class TestDriver:
             self._control_changed(task, row)
         self._settle()
 
-    def _control_changed(self, task: Task, row: ControlRow) -> None:
+    def limit(self, workflow: str | None = None, *, concurrency: int | None = None,
+              pool: str | None = None, nth: int = 1, reason: str | None = None,
+              by: str | None = None) -> OverrideRow:
+        """`sluicegate workflows limit`: an override of a concurrency limit (`concurrency`
+        None: cleared, the declaration applies again), told to every task as the worker
+        tells it. Only the control row: the CLI writes the ledger row."""
+        target = concurrency_target(self.app, workflow, pool=pool, nth=nth)
+        row = OverrideRow(control=target.control, budget=target.budget, at_ms=self.now_ms,
+                          limit=concurrency, declared=target.declared, reason=reason, by=by)
+        self.control.overrides[target.name] = row
+        for task in self.tasks.values():
+            self._control_changed(task, row)
+        self._settle()
+        return row
+
+    def _control_changed(self, task: Task, row: ControlRow | OverrideRow) -> None:
         for name in self._control_readers:
             state = task.states[name]
             state.stage.table_changed(state.ctx, self.control.name, row)

@@ -94,5 +94,9 @@ def node(stage: AdmissionStage, topics: Topics) -> Node:
             # table; nothing at all when no workflow declares cancelOn.
             inputs = (*(topics.event(e) for e in stage.events), own, topics.runs)
             return Node(stage.name, stage, inputs if stage.events else (), changelog)
+        case ConcurrencyStage():
+            # Told of the control table's limit overrides (admission/overrides.py).
+            return Node(stage.name, stage, (own,), changelog, reads=(CONTROL_TABLE,),
+                        handed_over_in_order=(own,))
     # A control: what reaches it in order is what it decides in order.
     return Node(stage.name, stage, (own,), changelog, handed_over_in_order=(own,))

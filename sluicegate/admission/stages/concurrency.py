@@ -18,6 +18,7 @@ workflow left the declarations while it waited fails.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import struct
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sluicegate.admission import pending
+from sluicegate.admission import overrides, pending
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import REMOVED, Router, with_slot
 from sluicegate.admission.stage import StageContext
@@ -39,6 +40,7 @@ from sluicegate.schemas.records import (
     AdmittedKind,
     CancelSweep,
     Outcome,
+    OverrideRow,
     PendingStart,
     Release,
     ReleaseKind,
@@ -55,6 +57,7 @@ _WAITING = STATE_PREFIX + b"W"  # + key + execution id -> lane + queue row
 # Timers.
 _EXPIRE = b"X"                  # + key + execution id: its timeouts.start
 _SWEEP = b"R"                   # after a restore: removed workflows, raised limits
+_OVERRIDDEN = b"O"              # after a restore: room an operator's override may have made
 # The declarations (every workflow's version) the partition's last sweep ran under.
 _SWEPT = STATE_PREFIX + b"V"
 
@@ -229,7 +232,22 @@ class ConcurrencyStage(QueueStage):
                 option = wf.concurrency[hop.index]
                 made = Limit(option.limit, option.mode, option.max_queued)
             self._limits[(wf.name, hop.index)] = made
-        return made
+        row = self._override(hop.budget)
+        return made if row is None else dataclasses.replace(
+            made, limit=overrides.effective(made.limit, row))
+
+    def _override(self, budget: str) -> OverrideRow | None:
+        """The operator's override of `budget`'s limit, if one is set (none: no lookup)."""
+        control = self.router.control
+        if control is None or not control.overrides:
+            return None
+        return control.override(NAME, budget)
+
+    def _widest(self, budget: str) -> int | None:
+        """The widest limit in force at `budget`: an override's applies to every member."""
+        declared = self.widest.get(budget)
+        return None if declared is None else overrides.effective(declared,
+                                                                 self._override(budget))
 
     def _mode_of_holder(self, workflow: str, index: int) -> str:
         wf = self.app.get(workflow)
@@ -431,7 +449,7 @@ class ConcurrencyStage(QueueStage):
         and the queue is not read. Only a sweep at restore reads it anyway: starts whose
         route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
-        widest = self.widest.get(ControlKey.parse(key).budget)
+        widest = self._widest(ControlKey.parse(key).budget)
         while True:
             if not sweeping and widest is not None and self.held(ctx, key) >= widest:
                 return
@@ -493,6 +511,25 @@ class ConcurrencyStage(QueueStage):
             self._expire(ctx, budget_key, execution_id.decode())
         elif key == _SWEEP:
             self._sweep(ctx)
+        elif key == _OVERRIDDEN:
+            control = self.router.control
+            for row in list(control.overrides.values()) if control is not None else ():
+                self._overridden(ctx, row)
+
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """An override of a limit of this stage: a raised one admits the starts waiting
+        in its budget's keys at once (in their fair order, as a freed slot would); a
+        lowered one cancels nothing, and its keys admit again once they hold less."""
+        if isinstance(row, OverrideRow):
+            self._overridden(ctx, row)
+
+    def _overridden(self, ctx: StageContext, row: OverrideRow) -> None:
+        if row.control != NAME or row.budget not in self.widest:
+            return
+        for name in pending.fair_budgets(ctx.store):
+            key = name.decode()
+            if ControlKey.parse(key).budget == row.budget:
+                self._drain(ctx, key)
 
     def _expire(self, ctx: StageContext, key: str, execution_id: str) -> None:
         found = self._waiting(ctx, key, execution_id)
@@ -512,6 +549,9 @@ class ConcurrencyStage(QueueStage):
 
     def restored(self, ctx: StageContext) -> None:
         self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
+        if self.router.control is not None and self.router.control.overrides:
+            # Changed while another worker had the partition, maybe: drain what it allows.
+            ctx.timers.schedule(ctx.now_ms, _OVERRIDDEN)
         # A timer due now does the sweep in the cycle's timer pass, through the same code
         # as any other sweep. Under the declarations the last sweep ran with there is
         # nothing for it to do: it reads every waiting start, seconds at a million.

@@ -1,0 +1,194 @@
+"""Operators' overrides of a concurrency limit, in the test driver (no broker): raised,
+lowered, cleared, a pool's, the nth limit of a workflow with two, and what is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from sluicegate.admission.overrides import (
+    OverrideError,
+    Target,
+    concurrency_target,
+    effective,
+    override_key,
+)
+from sluicegate.config import Settings
+from sluicegate.declare import App, Concurrency, Workflow
+from sluicegate.schemas.records import Outcome, OverrideRow, RunEventKind
+from sluicegate.testing import TestDriver
+
+
+class Job(BaseModel):
+    tenant: str = "t"
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., TestDriver]]:
+    made: list[TestDriver] = []
+
+    def build(*workflows: Workflow, partitions: int = 1) -> TestDriver:
+        driver = TestDriver(App(list(workflows)), Settings(partitions=partitions))
+        made.append(driver)
+        return driver
+
+    yield build
+    for driver in made:
+        driver.close()
+
+
+def starts(d: TestDriver, workflow: str, n: int, tenant: str = "t") -> list[str]:
+    return [d.start(workflow, Job(tenant=tenant)).execution_id for _ in range(n)]
+
+
+def admitted(d: TestDriver) -> list[str]:
+    return [a.execution_id for a in d.admitted]
+
+
+def complete(d: TestDriver, execution_id: str) -> None:
+    d.report(execution_id, RunEventKind.completed)
+
+
+# -- the pure part -----------------------------------------------------------------------
+
+
+def test_the_limit_in_force_is_the_overrides_while_set_else_the_declared_one() -> None:
+    row = OverrideRow(control="concurrency", budget="w", at_ms=1, limit=3)
+    assert effective(10, row) == 3
+    assert effective(10, None) == 10
+    assert effective(10, OverrideRow(control="concurrency", budget="w", at_ms=2)) == 10
+
+
+def test_an_override_is_keyed_by_its_limit_so_the_latest_per_limit_wins_compaction() -> None:
+    assert override_key("concurrency", "pool:gpu") == b"override:concurrency:pool:gpu"
+    assert override_key("concurrency", "orders#1") == b"override:concurrency:orders#1"
+
+
+def test_the_nth_limit_and_a_pool_are_named_by_their_budgets() -> None:
+    app = App([
+        Workflow(name="a", payload=Job, concurrency=[
+            Concurrency(limit=5, key="tenant"), Concurrency(limit=20, pool="gpu")]),
+        Workflow(name="b", payload=Job, concurrency=Concurrency(limit=20, pool="gpu")),
+        Workflow(name="c", payload=Job, concurrency=[
+            Concurrency(limit=5, key="tenant"), Concurrency(limit=7)]),
+    ])
+    assert concurrency_target(app, "a") == Target("concurrency", "a", 5, ("a",))
+    assert concurrency_target(app, "c", nth=2) == Target("concurrency", "c#1", 7, ("c",))
+    assert concurrency_target(app, pool="gpu") == Target(
+        "concurrency", "pool:gpu", 20, ("a", "b"))
+    assert concurrency_target(app, "c", nth=2).describe() == "concurrency limit 2 of c"
+    with pytest.raises(OverrideError, match="pool 'gpu', shared with other workflows: "
+                                            "name it with --pool gpu"):
+        concurrency_target(app, "a", nth=2)
+    with pytest.raises(OverrideError, match="--nth must be between 1 and 2"):
+        concurrency_target(app, "c", nth=3)
+    with pytest.raises(OverrideError, match=r"no workflow declares a concurrency limit in "
+                                            r"pool 'cpu' \(pools declared: gpu\)"):
+        concurrency_target(app, pool="cpu")
+    with pytest.raises(OverrideError, match="not declared"):
+        concurrency_target(app, "nope")
+
+
+def test_a_workflow_without_a_concurrency_limit_has_none_to_override() -> None:
+    app = App([Workflow(name="w", payload=Job)])
+    with pytest.raises(OverrideError, match="workflow w declares no concurrency limit"):
+        concurrency_target(app, "w")
+
+
+# -- the stage ---------------------------------------------------------------------------
+
+
+def test_a_raised_override_admits_waiting_starts_at_once(make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=2))
+    ids = starts(d, "w", 6)
+    assert admitted(d) == ids[:2]
+    d.limit("w", concurrency=5, reason="partner is back", by="ops")
+    assert admitted(d) == ids[:5], "three more at once, in arrival order, none ended"
+    assert [r.outcome for r in d.ledger if r.request_id == d.ledger[-1].request_id] == [
+        Outcome.queued, Outcome.admitted]
+
+
+def test_a_lowered_override_cancels_nothing_and_the_key_drains_down_to_it(make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=4))
+    ids = starts(d, "w", 8)
+    assert admitted(d) == ids[:4]
+    d.limit("w", concurrency=1, reason="partner 503s")
+    assert d.commands == [], "no run is cancelled"
+    assert admitted(d) == ids[:4]
+    for done in ids[:3]:
+        complete(d, done)
+        assert admitted(d) == ids[:4], "nothing admitted while over the new limit"
+    complete(d, ids[3])
+    assert admitted(d) == ids[:5], "at the new limit: one runs"
+    complete(d, ids[4])
+    assert admitted(d) == ids[:6]
+
+
+def test_a_start_arriving_under_a_lowered_override_waits_for_the_override(make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=3, key="tenant")))
+    d.limit("w", concurrency=1)
+    first, second = starts(d, "w", 2)
+    assert admitted(d) == [first]
+    queued = next(r for r in d.ledger if r.outcome is Outcome.queued)
+    assert queued.reason is not None and "1 of 1 slots of workflow w key 't'" in queued.reason
+    complete(d, first)
+    assert admitted(d) == [first, second]
+
+
+def test_clearing_an_override_returns_to_the_declared_limit_and_admits_up_to_it(
+        make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=3))
+    d.limit("w", concurrency=1)
+    ids = starts(d, "w", 5)
+    assert admitted(d) == ids[:1]
+    d.limit("w", concurrency=None, reason="all clear")
+    assert admitted(d) == ids[:3]
+
+
+def test_a_pools_override_applies_to_every_member(make: Any) -> None:
+    a = Workflow(name="a", payload=Job, concurrency=Concurrency(limit=2, pool="gpu"))
+    b = Workflow(name="b", payload=Job, concurrency=Concurrency(limit=2, pool="gpu"))
+    d = make(a, b)
+    ids = [*starts(d, "a", 3), *starts(d, "b", 3)]
+    assert admitted(d) == ids[:2]
+    d.limit(pool="gpu", concurrency=4)
+    assert sorted(admitted(d)) == sorted([*ids[:3], ids[3]]), "the pool's four slots"
+    d.limit(pool="gpu", concurrency=1)
+    for e in list(admitted(d)):
+        complete(d, e)
+    assert len(admitted(d)) == 5, "one slot of the pool now: one more, not two"
+
+
+def test_an_override_of_the_second_limit_leaves_the_first_in_force(make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=[
+        Concurrency(limit=2, key="tenant"), Concurrency(limit=3)]))
+    a = starts(d, "w", 3, tenant="a")
+    b = starts(d, "w", 3, tenant="b")
+    assert sorted(admitted(d)) == sorted([*a[:2], b[0]])
+    d.limit("w", concurrency=10, nth=2)
+    assert sorted(admitted(d)) == sorted([*a[:2], *b[:2]]), "each tenant still holds two"
+
+
+def test_an_override_reaches_every_partition(make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, key="tenant")),
+             partitions=4)
+    waiting = [starts(d, "w", 3, tenant=t) for t in "abcdefgh"]
+    assert len(admitted(d)) == 8
+    d.limit("w", concurrency=3)
+    assert len(admitted(d)) == 24, "every tenant on every partition: three each"
+    assert {e for ids in waiting for e in ids} == set(admitted(d))
+
+
+def test_an_override_set_while_the_partition_was_away_is_in_force_at_restore(
+        make: Any) -> None:
+    d = make(Workflow(name="w", payload=Job, concurrency=1))
+    ids = starts(d, "w", 3)
+    d.commit()
+    # Written while no worker had the partition: only the table holds it when it restores.
+    d.control.overrides["concurrency:w"] = OverrideRow(
+        control="concurrency", budget="w", at_ms=d.now_ms, limit=3)
+    d.restart()
+    assert admitted(d) == ids
