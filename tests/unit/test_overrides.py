@@ -192,3 +192,28 @@ def test_an_override_set_while_the_partition_was_away_is_in_force_at_restore(
         control="concurrency", budget="w", at_ms=d.now_ms, limit=3)
     d.restart()
     assert admitted(d) == ids
+
+
+# -- the ledger rows `workflows limit` writes --------------------------------------------
+
+
+def test_every_change_is_a_ledger_row_per_workflow_the_limit_judges_with_who_and_why() -> None:
+    from sluicegate.ops.services.overrides import Change, ledger_rows
+
+    pool = Target("concurrency", "pool:gpu", 20, ("a", "b"))
+    row = OverrideRow(control="concurrency", budget="pool:gpu", at_ms=5, limit=4,
+                      declared=20, reason="partner 503s", by="ana")
+    rows = ledger_rows(Change(pool, 20, 4, row))
+    assert [(r.workflow, r.outcome, r.control) for r in rows] == [
+        ("a", Outcome.overridden, "override"), ("b", Outcome.overridden, "override")]
+    assert rows[0].request_id == "override:concurrency:pool:gpu:5:a"
+    assert rows[0].reason == ("override of the concurrency limit of pool:gpu: 20 -> 4 "
+                              "(declared 20) by ana: partner 503s")
+    cleared = OverrideRow(control="concurrency", budget="pool:gpu", at_ms=9, declared=20,
+                          reason="all clear", by="bo")
+    (first, _) = ledger_rows(Change(pool, 4, 20, cleared))
+    assert first.reason == ("override of the concurrency limit of pool:gpu: 4 -> 20 "
+                            "(cleared, the declared limit again) by bo: all clear")
+    assert Change(pool, 4, 20, cleared).text() == (
+        "cleared the override of the concurrency limit of pool:gpu: 4 -> 20 (the declared "
+        "limit)")

@@ -1,5 +1,6 @@
-"""`sluicegate workflows pause|unpause|forget|flow|cancel-many|replay-many`: thin over
-`sluicegate.ops.services.control`, `.flow` and `.bulk`, which say what each does."""
+"""`sluicegate workflows pause|unpause|forget|limit|flow|cancel-many|replay-many`: thin
+over `sluicegate.ops.services.control`, `.overrides`, `.flow` and `.bulk`, which say what
+each does."""
 
 from __future__ import annotations
 
@@ -110,6 +111,50 @@ def forget(
         raise options.fail(str(exc)) from None
     state = "paused" if row.paused else "not paused"
     typer.echo(f"forgot {name}: its control row ({state}) is deleted")
+
+
+@app.command("limit")
+def limit(
+    name: Annotated[str | None, typer.Argument(
+        help="The workflow whose limit changes (or --pool).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, help="The concurrency limit in force from now on.")] = None,
+    clear: Annotated[bool, typer.Option(
+        "--clear", help="Remove the override: the declared limit applies again.")] = False,
+    pool: Annotated[str | None, typer.Option(
+        help="A concurrency pool: the override applies to every member.")] = None,
+    nth: Annotated[int, typer.Option(
+        min=1, max=2, help="Which of the workflow's concurrency limits (1 or 2).")] = 1,
+    reason: Annotated[str, typer.Option(help="Why (on the row and the ledger).")] = "",
+    by: By = None,
+    app_spec: Annotated[str, typer.Option(
+        "--app", help="Module with the declarations (required: the declared limit is the "
+                      "default an override replaces).")] = "",
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+) -> None:
+    """Override a concurrency limit fleet-wide, without a deploy: starts admitted from now
+    on are judged by it. Raising admits waiting starts at once; lowering cancels no run,
+    the key drains down to it. --clear returns to the declaration. Every change is a
+    ledger row (docs/decisions/limit-overrides.md)."""
+    from sluicegate.declare import load_app
+    from sluicegate.ops.services import overrides
+
+    if (concurrency is None) == (not clear):
+        raise options.fail("give --concurrency N, or --clear")
+    if not reason:
+        raise options.fail("--reason is required: it is recorded on the row and the ledger")
+    if not app_spec:
+        raise options.fail("--app is required: the declared limit is the default an "
+                           "override replaces")
+    settings = _settings(bootstrap, namespace)
+    try:
+        change = overrides.change_limit(settings, load_app(app_spec, settings), name,
+                                        concurrency=concurrency, pool=pool, nth=nth,
+                                        reason=reason, by=by)
+    except overrides.OverrideError as exc:
+        raise options.fail(str(exc)) from None
+    typer.echo(change.text())
 
 
 @app.command("flow")

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sluicegate.declare import App
+from sluicegate.ops.services.formatting import clock as _clock
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LATEST, LedgerDb
 from sluicegate.schemas.records import ControlRow
@@ -66,17 +67,6 @@ class Waiting:
                 "requested_at": iso(self.requested_at_ms), "due_at": iso(self.due_at_ms),
                 "position": self.position, "rank": self.rank, "waiting": self.waiting,
                 "limit": self.limit, "why": self.why}
-
-
-def _clock(ms: int | None, now_ms: int) -> str:
-    """An instant in UTC, as every sentence and the console give it: the time of day when
-    it is today, with the date when it is not (a debounce may wait seven days)."""
-    if ms is None:
-        return "an unknown time"
-    at = datetime.fromtimestamp(ms / 1000, UTC)
-    if at.date() == datetime.fromtimestamp(now_ms / 1000, UTC).date():
-        return at.strftime("%H:%M:%S UTC")
-    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _ms(value: Any) -> int | None:
