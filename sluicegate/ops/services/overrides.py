@@ -33,7 +33,6 @@ from sluicegate.declare import App
 from sluicegate.ops.services.control import who
 from sluicegate.ops.services.formatting import clock
 from sluicegate.schemas import codec
-from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import LedgerRecord, Outcome, OverrideRow
 from sluicegate.topology.topics import Topics
 
@@ -120,16 +119,15 @@ def _write(settings: Settings, row: OverrideRow, ledger: Iterable[LedgerRecord],
     """The control row and its ledger rows in one transaction: both or neither."""
     topics = Topics(settings)
     producer = Producer(settings.client_config(**{
-        "transactional.id": f"{settings.namespace}override-{uuid.uuid4()}"}))
+        "transactional.id": f"{settings.namespace}override-{uuid.uuid4()}",
+        "partitioner": "murmur2_random"}))
     try:
         producer.init_transactions(timeout_s)
         producer.begin_transaction()
         producer.produce(topics.control, codec.encode(row),
                          override_key(row.control, row.budget))
         for record in ledger:
-            key = record.request_id.encode()
-            producer.produce(topics.ledger, codec.encode(record), key,
-                             partition=partition_for(key, settings.partitions))
+            producer.produce(topics.ledger, codec.encode(record), record.request_id.encode())
         producer.commit_transaction(timeout_s)
     except KafkaException as exc:
         raise RuntimeError(f"could not write the override of {row.control} {row.budget}: "

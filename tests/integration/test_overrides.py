@@ -1,0 +1,174 @@
+"""An operator's override of a concurrency limit, end to end on the real broker: raised,
+lowered and cleared from the command line under traffic, the limit held at every moment
+by the engine's clock, a ledger row per change, and the flow view showing it."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sluicegate.client import Client, Engine
+from sluicegate.config import Settings
+from sluicegate.ops.cli.root import app as cli
+from sluicegate.ops.services.formatting import clock
+from sluicegate.schemas.records import (
+    EngineCommand,
+    LedgerRecord,
+    Outcome,
+    OverrideRow,
+    RunEvent,
+    RunEventKind,
+)
+from sluicegate.topology.admin import create_topics
+from sluicegate.topology.topics import Topics
+from tests.apps.overrides import app
+from tests.integration.kafka_helpers import TopicReader, WorkerThread
+
+pytestmark = pytest.mark.broker
+runner = CliRunner()
+APP = "tests.apps.overrides"
+# How long a worker may take to apply a control row (a pause's measure: well under 2 s).
+APPLIES_MS = 2_000
+
+
+def _cli(settings: Settings, *args: str) -> str:
+    result = runner.invoke(cli, ["workflows", *args, "--bootstrap", settings.bootstrap,
+                                 "--namespace", settings.namespace])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+class BusyEngine:
+    """An engine in a thread: reports each admitted run started, holds it 0.3-0.6 s by
+    its own clock, then reports it completed. `started` counts the runs begun so far."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.engine = Engine(settings=settings, group=f"engine-{uuid.uuid4().hex[:6]}")
+        self.started = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        due: list[tuple[float, str, str]] = []
+        rng = random.Random(35)
+        try:
+            while not self._stop.is_set():
+                delivery = self.engine.poll(0.01)
+                if delivery is not None and delivery.admitted is not None:
+                    run = delivery.admitted
+                    self.engine.started(delivery)
+                    self.started += 1
+                    due.append((time.monotonic() + rng.uniform(0.3, 0.6), run.execution_id,
+                                run.workflow))
+                now = time.monotonic()
+                for item in [d for d in due if d[0] <= now]:
+                    due.remove(item)
+                    self.engine.completed(item[1], item[2])
+        except BaseException as exc:  # surfaced by __exit__
+            self.error = exc
+
+    def until_started(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.started < n:
+            assert time.monotonic() < deadline, f"{self.started} runs started, not {n}"
+            time.sleep(0.02)
+
+    def __enter__(self) -> BusyEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.engine.close()
+        if self.error is not None:
+            raise self.error
+
+
+def in_flight_at_each_start(events: list[RunEvent]) -> Iterator[tuple[int, int]]:
+    """(the engine's time of each start, the runs in flight once it began), from the
+    engine's own reports: a run is in flight from its start to its completion. A run ends
+    before the admission its slot allows, so at equal milliseconds completions count first."""
+    steps = sorted((e.at_ms, 0 if e.kind is RunEventKind.completed else 1)
+                   for e in events if e.kind in (RunEventKind.started, RunEventKind.completed))
+    now = 0
+    for at_ms, starts in steps:
+        now += 1 if starts else -1
+        if starts:
+            yield at_ms, now
+
+
+def test_an_override_raised_lowered_and_cleared_under_traffic_holds_at_every_moment(
+        settings: Settings, tmp_path: Path) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    control = TopicReader(settings, topics.control, OverrideRow)
+    events = TopicReader(settings, topics.run_events, RunEvent)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    commands = TopicReader(settings, topics.commands, EngineCommand)
+    limit = ["limit", "partnerCall", "--app", APP, "--by", "ops"]
+    with WorkerThread(app, settings), BusyEngine(settings) as engine:
+        with Client(app=app, settings=settings, replies=False) as client:
+            for n in range(60):
+                client.submit("partnerCall", {"n": n})
+        engine.until_started(6)
+        assert _cli(settings, *limit, "--concurrency", "8", "--reason",
+                    "partner is fast today") == (
+            "concurrency limit of partnerCall: 4 -> 8 (declared 4)\n")
+        engine.until_started(26)
+        _cli(settings, *limit, "--concurrency", "2", "--reason", "partner 503s")
+        lowered = control.until(lambda rows: len(rows) >= 2, what="the lowering row")[1]
+        # The flow view while it drains: the limit in force, and whose and why.
+        flow = _cli(settings, "flow", "--workflow", "partnerCall", "--app", APP, "--db",
+                    str(tmp_path / "ledger.duckdb"))
+        note = (f'/2 (override since {clock(lowered.at_ms, time.time_ns() // 1_000_000)} '
+                f'by ops: "partner 503s"; declared 4)')
+        assert note in flow.splitlines()[0], flow
+        at_lowering = engine.started
+        engine.until_started(at_lowering + 8)
+        assert "cleared the override of the concurrency limit of partnerCall: 2 -> 4" in _cli(
+            settings, *limit, "--clear", "--reason", "partner recovered")
+        engine.until_started(60)
+        events.until(lambda rows: sum(e.kind is RunEventKind.completed for e in rows) >= 60,
+                     timeout=30, what="60 runs completed")
+    raised, lowered, cleared = control.until(lambda rows: len(rows) >= 3, what="3 rows")
+    assert set(control.keys) == {b"override:concurrency:partnerCall"}
+    assert [(r.limit, r.declared, r.by) for r in (raised, lowered, cleared)] == [
+        (8, 4, "ops"), (2, 4, "ops"), (None, 4, "ops")]
+
+    def in_force(at_ms: int) -> int:
+        """The limit a start at `at_ms` may have been admitted under: while a worker may
+        not have applied a lowering yet, the limit before it."""
+        def limit_at(t: int) -> int:
+            return (4 if t < raised.at_ms else 8 if t < lowered.at_ms
+                    else 2 if t < cleared.at_ms else 4)
+        return max(limit_at(at_ms), limit_at(at_ms - APPLIES_MS))
+
+    starts = list(in_flight_at_each_start(events.records))
+    assert len(starts) == 60
+    over = [(at, n, in_force(at)) for at, n in starts if n > in_force(at)]
+    assert over == [], "a start found more runs in flight than the limit in force"
+    # Raising admits waiting starts at once; clearing a lowered one too.
+    assert max(n for at, n in starts if raised.at_ms <= at < raised.at_ms + APPLIES_MS) == 8
+    assert max(n for at, n in starts if cleared.at_ms <= at < cleared.at_ms + APPLIES_MS) == 4
+    # Lowering cancelled nothing: every run completed, no command was sent to the engine.
+    assert commands.settle(0.5) == []
+    rows = sorted((r for r in ledger.until(
+        lambda rows: sum(r.outcome is Outcome.overridden for r in rows) >= 3,
+        what="3 override rows") if r.outcome is Outcome.overridden),
+        key=lambda r: r.decided_at_ms)
+    assert [(r.workflow, r.control, r.reason) for r in rows] == [
+        ("partnerCall", "override", "override of the concurrency limit of partnerCall: "
+         "4 -> 8 (declared 4) by ops: partner is fast today"),
+        ("partnerCall", "override", "override of the concurrency limit of partnerCall: "
+         "8 -> 2 (declared 4) by ops: partner 503s"),
+        ("partnerCall", "override", "override of the concurrency limit of partnerCall: "
+         "2 -> 4 (cleared, the declared limit again) by ops: partner recovered")]
