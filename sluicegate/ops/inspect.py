@@ -403,7 +403,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     registry.register(FlowCollector(
         lambda: sources.reader.view(None), decided, declared=sources.declared,
         outcomes=OUTCOMES, bounds=wait_bounds(sources.app),
-        dead_letters=sources.dead_letters, inputs=sources.input_offsets))
+        dead_letters=sources.dead_letters, inputs=sources.input_offsets,
+        overrides=lambda: sources.reader.control.overrides))
 
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer"}
