@@ -1,15 +1,20 @@
 """An operator's override of a concurrency limit, end to end on the real broker: raised,
 lowered and cleared from the command line under traffic, the limit held at every moment
-by the engine's clock, a ledger row per change, and the flow view showing it."""
+by the engine's clock, a ledger row per change, and the flow view showing it; the
+console's preview and apply, with its token, and the gauges on /metrics."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -17,8 +22,10 @@ from typer.testing import CliRunner
 from sluicegate.client import Client, Engine
 from sluicegate.config import Settings
 from sluicegate.ops.cli.root import app as cli
+from sluicegate.ops.inspect import open_server
 from sluicegate.ops.services.formatting import clock
 from sluicegate.schemas.records import (
+    AdmittedStart,
     EngineCommand,
     LedgerRecord,
     Outcome,
@@ -144,18 +151,22 @@ def test_an_override_raised_lowered_and_cleared_under_traffic_holds_at_every_mom
     assert [(r.limit, r.declared, r.by) for r in (raised, lowered, cleared)] == [
         (8, 4, "ops"), (2, 4, "ops"), (None, 4, "ops")]
 
+    def limit_at(t: int) -> int:
+        return 4 if t < raised.at_ms else 8 if t < lowered.at_ms else 2 if t < cleared.at_ms else 4
+
     def in_force(at_ms: int) -> int:
         """The limit a start at `at_ms` may have been admitted under: while a worker may
-        not have applied a lowering yet, the limit before it."""
-        def limit_at(t: int) -> int:
-            return (4 if t < raised.at_ms else 8 if t < lowered.at_ms
-                    else 2 if t < cleared.at_ms else 4)
-        return max(limit_at(at_ms), limit_at(at_ms - APPLIES_MS))
+        not have applied a lowering yet, the highest in force over the moments before."""
+        changes = [r.at_ms for r in (raised, lowered, cleared)
+                   if at_ms - APPLIES_MS < r.at_ms <= at_ms]
+        return max(limit_at(t) for t in (at_ms, at_ms - APPLIES_MS,
+                                          *(c - 1 for c in changes)))
 
     starts = list(in_flight_at_each_start(events.records))
     assert len(starts) == 60
     over = [(at, n, in_force(at)) for at, n in starts if n > in_force(at)]
-    assert over == [], "a start found more runs in flight than the limit in force"
+    assert over == [], (f"a start found more runs in flight than the limit in force: "
+                        f"{raised.at_ms=} {lowered.at_ms=} {cleared.at_ms=} {starts=}")
     # Raising admits waiting starts at once; clearing a lowered one too.
     assert max(n for at, n in starts if raised.at_ms <= at < raised.at_ms + APPLIES_MS) == 8
     assert max(n for at, n in starts if cleared.at_ms <= at < cleared.at_ms + APPLIES_MS) == 4
@@ -172,3 +183,59 @@ def test_an_override_raised_lowered_and_cleared_under_traffic_holds_at_every_mom
          "8 -> 2 (declared 4) by ops: partner 503s"),
         ("partnerCall", "override", "override of the concurrency limit of partnerCall: "
          "2 -> 4 (cleared, the declared limit again) by ops: partner recovered")]
+
+
+def _post(url: str, body: dict[str, object], token: str | None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json", "Origin": url.split("/inspect")[0]}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_console_previews_what_an_override_admits_then_applies_it_with_its_token(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    token = "override-token"
+    with WorkerThread(app, settings), open_server(settings, port=0, app=app,
+                                                  token=token) as server:
+        with Client(app=app, settings=settings, replies=False) as client:
+            for n in range(10):
+                client.submit("partnerCall", {"n": n})
+        # No engine ends a run: four hold the slots, six wait.
+        ledger.until(lambda rows: sum(r.outcome is Outcome.queued for r in rows) >= 6,
+                     what="six queued")
+        admitted.until(lambda rows: len(rows) >= 4, what="four admitted")
+        limits = server.url + "/inspect/limits/"
+        raise_to_7 = {"workflow": "partnerCall", "concurrency": 7, "reason": "more capacity"}
+        status, doc = _post(limits + "preview", raise_to_7, token)
+        assert (status, doc) == (200, {
+            "limit": "concurrency limit of partnerCall", "budget": "partnerCall",
+            "declared": 4, "before": 4, "after": 7, "waiting": 6, "admitted_now": 3,
+            "draining": 0})
+        assert _post(limits + "apply", raise_to_7, None)[0] == 401
+        status, doc = _post(limits + "apply", {**raise_to_7, "reason": ""}, token)
+        assert status == 400 and "needs a reason" in doc["error"]
+        status, doc = _post(limits + "apply", {"pool": "nope", "concurrency": 3,
+                                               "reason": "x"}, token)
+        assert status == 400 and "no workflow declares a concurrency limit in pool" in (
+            doc["error"])
+        status, doc = _post(limits + "apply", raise_to_7, token)
+        assert (status, doc["after"], doc["written"]) == (200, 7, True)
+        admitted.until(lambda rows: len(rows) >= 7, timeout=10, what="three more admitted")
+        status, doc = _post(limits + "preview", {"workflow": "partnerCall",
+                                                 "concurrency": 2}, token)
+        assert (doc["before"], doc["admitted_now"], doc["draining"]) == (7, 0, 5)
+        metrics = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
+        assert ('sluicegate_limit_override{budget="partnerCall",control="concurrency"} 7.0'
+                in metrics)
+        assert 'sluicegate_concurrency_limit{workflow="partnerCall"} 7.0' in metrics
+    assert len(admitted.settle(0.5)) == 7

@@ -217,3 +217,47 @@ def test_every_change_is_a_ledger_row_per_workflow_the_limit_judges_with_who_and
     assert Change(pool, 4, 20, cleared).text() == (
         "cleared the override of the concurrency limit of pool:gpu: 4 -> 20 (the declared "
         "limit)")
+
+
+# -- the console's preview -----------------------------------------------------------------
+
+
+def test_a_preview_counts_the_starts_a_raise_admits_at_once_and_the_runs_a_lowering_drains(
+) -> None:
+    from sluicegate.ops.services.overrides import preview
+
+    target = Target("concurrency", "w", 4, ("w",))
+    held, waiting = {"a": 4, "b": 1, "c": 4}, {"a": 10, "b": 0, "c": 1}
+    raised = preview(target, {}, 6, held, waiting)
+    assert (raised.before, raised.after, raised.waiting, raised.admitted_now,
+            raised.draining) == (4, 6, 11, 3, 0)
+    lowered = preview(target, {}, 2, held, waiting)
+    assert (lowered.admitted_now, lowered.draining) == (0, 4)
+    now = {"concurrency:w": OverrideRow(control="concurrency", budget="w", at_ms=1, limit=2)}
+    cleared = preview(target, now, None, {"a": 2}, {"a": 5})
+    assert (cleared.before, cleared.after, cleared.admitted_now) == (2, 4, 2)
+
+
+def test_the_starts_waiting_for_a_pool_are_counted_per_key_across_its_members() -> None:
+    from sluicegate.ops.services.ledger import LedgerDb, fill
+    from sluicegate.ops.services.overrides import waiting_by_key
+
+    app = App([
+        Workflow(name="a", payload=Job, concurrency=[
+            Concurrency(limit=5, key="tenant"), Concurrency(limit=20, pool="gpu")]),
+        Workflow(name="b", payload=Job, concurrency=Concurrency(limit=20, pool="gpu")),
+    ])
+
+    def queued(request_id: str, workflow: str, control: str, key: str) -> Any:
+        from sluicegate.schemas.records import LedgerRecord
+
+        return LedgerRecord(request_id=request_id, workflow=workflow, outcome=Outcome.queued,
+                            requested_at_ms=1, decided_at_ms=1, key=key,
+                            deferral="concurrency", control=control)
+
+    db = LedgerDb(":memory:")
+    fill(db, [queued("1", "a", "concurrency[1] pool:gpu", ""),
+              queued("2", "b", "concurrency pool:gpu", ""),
+              queued("3", "a", "concurrency[0]", "t1")])  # waits for its tenant's limit
+    assert waiting_by_key(concurrency_target(app, pool="gpu"), app, db) == {"": 2}
+    assert waiting_by_key(concurrency_target(app, "a"), app, db) == {"t1": 1}

@@ -32,12 +32,15 @@ from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.ops.services.control import who
 from sluicegate.ops.services.formatting import clock
+from sluicegate.ops.services.ledger import LATEST, LedgerDb
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import LedgerRecord, Outcome, OverrideRow
+from sluicegate.schemas.records import ENDED, LedgerRecord, Outcome, OverrideRow, RunRow
+from sluicegate.topology.keys import ControlKey, key_text
+from sluicegate.topology.route import control_name, route_for
 from sluicegate.topology.topics import Topics
 
-__all__ = ["Change", "OverrideError", "change_limit", "describe_override", "ledger_rows",
-           "overrides_in_force"]
+__all__ = ["Change", "OverrideError", "Preview", "change_limit", "describe_override",
+           "held_by_key", "ledger_rows", "overrides_in_force", "preview", "waiting_by_key"]
 
 # The range a declared concurrency limit may take (SPEC.md section 1).
 LIMITS = (1, 100_000)
@@ -61,6 +64,78 @@ class Change:
             return (f"cleared the override of the {what}: {self.before} -> {self.after} "
                     "(the declared limit)")
         return f"{what}: {self.before} -> {self.after} (declared {self.target.declared})"
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What a change would do now: the limit before and after, and per the budget's keys,
+    the waiting starts it admits at once and the runs over it that drain."""
+
+    target: Target
+    before: int
+    after: int
+    waiting: int
+    admitted_now: int
+    draining: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"limit": self.target.describe(), "budget": self.target.budget,
+                "declared": self.target.declared, "before": self.before,
+                "after": self.after, "waiting": self.waiting,
+                "admitted_now": self.admitted_now, "draining": self.draining}
+
+
+def preview(target: Target, current: Mapping[str, OverrideRow], limit: int | None,
+            held: Mapping[str, int], waiting: Mapping[str, int]) -> Preview:
+    """What setting `limit` (None: clearing) on `target` would do, from the slots held
+    and the starts waiting per key of its budget: each key admits its waiting starts up to
+    the new limit at once; a key holding more than it keeps its runs, which drain."""
+    before = effective(target.declared, in_force(current, target.control, target.budget))
+    after = target.declared if limit is None else limit
+    keys = set(held) | set(waiting)
+    return Preview(
+        target, before, after, sum(waiting.values()),
+        admitted_now=sum(min(waiting.get(k, 0), max(0, after - held.get(k, 0)))
+                         for k in keys),
+        draining=sum(max(0, held.get(k, 0) - after) for k in keys))
+
+
+def held_by_key(target: Target, runs: Iterable[RunRow]) -> dict[str, int]:
+    """The slots of `target`'s budget its live runs hold, per key (as the ledger shows it)."""
+    held: dict[str, int] = {}
+    for run in runs:
+        if run.status in ENDED:
+            continue
+        for slot in run.slots:
+            if slot.stage == target.control and ControlKey.parse(slot.key).budget == target.budget:
+                text = key_text(slot.key)
+                held[text] = held.get(text, 0) + 1
+    return held
+
+
+WAITING_SQL = f"""
+WITH {LATEST}
+SELECT workflow, control, coalesce(key, '') AS key, count(*)
+FROM latest
+WHERE outcome = 'queued' AND deferral = 'concurrency' AND NOT starts_with(request_id, 'run:')
+GROUP BY ALL
+"""
+
+
+def waiting_by_key(target: Target, app: App, db: LedgerDb) -> dict[str, int]:
+    """The starts waiting for a slot of `target`'s budget, per key, from the ledger: those
+    whose latest row is queued by the concurrency limit it names."""
+    names = set()
+    for workflow in target.workflows:
+        wf = app.workflows[workflow]
+        for hop in route_for(wf).hops:
+            if hop.stage == target.control and hop.budget == target.budget:
+                names.add((workflow, control_name(wf, hop)))
+    waiting: dict[str, int] = {}
+    for workflow, control, key, n in db.query(WAITING_SQL).rows:
+        if (workflow, control) in names:
+            waiting[str(key)] = waiting.get(str(key), 0) + int(n)
+    return waiting
 
 
 def overrides_in_force(settings: Settings, timeout_s: float = 10.0) -> dict[str, OverrideRow]:
