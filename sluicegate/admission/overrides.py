@@ -43,6 +43,11 @@ def effective(declared: int, row: OverrideRow | None) -> int:
     return declared if row is None or row.limit is None else row.limit
 
 
+def effective_period(declared_ms: int, row: OverrideRow | None) -> int:
+    """The period in force (a rateLimit's): the override's when it sets one."""
+    return declared_ms if row is None or row.period_ms is None else row.period_ms
+
+
 class OverrideError(ValueError):
     """An override that names no limit it could change; the message says which to name."""
 
@@ -56,13 +61,17 @@ class Target:
     budget: str
     declared: int
     workflows: tuple[str, ...]
+    declared_period_ms: int | None = None  # a rateLimit's
 
     @property
     def name(self) -> str:
         return target(self.control, self.budget)
 
     def describe(self) -> str:
-        """`concurrency limit of pool:gpu`, `concurrency limit 2 of orders`."""
+        """`concurrency limit of pool:gpu`, `concurrency limit 2 of orders`, `rateLimit of
+        alerts`."""
+        if self.control == RATE_LIMIT:
+            return f"rateLimit of {self.budget}"
         if self.budget.startswith("pool:"):
             return f"{self.control} limit of {self.budget}"
         workflow, _, index = self.budget.partition("#")
@@ -110,3 +119,44 @@ def concurrency_target(app: App, workflow: str | None = None, *, pool: str | Non
                             "a scope's limit is not supported")
     budget = workflow if nth == 1 else f"{workflow}#{nth - 1}"
     return Target(control, budget, option.limit, (workflow,))
+
+
+RATE_LIMIT = "rateLimit"
+
+
+def rate_limit_target(app: App, workflow: str | None) -> Target:
+    """The rateLimit `workflow` declares (its budget is the workflow's name)."""
+    if workflow is None:
+        raise OverrideError("name the workflow whose rateLimit changes")
+    wf = app.get(workflow)
+    if wf is None:
+        raise OverrideError(f"workflow {workflow!r} is not declared")
+    if wf.rate_limit is None:
+        raise OverrideError(f"workflow {workflow} declares no rateLimit")
+    return Target(RATE_LIMIT, workflow, wf.rate_limit.limit, (workflow,),
+                  wf.rate_limit.period_ms)
+
+
+def target_of(app: App, workflow: str | None, control: str = "concurrency", *,
+              pool: str | None = None, nth: int = 1) -> Target:
+    """The limit an override names: a concurrency limit (a workflow's nth, or a pool's)
+    or a workflow's rateLimit."""
+    if control == RATE_LIMIT:
+        if pool is not None or nth != 1:
+            raise OverrideError("a rateLimit is a workflow's own: no --pool, no --nth")
+        return rate_limit_target(app, workflow)
+    if control != "concurrency":
+        raise OverrideError(f"no override of {control!r}: concurrency or rateLimit")
+    return concurrency_target(app, workflow, pool=pool, nth=nth)
+
+
+def override_row(target: Target, at_ms: int, limit: int | None, period_ms: int | None = None,
+                 *, reason: str | None = None, by: str | None = None) -> OverrideRow:
+    """The row that puts `limit` (None: clears the override) in force on `target`."""
+    if limit is None:
+        period_ms = None
+    elif target.control == RATE_LIMIT and period_ms is None:
+        period_ms = target.declared_period_ms
+    return OverrideRow(control=target.control, budget=target.budget, at_ms=at_ms,
+                       limit=limit, period_ms=period_ms, declared=target.declared,
+                       reason=reason, by=by)

@@ -562,8 +562,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         with sources.reading():
             sources.reader.view(None)
             try:
-                target = overrides.concurrency_target(sources.app, asked.workflow,
-                                                      pool=asked.pool, nth=asked.nth)
+                target = overrides.target_of(sources.app, asked.workflow,
+                                             pool=asked.pool, nth=asked.nth)
                 current = sources.reader.control.overrides
                 if op == "preview":
                     return overrides.preview(

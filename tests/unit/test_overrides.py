@@ -261,3 +261,66 @@ def test_the_starts_waiting_for_a_pool_are_counted_per_key_across_its_members() 
               queued("3", "a", "concurrency[0]", "t1")])  # waits for its tenant's limit
     assert waiting_by_key(concurrency_target(app, pool="gpu"), app, db) == {"": 2}
     assert waiting_by_key(concurrency_target(app, "a"), app, db) == {"t1": 1}
+
+
+# -- a rateLimit ---------------------------------------------------------------------------
+
+
+def test_a_rate_limit_override_decides_the_starts_after_it_and_clearing_returns_to_the_declared(
+        make: Any) -> None:
+    from sluicegate.declare import RateLimit
+
+    d = make(Workflow(name="alert", payload=Job, rate_limit=RateLimit(limit=2, period="1m")))
+    starts(d, "alert", 3)
+    assert len(d.admitted) == 2
+    dropped = [r for r in d.ledger if r.outcome is Outcome.dropped]
+    assert dropped[-1].reason is not None and dropped[-1].reason.startswith(
+        "rateLimit: 2 per 1m for key '' already started")
+    d.limit("alert", rate_limit=(4, 10_000), reason="storm is over")
+    starts(d, "alert", 3)
+    assert len(d.admitted) == 4, "two more under 4 per 10s, the third dropped"
+    last = [r for r in d.ledger if r.outcome is Outcome.dropped][-1]
+    assert last.reason is not None and last.reason.startswith("rateLimit: 4 per 10s")
+    d.advance(10_000)
+    starts(d, "alert", 1)
+    assert len(d.admitted) == 5, "the overridden period has passed"
+    d.limit("alert", control="rateLimit", reason="back to normal")
+    starts(d, "alert", 2)
+    assert len(d.admitted) == 6, "2 per minute again: one admitted since the last minute began"
+
+
+def test_a_rate_limit_override_names_a_workflow_that_declares_one() -> None:
+    from sluicegate.admission.overrides import target_of
+    from sluicegate.declare import RateLimit
+
+    app = App([Workflow(name="alert", payload=Job, rate_limit=RateLimit(limit=2, period="1m")),
+               Workflow(name="w", payload=Job, concurrency=2)])
+    assert target_of(app, "alert", "rateLimit") == Target("rateLimit", "alert", 2, ("alert",),
+                                                          60_000)
+    with pytest.raises(OverrideError, match="workflow w declares no rateLimit"):
+        target_of(app, "w", "rateLimit")
+    with pytest.raises(OverrideError, match="no --pool, no --nth"):
+        target_of(app, "alert", "rateLimit", nth=2)
+
+
+def test_a_rate_limit_change_says_the_limit_and_the_period_before_and_after() -> None:
+    from sluicegate.ops.services.overrides import Change, ledger_rows
+
+    target = Target("rateLimit", "alert", 2, ("alert",), 60_000)
+    row = OverrideRow(control="rateLimit", budget="alert", at_ms=5, limit=4, period_ms=10_000,
+                      declared=2, reason="storm is over", by="ana")
+    change = Change(target, 2, 4, row, 60_000, 10_000)
+    assert change.text() == "rateLimit of alert: 2 per 1m -> 4 per 10s (declared 2 per 1m)"
+    (ledger,) = ledger_rows(change)
+    assert ledger.reason == ("override of the rateLimit of alert: 2 per 1m -> 4 per 10s "
+                             "(declared 2 per 1m) by ana: storm is over")
+
+
+def test_a_rate_is_a_limit_per_a_period_as_declared() -> None:
+    from sluicegate.ops.services.overrides import parse_rate
+
+    assert parse_rate("10/1m") == (10, 60_000)
+    assert parse_rate("100 / 1 hour") == (100, 3_600_000)
+    for bad in ("10", "ten/1m", "10/soon"):
+        with pytest.raises(OverrideError, match="--rate-limit takes LIMIT/PERIOD"):
+            parse_rate(bad)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from sluicegate.admission import overrides
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.routing import ControlStage
 from sluicegate.admission.stage import StageContext
@@ -102,17 +103,19 @@ class RateLimitStage(ControlStage):
         row = _WINDOW + record.key
         raw = ctx.store.get(row)
         window = Window.decode(raw) if raw else Window()
-        decision = decide(window, option.limit, option.period_ms, ctx.now_ms)
+        limit, period_ms = self._rate(start.workflow, option)
+        decision = decide(window, limit, period_ms, ctx.now_ms)
         if isinstance(decision, Drop):
             self.router.decide(ctx, start, Outcome.dropped, key=text,
-                               reason=_reason(option, text, decision.retry_after_ms),
+                               reason=_reason(limit, option.period if period_ms ==
+                                              option.period_ms else format_duration(period_ms),
+                                              text, decision.retry_after_ms),
                                retry_after_ms=decision.retry_after_ms, headers=record.headers)
             return
         ctx.store.put(row, decision.window.encode())
         if raw is None:
             # One timer per row's life, not per admission: it moves itself on when it fires.
-            ctx.timers.schedule(decision.window.forget_at(option.period_ms),
-                                _FORGET + record.key)
+            ctx.timers.schedule(decision.window.forget_at(period_ms), _FORGET + record.key)
         self.router.forward(ctx, start, headers=record.headers, key=text)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
@@ -124,13 +127,23 @@ class RateLimitStage(ControlStage):
         if raw is None:
             return
         window = Window.decode(raw)
-        wf = self.app.get(_workflow(kafka_key))
+        workflow = _workflow(kafka_key)
+        wf = self.app.get(workflow)
         option = wf.rate_limit if wf is not None else None
-        if option is None or window.forget_at(option.period_ms) <= ctx.now_ms:
+        period_ms = self._rate(workflow, option)[1] if option is not None else 0
+        if option is None or window.forget_at(period_ms) <= ctx.now_ms:
             ctx.store.delete(row)
         else:
             # Admissions came after the row was made: forget it after the newest one.
-            ctx.timers.schedule(window.forget_at(option.period_ms), key)
+            ctx.timers.schedule(window.forget_at(period_ms), key)
+
+    def _rate(self, workflow: str, option: RateLimit) -> tuple[int, int]:
+        """The limit and period in force: an operator's override's, else the declared."""
+        control = self.router.control
+        row = (control.override(overrides.RATE_LIMIT, workflow)
+               if control is not None and control.overrides else None)
+        return (overrides.effective(option.limit, row),
+                overrides.effective_period(option.period_ms, row))
 
 
 
@@ -139,6 +152,6 @@ def _workflow(kafka_key: bytes) -> str:
     return ControlKey.parse(kafka_key).budget
 
 
-def _reason(option: RateLimit, key: str, retry_after_ms: int) -> str:
-    return (f"rateLimit: {option.limit} per {option.period} for key {key!r} already started; "
+def _reason(limit: int, period: object, key: str, retry_after_ms: int) -> str:
+    return (f"rateLimit: {limit} per {period} for key {key!r} already started; "
             f"the oldest of them leaves the window in {format_duration(retry_after_ms)}")

@@ -119,8 +119,13 @@ def limit(
         help="The workflow whose limit changes (or --pool).")] = None,
     concurrency: Annotated[int | None, typer.Option(
         min=1, help="The concurrency limit in force from now on.")] = None,
+    rate_limit: Annotated[str | None, typer.Option(
+        "--rate-limit", help="The rateLimit in force from now on: LIMIT/PERIOD (10/1m).")]
+        = None,
     clear: Annotated[bool, typer.Option(
         "--clear", help="Remove the override: the declared limit applies again.")] = False,
+    control: Annotated[str, typer.Option(
+        help="Which limit --clear clears: concurrency or rate-limit.")] = "concurrency",
     pool: Annotated[str | None, typer.Option(
         help="A concurrency pool: the override applies to every member.")] = None,
     nth: Annotated[int, typer.Option(
@@ -133,25 +138,33 @@ def limit(
     bootstrap: Bootstrap = None,
     namespace: Namespace = None,
 ) -> None:
-    """Override a concurrency limit fleet-wide, without a deploy: starts admitted from now
-    on are judged by it. Raising admits waiting starts at once; lowering cancels no run,
-    the key drains down to it. --clear returns to the declaration. Every change is a
-    ledger row (docs/decisions/limit-overrides.md)."""
+    """Override a concurrency limit or a rateLimit fleet-wide, without a deploy: starts
+    admitted from now on are judged by it. Raising admits waiting starts at once;
+    lowering cancels no run, the key drains down to it. --clear returns to the
+    declaration. Every change is a ledger row (docs/decisions/limit-overrides.md)."""
     from sluicegate.declare import load_app
     from sluicegate.ops.services import overrides
 
-    if (concurrency is None) == (not clear):
-        raise options.fail("give --concurrency N, or --clear")
+    given = sum(x is not None for x in (concurrency, rate_limit)) + clear
+    if given != 1:
+        raise options.fail("give one of --concurrency N, --rate-limit LIMIT/PERIOD, --clear")
+    if control not in ("concurrency", "rate-limit"):
+        raise options.fail(f"--control must be concurrency or rate-limit, not {control!r}")
     if not reason:
         raise options.fail("--reason is required: it is recorded on the row and the ledger")
     if not app_spec:
         raise options.fail("--app is required: the declared limit is the default an "
                            "override replaces")
+    try:
+        rate = None if rate_limit is None else overrides.parse_rate(rate_limit)
+    except overrides.OverrideError as exc:
+        raise options.fail(str(exc)) from None
     settings = _settings(bootstrap, namespace)
     try:
-        change = overrides.change_limit(settings, load_app(app_spec, settings), name,
-                                        concurrency=concurrency, pool=pool, nth=nth,
-                                        reason=reason, by=by)
+        change = overrides.change_limit(
+            settings, load_app(app_spec, settings), name, concurrency=concurrency,
+            rate_limit=rate, control="rateLimit" if control == "rate-limit" else control,
+            pool=pool, nth=nth, reason=reason, by=by)
     except overrides.OverrideError as exc:
         raise options.fail(str(exc)) from None
     typer.echo(change.text())

@@ -21,15 +21,18 @@ from confluent_kafka import KafkaException, Producer
 
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.overrides import (
+    RATE_LIMIT,
     OverrideError,
     Target,
-    concurrency_target,
     effective,
+    effective_period,
     in_force,
     override_key,
+    override_row,
+    target_of,
 )
 from sluicegate.config import Settings
-from sluicegate.declare import App
+from sluicegate.declare import App, format_duration, parse_duration
 from sluicegate.ops.services.control import who
 from sluicegate.ops.services.formatting import clock
 from sluicegate.ops.services.ledger import LATEST, LedgerDb
@@ -40,10 +43,13 @@ from sluicegate.topology.route import control_name, route_for
 from sluicegate.topology.topics import Topics
 
 __all__ = ["Change", "OverrideError", "Preview", "change_limit", "describe_override",
-           "held_by_key", "ledger_rows", "overrides_in_force", "preview", "waiting_by_key"]
+           "held_by_key", "ledger_rows", "overrides_in_force", "parse_rate", "preview",
+           "target_of", "waiting_by_key"]
 
-# The range a declared concurrency limit may take (SPEC.md section 1).
+# The ranges a declared limit and a rateLimit's period may take (SPEC.md section 1).
 LIMITS = (1, 100_000)
+PERIODS = (1_000, 7 * 86_400_000)
+CONCURRENCY = "concurrency"
 CONTROL = "override"
 
 
@@ -55,15 +61,35 @@ class Change:
     before: int
     after: int
     row: OverrideRow | None  # None: nothing to clear, nothing written
+    # A rateLimit's periods, before and after.
+    before_period_ms: int | None = None
+    after_period_ms: int | None = None
+
+    @property
+    def old(self) -> str:
+        return _rate(self.before, self.before_period_ms)
+
+    @property
+    def new(self) -> str:
+        return _rate(self.after, self.after_period_ms)
+
+    @property
+    def declared(self) -> str:
+        return _rate(self.target.declared, self.target.declared_period_ms)
 
     def text(self) -> str:
         what = self.target.describe()
         if self.row is None:
-            return f"{what} has no override: it is the declared {self.target.declared}"
+            return f"{what} has no override: it is the declared {self.declared}"
         if self.row.limit is None:
-            return (f"cleared the override of the {what}: {self.before} -> {self.after} "
+            return (f"cleared the override of the {what}: {self.old} -> {self.new} "
                     "(the declared limit)")
-        return f"{what}: {self.before} -> {self.after} (declared {self.target.declared})"
+        return f"{what}: {self.old} -> {self.new} (declared {self.declared})"
+
+
+def _rate(limit: int, period_ms: int | None) -> str:
+    """`4`, or a rateLimit's `10 per 1m`."""
+    return str(limit) if period_ms is None else f"{limit} per {format_duration(period_ms)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +181,9 @@ def ledger_rows(change: Change) -> list[LedgerRecord]:
     by = f" by {row.by}" if row.by else ""
     why = f": {row.reason}" if row.reason else ""
     what = ("cleared, the declared limit again" if row.limit is None
-            else f"declared {change.target.declared}")
-    reason = (f"override of the {change.target.describe()}: {change.before} -> "
-              f"{change.after} ({what}){by}{why}")
+            else f"declared {change.declared}")
+    reason = (f"override of the {change.target.describe()}: {change.old} -> "
+              f"{change.new} ({what}){by}{why}")
     return [LedgerRecord(
         request_id=f"override:{change.target.name}:{row.at_ms}:{workflow}",
         workflow=workflow, outcome=Outcome.overridden, requested_at_ms=row.at_ms,
@@ -165,26 +191,48 @@ def ledger_rows(change: Change) -> list[LedgerRecord]:
         for workflow in change.target.workflows]
 
 
+def parse_rate(text: str) -> tuple[int, int]:
+    """`10/1m` (a limit per a period, as declared) -> (10, 60000)."""
+    limit, slash, period = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError("no '/'")
+        return int(limit.strip()), parse_duration(period.strip())
+    except (ValueError, TypeError) as exc:
+        raise OverrideError(f"--rate-limit takes LIMIT/PERIOD, as 10/1m or 100/1h, not "
+                            f"{text!r} ({exc})") from None
+
+
 def change_limit(settings: Settings, app: App, workflow: str | None = None, *,
-                 concurrency: int | None, pool: str | None = None, nth: int = 1,
+                 concurrency: int | None = None, rate_limit: tuple[int, int] | None = None,
+                 control: str = CONCURRENCY, pool: str | None = None, nth: int = 1,
                  reason: str, by: str | None = None,
                  current: Mapping[str, OverrideRow] | None = None) -> Change:
-    """Override (or, with `concurrency` None, clear the override of) a concurrency limit
-    `app` declares, fleet-wide. `current`: the control table's override rows, when read
+    """Override a limit `app` declares, fleet-wide: a concurrency limit (`concurrency`),
+    or a rateLimit (`rate_limit`: limit and period in ms). Neither given: clear the
+    override of `control`. `current`: the control table's override rows, when read
     already. OverrideError for a limit that cannot be overridden or out of range."""
-    target = concurrency_target(app, workflow, pool=pool, nth=nth)
-    if concurrency is not None and not LIMITS[0] <= concurrency <= LIMITS[1]:
-        raise OverrideError(f"{target.describe()}: a concurrency limit must be between "
-                            f"{LIMITS[0]} and {LIMITS[1]:,}, not {concurrency}")
+    if rate_limit is not None:
+        control = RATE_LIMIT
+    target = target_of(app, workflow, control, pool=pool, nth=nth)
+    limit, period_ms = rate_limit if rate_limit is not None else (concurrency, None)
+    if limit is not None and not LIMITS[0] <= limit <= LIMITS[1]:
+        raise OverrideError(f"{target.describe()}: a limit must be between {LIMITS[0]} and "
+                            f"{LIMITS[1]:,}, not {limit}")
+    if period_ms is not None and not PERIODS[0] <= period_ms <= PERIODS[1]:
+        raise OverrideError(f"{target.describe()}: a rateLimit period must be between 1s "
+                            f"and 7d, not {format_duration(period_ms)}")
     rows = overrides_in_force(settings) if current is None else current
     previous = in_force(rows, target.control, target.budget)
+    declared_ms = target.declared_period_ms
     before = effective(target.declared, previous)
-    if concurrency is None and previous is None:
-        return Change(target, before, before, None)
-    row = OverrideRow(control=target.control, budget=target.budget,
-                      at_ms=time.time_ns() // 1_000_000, limit=concurrency,
-                      declared=target.declared, reason=reason, by=who(by))
-    change = Change(target, before, effective(target.declared, row), row)
+    before_ms = None if declared_ms is None else effective_period(declared_ms, previous)
+    if limit is None and previous is None:
+        return Change(target, before, before, None, before_ms, before_ms)
+    row = override_row(target, time.time_ns() // 1_000_000, limit, period_ms, reason=reason,
+                       by=who(by))
+    change = Change(target, before, effective(target.declared, row), row, before_ms,
+                    None if declared_ms is None else effective_period(declared_ms, row))
     _write(settings, row, ledger_rows(change))
     return change
 
