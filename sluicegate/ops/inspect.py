@@ -510,7 +510,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             sources.reader.db, {w.workflow: w.pause for w in view.workflows if w.pause},
             app=sources.app, deployment_cap=sources.settings.deployment_cap,
             workflow=name, key=key, limit=_int(request.query_params.get("limit"), 500, 1,
-                                                5000), now_ms=view.now_ms)
+                                                5000), now_ms=view.now_ms,
+            overrides=sources.reader.control.overrides)
         return {"now_ms": view.now_ms, "waiting": [w.to_json() for w in starts]}
 
     def run_doc(request: Request) -> Any:
