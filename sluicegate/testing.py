@@ -65,7 +65,7 @@ from pydantic import BaseModel
 from sluicegate import tracing
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
-from sluicegate.admission.overrides import RATE_LIMIT, override_row, target_of
+from sluicegate.admission.overrides import RATE_LIMIT, THROTTLE, override_row, target_of
 from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
@@ -465,18 +465,20 @@ class TestDriver:
         self._settle()
 
     def limit(self, workflow: str | None = None, *, concurrency: int | None = None,
-              rate_limit: tuple[int, int] | None = None, control: str = "concurrency",
+              rate_limit: tuple[int, int] | None = None,
+              throttle: tuple[int, int] | None = None, control: str = "concurrency",
               pool: str | None = None, nth: int = 1, reason: str | None = None,
               by: str | None = None) -> OverrideRow:
         """`sluicegate workflows limit`: an override of a concurrency limit, or of a
-        rateLimit (`rate_limit`: limit and period in ms), told to every task as the worker
-        tells it. Neither given: the override of `control` (`concurrency`, `rateLimit`)
-        is cleared, the declaration applies again. Only the control row: the command
-        writes the ledger row."""
-        if rate_limit is not None:
-            control = RATE_LIMIT
+        rateLimit or a throttle (`rate_limit`, `throttle`: limit and period in ms), told
+        to every task as the worker tells it. None given: the override of `control`
+        (`concurrency`, `rateLimit`, `throttle`) is cleared, the declaration applies
+        again. Only the control row: the command writes the ledger row."""
+        rate = rate_limit if rate_limit is not None else throttle
+        if rate is not None:
+            control = RATE_LIMIT if rate_limit is not None else THROTTLE
         target = target_of(self.app, workflow, control, pool=pool, nth=nth)
-        limit, period_ms = rate_limit if rate_limit is not None else (concurrency, None)
+        limit, period_ms = rate if rate is not None else (concurrency, None)
         row = override_row(target, self.now_ms, limit, period_ms, reason=reason, by=by)
         self.control.overrides[target.name] = row
         for task in self.tasks.values():

@@ -94,7 +94,7 @@ def node(stage: AdmissionStage, topics: Topics) -> Node:
             # table; nothing at all when no workflow declares cancelOn.
             inputs = (*(topics.event(e) for e in stage.events), own, topics.runs)
             return Node(stage.name, stage, inputs if stage.events else (), changelog)
-        case ConcurrencyStage():
+        case ConcurrencyStage() | ThrottleStage():
             # Told of the control table's limit overrides (admission/overrides.py).
             return Node(stage.name, stage, (own,), changelog, reads=(CONTROL_TABLE,),
                         handed_over_in_order=(own,))

@@ -70,8 +70,8 @@ class Target:
     def describe(self) -> str:
         """`concurrency limit of pool:gpu`, `concurrency limit 2 of orders`, `rateLimit of
         alerts`."""
-        if self.control == RATE_LIMIT:
-            return f"rateLimit of {self.budget}"
+        if self.control in (RATE_LIMIT, THROTTLE):
+            return f"{self.control} of {self.budget}"
         if self.budget.startswith("pool:"):
             return f"{self.control} limit of {self.budget}"
         workflow, _, index = self.budget.partition("#")
@@ -122,6 +122,7 @@ def concurrency_target(app: App, workflow: str | None = None, *, pool: str | Non
 
 
 RATE_LIMIT = "rateLimit"
+THROTTLE = "throttle"
 
 
 def rate_limit_target(app: App, workflow: str | None) -> Target:
@@ -137,16 +138,51 @@ def rate_limit_target(app: App, workflow: str | None) -> Target:
                   wf.rate_limit.period_ms)
 
 
+def throttle_target(app: App, workflow: str | None, pool: str | None = None) -> Target:
+    """The throttle `workflow` declares, or a throttle pool (every member's pace). A
+    workflow with several throttles is refused (they are judged together elsewhere)."""
+    if pool is not None:
+        if workflow is not None:
+            raise OverrideError("name a workflow or a pool, not both")
+        members = [(wf.name, t) for wf in app.workflows.values() for t in wf.throttle
+                   if t.pool == pool]
+        if not members:
+            raise OverrideError(f"no workflow declares a throttle in pool {pool!r}")
+        first = members[0][1]
+        return Target(THROTTLE, f"pool:{pool}", first.limit,
+                      tuple(sorted({name for name, _ in members})), first.period_ms)
+    if workflow is None:
+        raise OverrideError("name a workflow, or a throttle pool with --pool")
+    wf = app.get(workflow)
+    if wf is None:
+        raise OverrideError(f"workflow {workflow!r} is not declared")
+    if not wf.throttle:
+        raise OverrideError(f"workflow {workflow} declares no throttle")
+    if len(wf.throttle) > 1:
+        raise OverrideError(f"workflow {workflow} declares {len(wf.throttle)} throttles: an "
+                            "override of one of several is not supported")
+    option = wf.throttle[0]
+    if option.pool is not None:
+        raise OverrideError(f"workflow {workflow}'s throttle is pool {option.pool!r}, shared "
+                            f"with other workflows: name it with --pool {option.pool}")
+    return Target(THROTTLE, workflow, option.limit, (workflow,), option.period_ms)
+
+
 def target_of(app: App, workflow: str | None, control: str = "concurrency", *,
               pool: str | None = None, nth: int = 1) -> Target:
-    """The limit an override names: a concurrency limit (a workflow's nth, or a pool's)
-    or a workflow's rateLimit."""
+    """The limit an override names: a concurrency limit (a workflow's nth, or a pool's),
+    a throttle (a workflow's, or a pool's) or a workflow's rateLimit."""
+    if control == THROTTLE:
+        if nth != 1:
+            raise OverrideError("--nth names a concurrency limit, not a throttle")
+        return throttle_target(app, workflow, pool)
     if control == RATE_LIMIT:
         if pool is not None or nth != 1:
             raise OverrideError("a rateLimit is a workflow's own: no --pool, no --nth")
         return rate_limit_target(app, workflow)
     if control != "concurrency":
-        raise OverrideError(f"no override of {control!r}: concurrency or rateLimit")
+        raise OverrideError(f"no override of {control!r}: concurrency, throttle or "
+                            "rateLimit")
     return concurrency_target(app, workflow, pool=pool, nth=nth)
 
 
@@ -155,7 +191,7 @@ def override_row(target: Target, at_ms: int, limit: int | None, period_ms: int |
     """The row that puts `limit` (None: clears the override) in force on `target`."""
     if limit is None:
         period_ms = None
-    elif target.control == RATE_LIMIT and period_ms is None:
+    elif target.control in (RATE_LIMIT, THROTTLE) and period_ms is None:
         period_ms = target.declared_period_ms
     return OverrideRow(control=target.control, budget=target.budget, at_ms=at_ms,
                        limit=limit, period_ms=period_ms, declared=target.declared,

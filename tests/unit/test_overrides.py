@@ -322,5 +322,62 @@ def test_a_rate_is_a_limit_per_a_period_as_declared() -> None:
     assert parse_rate("10/1m") == (10, 60_000)
     assert parse_rate("100 / 1 hour") == (100, 3_600_000)
     for bad in ("10", "ten/1m", "10/soon"):
-        with pytest.raises(OverrideError, match="--rate-limit takes LIMIT/PERIOD"):
+        with pytest.raises(OverrideError, match="a rate is LIMIT/PERIOD"):
             parse_rate(bad)
+
+
+# -- a throttle ----------------------------------------------------------------------------
+
+
+def test_a_throttle_override_paces_the_turns_after_the_one_already_due(make: Any) -> None:
+    from sluicegate.declare import Throttle
+
+    d = make(Workflow(name="sync", payload=Job, throttle=Throttle(limit=1, period="10s")))
+    starts(d, "sync", 6)
+    assert len(d.admitted) == 1
+    d.limit("sync", throttle=(10, 10_000), reason="partner raised our quota")
+    d.advance(9_999)
+    assert len(d.admitted) == 1, "the turn already due stands"
+    d.advance(1)
+    assert len(d.admitted) == 2
+    d.advance(2_000)
+    assert len(d.admitted) == 4, "then one a second"
+    d.limit("sync", control="throttle", reason="back to the declared pace")
+    d.advance(1_000)
+    assert len(d.admitted) == 5, "the turn already due stands"
+    d.advance(9_999)
+    assert len(d.admitted) == 5
+    d.advance(1)
+    assert len(d.admitted) == 6, "then one each 10s"
+
+
+def test_a_throttle_pool_is_overridden_as_a_pool_and_several_throttles_are_refused() -> None:
+    from sluicegate.admission.overrides import target_of
+    from sluicegate.declare import Throttle
+
+    pace = Throttle(limit=60, period="1m", pool="partner")
+    app = App([Workflow(name="a", payload=Job, throttle=pace),
+               Workflow(name="b", payload=Job, throttle=pace),
+               Workflow(name="c", payload=Job, throttle=[
+                   Throttle(limit=1, period="1s", key="tenant"),
+                   Throttle(limit=10, period="1s")])])
+    assert target_of(app, None, "throttle", pool="partner") == Target(
+        "throttle", "pool:partner", 60, ("a", "b"), 60_000)
+    with pytest.raises(OverrideError, match="name it with --pool partner"):
+        target_of(app, "a", "throttle")
+    with pytest.raises(OverrideError, match="declares 2 throttles"):
+        target_of(app, "c", "throttle")
+
+
+def test_a_throttle_overridden_while_the_partition_was_away_paces_it_at_restore(
+        make: Any) -> None:
+    from sluicegate.declare import Throttle
+
+    d = make(Workflow(name="sync", payload=Job, throttle=Throttle(limit=1, period="10s")))
+    starts(d, "sync", 4)
+    d.commit()
+    d.control.overrides["throttle:sync"] = OverrideRow(
+        control="throttle", budget="sync", at_ms=d.now_ms, limit=10, period_ms=10_000)
+    d.restart()
+    d.advance(12_000)
+    assert len(d.admitted) == 4, "the turn due at 10s, then one a second"

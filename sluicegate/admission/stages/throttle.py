@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from sluicegate.admission import pending
+from sluicegate.admission import overrides, pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.pending import COUNTED, Parked, PendingQueue, priority_mode
 from sluicegate.admission.routing import REMOVED, Router
@@ -35,8 +35,8 @@ from sluicegate.declare import App, Throttle, Workflow, applies, format_duration
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
-from sluicegate.topology.keys import key_text
+from sluicegate.schemas.records import CancelSweep, Outcome, OverrideRow, PendingStart
+from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import hop_key
 
 NAME = "throttle"
@@ -247,6 +247,33 @@ class ThrottleStage(QueueStage):
         row = self._arrive(ctx, key, row, queue, wf, wf.throttle[0], start, headers)
         self._settle(ctx, key, row, queue)
 
+    def _rate(self, wf: Workflow) -> Rate:
+        """The pace in force for `wf`'s one throttle: an operator's override's (limit and
+        period) while one is set on its budget, else the declared one."""
+        option = wf.throttle[0]
+        declared = Rate.of(option)
+        control = self.router.control
+        if control is None or not control.overrides:
+            return declared
+        row = control.override(NAME, option.shared_budget or wf.name)
+        if row is None:
+            return declared
+        return Rate(overrides.effective(declared.limit, row),
+                    overrides.effective_period(declared.period_ms, row), declared.burst)
+
+    def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
+        """An override of a throttle: this partition's keys of its budget go at the new
+        pace now (a raised one lets go the heads whose turn has come under it, and every
+        key's turn timer is aimed again)."""
+        if isinstance(row, OverrideRow) and row.control == NAME:
+            for raw_key, raw in list(ctx.store.items(_KEY)):
+                key = raw_key[len(_KEY):]
+                if ControlKey.parse(key).budget != row.budget:
+                    continue
+                queue = PendingQueue(ctx.store, key)
+                self._settle(ctx, key, self._drain(ctx, key, KeyRow.decode(raw), queue),
+                             queue)
+
     def _several_key(self, wf: Workflow) -> bytes:
         """The Kafka key every start of a workflow with several throttles comes under."""
         hop = next(h for h in self.router.routes[wf.name].hops if h.stage == NAME)
@@ -256,7 +283,7 @@ class ThrottleStage(QueueStage):
                 wf: Workflow, option: Throttle, start: PendingStart,
                 headers: Headers | None) -> KeyRow:
         now = ctx.now_ms
-        rate = Rate.of(option)
+        rate = self._rate(wf)
         if len(queue) == 0:
             taken = take(row.pace, rate, now)
             if taken is not None:
@@ -300,7 +327,7 @@ class ThrottleStage(QueueStage):
                 self._leave(ctx, queue, head)
                 self._unjudged(ctx, key, head, wf)
                 continue
-            taken = take(row.pace, Rate.of(wf.throttle[0]), now)
+            taken = take(row.pace, self._rate(wf), now)
             if taken is None:
                 break
             self._leave(ctx, queue, head)
@@ -323,7 +350,7 @@ class ThrottleStage(QueueStage):
         moment the key can be forgotten) and store the row, or drop the row once it says
         nothing a fresh key would not."""
         wf = self.app.get(row.workflow)
-        rate = Rate.of(wf.throttle[0]) if wf is not None and len(wf.throttle) == 1 else None
+        rate = self._rate(wf) if wf is not None and len(wf.throttle) == 1 else None
         turn: int | None
         if len(queue) > 0:
             head = queue.peek() if rate is None else None
@@ -331,7 +358,7 @@ class ThrottleStage(QueueStage):
             if member is not None and len(member.throttle) == 1:
                 # A pool's key whose last pacer left the declarations: a member still
                 # declared paces it (every member declares the same pace).
-                rate = Rate.of(member.throttle[0])
+                rate = self._rate(member)
                 row = replace(row, workflow=member.name)
             # No declaration judges the head any more: drain it at once.
             turn = due_ms(row.pace, rate) if rate is not None else ctx.now_ms
@@ -447,12 +474,21 @@ class ThrottleStage(QueueStage):
         now = ctx.now_ms
         self.sweeps.restored(ctx.store, lambda: self._parked(ctx.store))
         self.many.restored(ctx)
+        control = self.router.control
+        paced = {r.budget for r in control.overrides.values()
+                 if r.control == NAME} if control is not None else set()
         for raw_key, raw in list(ctx.store.items(_KEY)):
             row = KeyRow.decode(raw)
             wf = self.app.get(row.workflow)
-            if wf is not None and len(wf.throttle) == 1:
-                continue
             key = raw_key[len(_KEY):]
+            if wf is not None and len(wf.throttle) == 1:
+                if ControlKey.parse(key).budget in paced and row.turn_ms is not None:
+                    # Its pace may have been overridden while another worker had the
+                    # partition: its turn is judged again now, at the pace in force.
+                    ctx.timers.cancel(row.turn_ms, _TURN + key)
+                    ctx.timers.schedule(now, _TURN + key)
+                    ctx.store.put(raw_key, row.turning(now).encode())
+                continue
             row = self._move_sweep(ctx, key, row, now)
             ctx.store.put(raw_key, row.encode())
 

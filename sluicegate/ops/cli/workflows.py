@@ -122,12 +122,16 @@ def limit(
     rate_limit: Annotated[str | None, typer.Option(
         "--rate-limit", help="The rateLimit in force from now on: LIMIT/PERIOD (10/1m).")]
         = None,
+    throttle: Annotated[str | None, typer.Option(
+        help="The throttle in force from now on: LIMIT/PERIOD (60/1m).")] = None,
     clear: Annotated[bool, typer.Option(
         "--clear", help="Remove the override: the declared limit applies again.")] = False,
     control: Annotated[str, typer.Option(
-        help="Which limit --clear clears: concurrency or rate-limit.")] = "concurrency",
+        help="Which limit --clear clears: concurrency, throttle or rate-limit.")]
+        = "concurrency",
     pool: Annotated[str | None, typer.Option(
-        help="A concurrency pool: the override applies to every member.")] = None,
+        help="A concurrency (or, with --throttle, throttle) pool: the override applies to "
+             "every member.")] = None,
     nth: Annotated[int, typer.Option(
         min=1, max=2, help="Which of the workflow's concurrency limits (1 or 2).")] = 1,
     reason: Annotated[str, typer.Option(help="Why (on the row and the ledger).")] = "",
@@ -138,18 +142,23 @@ def limit(
     bootstrap: Bootstrap = None,
     namespace: Namespace = None,
 ) -> None:
-    """Override a concurrency limit or a rateLimit fleet-wide, without a deploy: starts
+    """Override a concurrency limit, a throttle or a rateLimit fleet-wide, without a
+    deploy: starts
     admitted from now on are judged by it. Raising admits waiting starts at once;
     lowering cancels no run, the key drains down to it. --clear returns to the
     declaration. Every change is a ledger row (docs/decisions/limit-overrides.md)."""
     from sluicegate.declare import load_app
     from sluicegate.ops.services import overrides
 
-    given = sum(x is not None for x in (concurrency, rate_limit)) + clear
+    given = sum(x is not None for x in (concurrency, rate_limit, throttle)) + clear
     if given != 1:
-        raise options.fail("give one of --concurrency N, --rate-limit LIMIT/PERIOD, --clear")
-    if control not in ("concurrency", "rate-limit"):
-        raise options.fail(f"--control must be concurrency or rate-limit, not {control!r}")
+        raise options.fail("give one of --concurrency N, --throttle LIMIT/PERIOD, "
+                           "--rate-limit LIMIT/PERIOD, --clear")
+    controls = {"concurrency": "concurrency", "throttle": "throttle",
+                "rate-limit": "rateLimit"}
+    if control not in controls:
+        raise options.fail(f"--control must be concurrency, throttle or rate-limit, not "
+                           f"{control!r}")
     if not reason:
         raise options.fail("--reason is required: it is recorded on the row and the ledger")
     if not app_spec:
@@ -157,13 +166,14 @@ def limit(
                            "override replaces")
     try:
         rate = None if rate_limit is None else overrides.parse_rate(rate_limit)
+        pace = None if throttle is None else overrides.parse_rate(throttle)
     except overrides.OverrideError as exc:
         raise options.fail(str(exc)) from None
     settings = _settings(bootstrap, namespace)
     try:
         change = overrides.change_limit(
             settings, load_app(app_spec, settings), name, concurrency=concurrency,
-            rate_limit=rate, control="rateLimit" if control == "rate-limit" else control,
+            rate_limit=rate, throttle=pace, control=controls[control],
             pool=pool, nth=nth, reason=reason, by=by)
     except overrides.OverrideError as exc:
         raise options.fail(str(exc)) from None

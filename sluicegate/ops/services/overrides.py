@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException, Producer
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.overrides import (
     RATE_LIMIT,
+    THROTTLE,
     OverrideError,
     Target,
     effective,
@@ -193,34 +194,37 @@ def ledger_rows(change: Change) -> list[LedgerRecord]:
 
 def parse_rate(text: str) -> tuple[int, int]:
     """`10/1m` (a limit per a period, as declared) -> (10, 60000)."""
+    # The same form for --rate-limit and --throttle.
     limit, slash, period = text.partition("/")
     try:
         if not slash:
             raise ValueError("no '/'")
         return int(limit.strip()), parse_duration(period.strip())
     except (ValueError, TypeError) as exc:
-        raise OverrideError(f"--rate-limit takes LIMIT/PERIOD, as 10/1m or 100/1h, not "
+        raise OverrideError(f"a rate is LIMIT/PERIOD, as 10/1m or 100/1h, not "
                             f"{text!r} ({exc})") from None
 
 
 def change_limit(settings: Settings, app: App, workflow: str | None = None, *,
                  concurrency: int | None = None, rate_limit: tuple[int, int] | None = None,
-                 control: str = CONCURRENCY, pool: str | None = None, nth: int = 1,
-                 reason: str, by: str | None = None,
+                 throttle: tuple[int, int] | None = None, control: str = CONCURRENCY,
+                 pool: str | None = None, nth: int = 1, reason: str, by: str | None = None,
                  current: Mapping[str, OverrideRow] | None = None) -> Change:
     """Override a limit `app` declares, fleet-wide: a concurrency limit (`concurrency`),
-    or a rateLimit (`rate_limit`: limit and period in ms). Neither given: clear the
-    override of `control`. `current`: the control table's override rows, when read
-    already. OverrideError for a limit that cannot be overridden or out of range."""
-    if rate_limit is not None:
-        control = RATE_LIMIT
+    a rateLimit or a throttle (`rate_limit`, `throttle`: limit and period in ms). None
+    given: clear the override of `control`. `current`: the control table's override
+    rows, when read already. OverrideError for a limit that cannot be overridden or out
+    of range."""
+    rate = rate_limit if rate_limit is not None else throttle
+    if rate is not None:
+        control = RATE_LIMIT if rate_limit is not None else THROTTLE
     target = target_of(app, workflow, control, pool=pool, nth=nth)
-    limit, period_ms = rate_limit if rate_limit is not None else (concurrency, None)
+    limit, period_ms = rate if rate is not None else (concurrency, None)
     if limit is not None and not LIMITS[0] <= limit <= LIMITS[1]:
         raise OverrideError(f"{target.describe()}: a limit must be between {LIMITS[0]} and "
                             f"{LIMITS[1]:,}, not {limit}")
     if period_ms is not None and not PERIODS[0] <= period_ms <= PERIODS[1]:
-        raise OverrideError(f"{target.describe()}: a rateLimit period must be between 1s "
+        raise OverrideError(f"{target.describe()}: a period must be between 1s "
                             f"and 7d, not {format_duration(period_ms)}")
     rows = overrides_in_force(settings) if current is None else current
     previous = in_force(rows, target.control, target.budget)
