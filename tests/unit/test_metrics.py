@@ -124,6 +124,8 @@ def test_an_override_in_force_is_a_gauge_of_its_limit_beside_the_declared_one() 
                                             at_ms=1, limit=8, declared=4),
         "concurrency:report": OverrideRow(control="concurrency", budget="report", at_ms=2,
                                           declared=3),  # cleared: none in force
+        "throttle:sync": OverrideRow(control="throttle", budget="sync", at_ms=3, limit=10,
+                                     period_ms=60_000, declared=30),
     }
     registry = _registry(FlowCollector(lambda: FlowView(now_ms=0), lambda: [],
                                        overrides=lambda: rows))
@@ -132,3 +134,5 @@ def test_an_override_in_force_is_a_gauge_of_its_limit_beside_the_declared_one() 
     assert registry.get_sample_value("sluicegate_limit_override_declared", labels) == 4
     assert registry.get_sample_value("sluicegate_limit_override",
                                      {"control": "concurrency", "budget": "report"}) is None
+    assert registry.get_sample_value("sluicegate_limit_override_period_seconds",
+                                     {"control": "throttle", "budget": "sync"}) == 60

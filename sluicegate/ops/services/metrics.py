@@ -230,13 +230,18 @@ class FlowCollector(Collector):
                                   "`pool:<name>`), while one does", labels=["control", "budget"])
         declared = GaugeMetricFamily("sluicegate_limit_override_declared", "The declared limit "
                                      "an override stands in for", labels=["control", "budget"])
+        period = GaugeMetricFamily("sluicegate_limit_override_period_seconds", "The period of "
+                                   "a throttle's or rateLimit's override",
+                                   labels=["control", "budget"])
         for row in sorted(rows.values(), key=lambda r: (r.control, r.budget)):
             if row.limit is None:
                 continue
             limit.add_metric([row.control, row.budget], row.limit)
             if row.declared is not None:
                 declared.add_metric([row.control, row.budget], row.declared)
-        yield from (limit, declared)
+            if row.period_ms is not None:
+                period.add_metric([row.control, row.budget], row.period_ms / 1000)
+        yield from (limit, declared, period)
 
     def _declared_bounds(self) -> Iterator[Metric]:
         timeout = GaugeMetricFamily("sluicegate_start_timeout_seconds", "The workflow's "
