@@ -2,7 +2,7 @@
 
 from pydantic import BaseModel
 
-from sluicegate.declare import App, Concurrency, Workflow
+from sluicegate.declare import App, Concurrency, RateLimit, Throttle, Workflow
 
 
 class Call(BaseModel):
@@ -12,4 +12,13 @@ class Call(BaseModel):
 # One limit for the whole workflow: a partner API that takes four calls at a time.
 partner_call = Workflow(name="partnerCall", payload=Call, concurrency=Concurrency(limit=4))
 
-app = App([partner_call])
+
+class Alert(BaseModel):
+    n: int
+
+
+# A partner that takes one call each two seconds, and an alert sent at most twice a minute.
+paced_sync = Workflow(name="pacedSync", payload=Call, throttle=Throttle(limit=1, period="2s"))
+alert = Workflow(name="alert", payload=Alert, rate_limit=RateLimit(limit=2, period="1m"))
+
+app = App([partner_call, paced_sync, alert])

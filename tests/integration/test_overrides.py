@@ -239,3 +239,54 @@ def test_the_console_previews_what_an_override_admits_then_applies_it_with_its_t
                 in metrics)
         assert 'sluicegate_concurrency_limit{workflow="partnerCall"} 7.0' in metrics
     assert len(admitted.settle(0.5)) == 7
+
+
+def test_a_throttle_and_a_rate_limit_overridden_from_the_command_line_judge_what_follows(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    with WorkerThread(app, settings), Client(app=app, settings=settings,
+                                             replies=False) as client:
+        # The rateLimit: two a minute, the third dropped; five a minute once overridden.
+        for n in range(3):
+            client.submit("alert", {"n": n})
+        ledger.until(lambda rows: sum(r.outcome is Outcome.dropped for r in rows) == 1,
+                     what="the third alert dropped")
+        assert _cli(settings, "limit", "alert", "--rate-limit", "5/1m", "--reason",
+                    "alert storm is real", "--app", APP) == (
+            "rateLimit of alert: 2 per 1m -> 5 per 1m (declared 2 per 1m)\n")
+        # The command returning means the row is on the broker; the worker applies it on
+        # its next loop. A probe each half second until one is admitted.
+        deadline = time.monotonic() + 10
+        while True:
+            assert time.monotonic() < deadline, "no probe admitted within 10 s"
+            probe = client.submit("alert", {"n": 99}).request_id
+            client.flush()
+            decided = ledger.until(lambda rows: any(
+                r.request_id == probe and r.outcome in (Outcome.admitted, Outcome.dropped)
+                for r in rows), what="a decision on the probe")
+            if any(r.request_id == probe and r.outcome is Outcome.admitted for r in decided):
+                break
+            time.sleep(0.5)
+        assert sum(a.workflow == "alert" for a in admitted.until(
+            lambda rows: sum(a.workflow == "alert" for a in rows) >= 3,
+            what="a third alert admitted")) == 3
+        # The throttle: one each 2 s declared; ten each 2 s once overridden.
+        for n in range(6):
+            client.submit("pacedSync", {"n": n})
+        client.flush()
+        admitted.until(lambda rows: any(a.workflow == "pacedSync" for a in rows),
+                       what="the first paced start")
+        _cli(settings, "limit", "pacedSync", "--throttle", "10/2s", "--reason",
+             "partner raised our quota", "--app", APP)
+        paced = [a for a in admitted.until(
+            lambda rows: sum(a.workflow == "pacedSync" for a in rows) >= 6, timeout=20,
+            what="six paced starts") if a.workflow == "pacedSync"]
+    times = sorted(a.admitted_at_ms for a in paced)
+    # The turn already due stands (2 s after the first); after it, one each 200 ms (never
+    # sooner than its turn), not one each 2 s.
+    assert times[1] - times[0] >= 1_999, times
+    assert all(times[k] - times[1] >= (k - 1) * 200 - 1 for k in range(2, 6)), times
+    assert times[-1] - times[1] < 2_000, times
