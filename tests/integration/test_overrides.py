@@ -264,7 +264,7 @@ def test_a_throttle_and_a_rate_limit_overridden_from_the_command_line_judge_what
             assert time.monotonic() < deadline, "no probe admitted within 10 s"
             probe = client.submit("alert", {"n": 99}).request_id
             client.flush()
-            decided = ledger.until(lambda rows: any(
+            decided = ledger.until(lambda rows, probe=probe: any(
                 r.request_id == probe and r.outcome in (Outcome.admitted, Outcome.dropped)
                 for r in rows), what="a decision on the probe")
             if any(r.request_id == probe and r.outcome is Outcome.admitted for r in decided):
