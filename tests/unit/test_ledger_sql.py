@@ -442,4 +442,4 @@ def test_why_tells_a_start_waiting_for_a_slot_the_latest_override_of_its_limit(
     (row,) = ask(db, "why", request_id="q1").rows
     assert row[6] == f"{waits}; latest {override} (at 2026-01-01 00:01:00 UTC)"
     (row,) = ask(db, "why", request_id="d1").rows
-    assert row[6] == "debounced", "only a start waiting for a slot"
+    assert row[6] == "debounced", "only a start waiting for a slot or a turn"
