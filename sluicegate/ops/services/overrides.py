@@ -7,7 +7,8 @@ limit (not a tombstone: the workers are told, and the row keeps who cleared it).
 change is also a ledger row per workflow the limit judges (outcome `overridden`, control
 `override`), with the old and the new limit, who and why, written in the same Kafka
 transaction as the control row. What a change does to runs and waiting starts is the
-concurrency stage's business (docs/decisions/limit-overrides.md).
+stages' business (docs/decisions/limit-overrides.md). `preview` says what a change of a
+concurrency limit would admit now, for the console.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ __all__ = ["Change", "OverrideError", "Preview", "change_limit", "describe_overr
            "held_by_key", "ledger_rows", "overrides_in_force", "parse_rate", "preview",
            "target_of", "waiting_by_key"]
 
-# The ranges a declared limit and a rateLimit's period may take (SPEC.md section 1).
+# The ranges a declared limit and a throttle's or rateLimit's period may take (SPEC.md
+# section 1).
 LIMITS = (1, 100_000)
 PERIODS = (1_000, 7 * 86_400_000)
 CONCURRENCY = "concurrency"
@@ -62,7 +64,7 @@ class Change:
     before: int
     after: int
     row: OverrideRow | None  # None: nothing to clear, nothing written
-    # A rateLimit's periods, before and after.
+    # A throttle's or rateLimit's periods, before and after.
     before_period_ms: int | None = None
     after_period_ms: int | None = None
 
@@ -89,7 +91,7 @@ class Change:
 
 
 def _rate(limit: int, period_ms: int | None) -> str:
-    """`4`, or a rateLimit's `10 per 1m`."""
+    """`4`, or a throttle's or rateLimit's `10 per 1m`."""
     return str(limit) if period_ms is None else f"{limit} per {format_duration(period_ms)}"
 
 
