@@ -25,7 +25,7 @@ part around them:
   read again, and new stage objects (the declarations given, or the same) are restored
   over the committed stores (which stay open: RocksDB's own reopening is the store's
   tests' business, and costs tens of milliseconds a store);
-- the control table is set by the test (`pause`, `unpause`), not read from Kafka.
+- the control table is set by the test (`pause`, `unpause`, `limit`), not read from Kafka.
 
 Every topic is a list of what was written to it (`sent`); the output topics are also
 typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...), decoded when
@@ -66,6 +66,7 @@ from sluicegate import tracing
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
 from sluicegate.admission.limits import KeyLimits, limits_key
+from sluicegate.admission.overrides import RATE_LIMIT, THROTTLE, override_row, target_of
 from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
@@ -85,6 +86,7 @@ from sluicegate.schemas.records import (
     EngineCommand,
     KeyLimit,
     LedgerRecord,
+    OverrideRow,
     PendingStart,
     Record,
     Reply,
@@ -106,11 +108,12 @@ class SetControlTable(ControlTable):
     def __init__(self, settings: Settings) -> None:  # no super(): it would make a consumer
         self.topic = Topics(settings).control
         self.rows: dict[str, ControlRow] = {}
+        self.overrides: dict[str, OverrideRow] = {}
 
     def catch_up(self, timeout_s: float = 30.0) -> None:
         return None
 
-    def poll(self) -> list[ControlRow]:
+    def poll(self) -> list[ControlRow | OverrideRow]:
         return []
 
     def close(self) -> None:
@@ -472,7 +475,29 @@ class TestDriver:
             self._control_changed(task, row)
         self._settle()
 
-    def _control_changed(self, task: Task, row: ControlRow) -> None:
+    def limit(self, workflow: str | None = None, *, concurrency: int | None = None,
+              rate_limit: tuple[int, int] | None = None,
+              throttle: tuple[int, int] | None = None, control: str = "concurrency",
+              pool: str | None = None, nth: int = 1, reason: str | None = None,
+              by: str | None = None) -> OverrideRow:
+        """`sluicegate workflows limit`: an override of a concurrency limit, or of a
+        rateLimit or a throttle (`rate_limit`, `throttle`: limit and period in ms), told
+        to every task as the worker tells it. None given: the override of `control`
+        (`concurrency`, `rateLimit`, `throttle`) is cleared, the declaration applies
+        again. Only the control row: the command writes the ledger row."""
+        rate = rate_limit if rate_limit is not None else throttle
+        if rate is not None:
+            control = RATE_LIMIT if rate_limit is not None else THROTTLE
+        target = target_of(self.app, workflow, control, pool=pool, nth=nth)
+        limit, period_ms = rate if rate is not None else (concurrency, None)
+        row = override_row(target, self.now_ms, limit, period_ms, reason=reason, by=by)
+        self.control.overrides[target.name] = row
+        for task in self.tasks.values():
+            self._control_changed(task, row)
+        self._settle()
+        return row
+
+    def _control_changed(self, task: Task, row: ControlRow | OverrideRow) -> None:
         for name in self._control_readers:
             state = task.states[name]
             state.stage.table_changed(state.ctx, self.control.name, row)

@@ -91,9 +91,11 @@ def node(stage: AdmissionStage, topics: Topics) -> Node:
             return Node(stage.name, stage, (own,), changelog, reads=(CONTROL_TABLE,),
                         handed_over_in_order=(own,))
         case ConcurrencyStage() | ThrottleStage():
-            # A key's limit raised in the limits table admits its waiting starts at once.
-            return Node(stage.name, stage, (own,), changelog, reads=(LIMITS_TABLE,),
-                        handed_over_in_order=(own,))
+            # A limit raised by an operator's override (the control table,
+            # admission/overrides.py) or for a key in the limits table admits the starts
+            # waiting for it at once.
+            return Node(stage.name, stage, (own,), changelog,
+                        reads=(CONTROL_TABLE, LIMITS_TABLE), handed_over_in_order=(own,))
         case RunsStage():
             return Node(
                 stage.name, stage, (own, topics.run_events), changelog,

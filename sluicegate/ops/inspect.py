@@ -15,7 +15,8 @@ A Starlette application under uvicorn, thin over `sluicegate.ops.services`
 - `GET /inspect/runs/<ID>`: a run or request, whole (sluicegate.ops.services.runs).
 - `GET /inspect/deadletters[?limit=N]`: recent dead letters with their reasons.
 - `GET /inspect/decisions[?workflow=W&limit=N]`: the newest ledger rows (the live tail).
-- `POST /inspect/workflows/<W>/pause|unpause`, `POST /inspect/bulk/preview|apply`.
+- `POST /inspect/workflows/<W>/pause|unpause`, `POST /inspect/bulk/preview|apply`,
+  `POST /inspect/limits/preview|apply` (an override of a concurrency limit; with --app).
 - `GET /metrics`: Prometheus (sluicegate.ops.services.metrics.FlowCollector).
 
 Safety: it listens on 127.0.0.1 unless told otherwise; it answers only requests whose
@@ -41,6 +42,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -179,6 +181,37 @@ def _status(request: dict[str, Any]) -> Any:
         return RunStatus(_required(request, "status"))
     except ValueError as exc:
         raise RequestError(f"status must be one of {', '.join(RunStatus)}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRequest:
+    """A console's override of a concurrency limit, as `workflows limit` takes it."""
+
+    workflow: str | None
+    pool: str | None
+    nth: int
+    concurrency: int | None  # None: clear
+    reason: str | None
+    by: str
+
+
+def check_limit(body: dict[str, Any]) -> LimitRequest:
+    """A workflow or a pool, a positive limit or `clear`, as the command line asks."""
+    def text(name: str) -> str | None:
+        value = body.get(name)
+        return str(value).strip() or None if value is not None else None
+
+    concurrency, clear = body.get("concurrency"), bool(body.get("clear"))
+    if clear == (concurrency is not None):
+        raise RequestError("give concurrency (a positive number), or clear: true")
+    if concurrency is not None and (not isinstance(concurrency, int)
+                                    or isinstance(concurrency, bool) or concurrency < 1):
+        raise RequestError("concurrency must be a positive number")
+    nth = body.get("nth", 1)
+    if nth not in (1, 2):
+        raise RequestError("nth must be 1 or 2 (which of the workflow's limits)")
+    return LimitRequest(text("workflow"), text("pool"), nth, concurrency, text("reason"),
+                        text("by") or "dashboard")
 
 
 def check_bulk(request: dict[str, Any]) -> dict[str, Any]:
@@ -385,6 +418,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
+    from sluicegate.ops.services import overrides
     from sluicegate.ops.services import runs as runs_mod
     from sluicegate.ops.services.control import set_paused as write_pause
     from sluicegate.ops.services.deadletters import recent
@@ -403,7 +437,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     registry.register(FlowCollector(
         lambda: sources.reader.view(None), decided, declared=sources.declared,
         outcomes=OUTCOMES, bounds=wait_bounds(sources.app),
-        dead_letters=sources.dead_letters, inputs=sources.input_offsets))
+        dead_letters=sources.dead_letters, inputs=sources.input_offsets,
+        overrides=lambda: sources.reader.control.overrides))
 
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer"}
@@ -475,7 +510,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             sources.reader.db, {w.workflow: w.pause for w in view.workflows if w.pause},
             app=sources.app, deployment_cap=sources.settings.deployment_cap,
             workflow=name, key=key, limit=_int(request.query_params.get("limit"), 500, 1,
-                                                5000), now_ms=view.now_ms)
+                                                5000), now_ms=view.now_ms,
+            overrides=sources.reader.control.overrides)
         return {"now_ms": view.now_ms, "waiting": [w.to_json() for w in starts]}
 
     def run_doc(request: Request) -> Any:
@@ -512,6 +548,40 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             write_pause(sources.settings, name, action == "pause", reason,
                         str(body.get("by") or "dashboard"))
         return {"workflow": name, "paused": action == "pause"}
+
+    def set_limit(request: Request, body: dict[str, Any]) -> Any:
+        """Preview an override (what it changes now), or apply it: a row every worker
+        reads, and a ledger row per workflow the limit judges."""
+        op = request.path_params["op"]
+        if op not in ("preview", "apply"):
+            raise Refused(404, f"no such action: {op} (preview or apply)")
+        asked = check_limit(body)
+        if sources.app is None:
+            raise Refused(409, "an override replaces a declared limit: start `inspect serve` "
+                               "with --app to change one")
+        if op == "apply" and asked.reason is None:
+            raise RequestError("an override needs a reason (it is recorded on the row and "
+                               "the ledger)")
+        with sources.reading():
+            sources.reader.view(None)
+            try:
+                target = overrides.target_of(sources.app, asked.workflow,
+                                             pool=asked.pool, nth=asked.nth)
+                current = sources.reader.control.overrides
+                if op == "preview":
+                    return overrides.preview(
+                        target, current, asked.concurrency,
+                        overrides.held_by_key(target, sources.reader.runs.live.values()),
+                        overrides.waiting_by_key(target, sources.app, sources.reader.db),
+                    ).to_json()
+                change = overrides.change_limit(
+                    sources.settings, sources.app, asked.workflow,
+                    concurrency=asked.concurrency, pool=asked.pool, nth=asked.nth,
+                    reason=asked.reason or "", by=asked.by, current=current)
+            except overrides.OverrideError as exc:
+                raise RequestError(str(exc)) from None
+        return {"done": change.text(), "before": change.before, "after": change.after,
+                "written": change.row is not None}
 
     def bulk_op(request: Request, body: dict[str, Any]) -> Any:
         request_doc = check_bulk(body)
@@ -562,6 +632,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         Route("/inspect/workflows/{workflow}/{action:str}", write(set_paused),
               methods=["POST"]),
         Route("/inspect/bulk/{op:str}", write(bulk_op), methods=["POST"]),
+        Route("/inspect/limits/{op:str}", write(set_limit), methods=["POST"]),
         Route("/metrics", metrics),
     ]
 

@@ -76,6 +76,8 @@ class Outcome(StrEnum):
     # An operator's replay of a run (replay-many): rows about the run, not a request.
     redriven = "redriven"
     retried = "retried"
+    # An operator's override of a declared limit: a row about a limit, not a request.
+    overridden = "overridden"
 
 
 class RunEventKind(StrEnum):
@@ -253,6 +255,22 @@ class KeyLimit:
 
 
 @record
+class OverrideRow:
+    """sg.control (compacted, key: ``override:<control>:<budget>``): an operator's limit
+    in place of the declared one, for every start admitted after it (None: cleared, the
+    declaration applies again)."""
+
+    control: str
+    budget: str
+    at_ms: int
+    limit: int | None = None
+    period_ms: int | None = None
+    declared: int | None = None
+    reason: str | None = None
+    by: str | None = None
+
+
+@record
 class DeadLetter:
     """sg.deadletter: an input record that could not be handled, and why."""
 
@@ -385,6 +403,7 @@ Record = (
     | RunOperation
     | ControlRow
     | KeyLimit
+    | OverrideRow
     | DeadLetter
     | RunRow
     | FailureReportRecord

@@ -94,7 +94,7 @@ class Topics:
             TopicSpec(self.ledger, n, dict(_MONTH), "one record per admission decision"),
             TopicSpec(self.run_events, n, dict(_WEEK), "run lifecycle reported by engines"),
             TopicSpec(self.commands, n, dict(_WEEK), "cancel and redrive commands for engines"),
-            TopicSpec(self.control, 1, dict(_COMPACT), "pause rows"),
+            TopicSpec(self.control, 1, dict(_COMPACT), "pause rows, limit overrides"),
             TopicSpec(self.limits, 1, dict(_COMPACT), "per-key limits (tenant tiers)"),
             TopicSpec(self.deadletter, n, dict(_MONTH), "records that could not be handled"),
             TopicSpec(self.runs, n, dict(_COMPACT), "the runs table"),

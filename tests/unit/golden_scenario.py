@@ -126,6 +126,8 @@ def records() -> dict[str, Any]:
         driver.start("lowStockAlert", {"productId": "p2"}, request_id="alert-2")
         driver.pipe(topics.starts, b"hello, world", b"req-77")
         driver.pause("generateReport", "upstream API incident")
+        driver.limit("tourNarration", concurrency=2, reason="narration service returns 503s",
+                     by="oncall@example.com")
         (run,) = [a for a in driver.admitted if a.workflow == "tourNarration"]
         driver.advance(250)
         driver.report(run.execution_id, RunEventKind.started, run_id="run-17")
@@ -156,6 +158,7 @@ def records() -> dict[str, Any]:
         driver.control.rows["generateReport"],
         # A tenant's limit as `sluicegate limits set` writes it.
         KeyLimit(limit=20, at_ms=START_MS, reason="enterprise tier", by="billing-sync"),
+        driver.control.overrides["concurrency:tourNarration"],
         _first(written, DeadLetter),
         FailureReportRecord(**{**report, "payload": json.dumps(
             report["payload"], separators=(",", ":")).encode()}),

@@ -154,6 +154,22 @@ def test_the_deployment_cap_is_the_limit_of_its_rows() -> None:
     assert only.why == "concurrency: position 1 of 1 behind a limit of 40" + NO_ESTIMATE
 
 
+def test_a_start_waits_behind_the_limit_in_force_an_override_where_one_is_set() -> None:
+    from sluicegate.schemas.records import OverrideRow
+
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme"),
+              queued("g1", T0, "twoLimits", "concurrency", "", control="concurrency[1] pool:gpu"),
+              queued("t1", T0, "twoLimits", "concurrency", "acme", control="concurrency[0]")])
+    overrides = {"concurrency:perTenant": OverrideRow(control="concurrency",
+                                                      budget="perTenant", at_ms=T0, limit=1),
+                 "concurrency:pool:gpu": OverrideRow(control="concurrency", budget="pool:gpu",
+                                                     at_ms=T0, limit=9)}
+    limits = {w.request_id: w.limit for w in waiting_starts(db, {}, app=APP,
+                                                            overrides=overrides)}
+    assert limits == {"a1": 1, "g1": 9, "t1": 7}
+
+
 def test_waiting_is_filtered_by_workflow_and_key() -> None:
     db = LedgerDb(":memory:")
     fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme"),

@@ -5,9 +5,23 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.ops.services.flow import SlotLimit, compute, flow_view, in_flight
+from sluicegate.ops.services.flow import (
+    SlotLimit,
+    compute,
+    flow_view,
+    in_flight,
+    with_overrides,
+)
 from sluicegate.ops.services.ledger import LedgerDb, fill
-from sluicegate.schemas.records import ControlRow, LedgerRecord, Outcome, RunRow, RunStatus, Slot
+from sluicegate.schemas.records import (
+    ControlRow,
+    LedgerRecord,
+    Outcome,
+    OverrideRow,
+    RunRow,
+    RunStatus,
+    Slot,
+)
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MIN = 60_000
@@ -123,7 +137,7 @@ def test_paused_comes_from_the_control_row_and_declared_workflows_are_listed() -
     assert per_tenant.to_json()["keys"] == [{
         "key": "acme", "queued": 0, "waiting": None, "waiting_ms": None,
         "oldest_queued_at_ms": None, "collapsed": 0, "dropped": 0, "expired": 0,
-        "in_flight": 3, "limit": None}]
+        "in_flight": 3, "limit": None, "override": None}]
     assert "tour  PAUSED (deploying a fix)" in view.text()
     assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3" in view.text()
 
@@ -149,6 +163,29 @@ def test_in_flight_shows_the_declared_limit_beside_it() -> None:
     assert "report  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=1/2" in text
     report = view.get("report")
     assert report is not None and report.to_json()["total"]["limit"] == 2
+
+
+def test_an_override_shows_beside_the_limit_it_replaces_with_who_why_and_the_declared_one(
+) -> None:
+    overrides = {"concurrency:sync": OverrideRow(
+        control="concurrency", budget="sync", at_ms=T0 + 12 * MIN, limit=10, declared=50,
+        reason="partner 503s", by="ana")}
+    limits = with_overrides({"sync": SlotLimit(50, keyed=False),
+                             "tour": SlotLimit(4, keyed=False)}, overrides)
+    view = compute({}, {("sync", ""): 3, ("tour", ""): 1}, {}, NOW, limits=limits)
+    assert ('in_flight=3/10 (override since 00:12:00 UTC by ana: "partner 503s"; declared 50)'
+            in view.text())
+    assert "in_flight=1/4\n" in view.text() + "\n", "no override, no note"
+    sync = view.get("sync")
+    assert sync is not None
+    assert sync.to_json()["total"]["override"] == {
+        "limit": 10, "declared": 50, "at_ms": T0 + 12 * MIN, "by": "ana",
+        "reason": "partner 503s"}
+    cleared = {"concurrency:sync": OverrideRow(control="concurrency", budget="sync",
+                                               at_ms=T0 + 20 * MIN, declared=50)}
+    view = compute({}, {("sync", ""): 3}, {}, NOW,
+                   limits=with_overrides({"sync": SlotLimit(50, keyed=False)}, cleared))
+    assert "in_flight=3/50\n" in view.text() + "\n"
 
 
 def test_the_unkeyed_key_is_one_row_spelt_one_key(db: LedgerDb) -> None:

@@ -426,3 +426,20 @@ def test_the_ksql_definitions_ship_with_the_package_and_name_the_namespace_topic
     # Every LedgerRecord field is a column of the stream.
     for field in LedgerRecord.__dataclass_fields__:
         assert field.lower() in result.stdout.lower()
+
+
+def test_why_tells_a_start_waiting_for_a_slot_the_latest_override_of_its_limit(
+        db: LedgerDb) -> None:
+    waits = "concurrency: 4 of 4 slots in use; number 1 in line for the next free one"
+    override = ("override of the concurrency limit of tourNarration: 4 -> 2 (declared 4) "
+                "by ana: partner 503s")
+    fill(db, [
+        rec("q1", Outcome.queued, T0, key="", deferral="concurrency", reason=waits),
+        rec("override:concurrency:tourNarration:1:tourNarration", Outcome.overridden,
+            T0 + MIN, control="override", reason=override),
+        rec("d1", Outcome.queued, T0, key="", deferral="debounce", reason="debounced"),
+    ])
+    (row,) = ask(db, "why", request_id="q1").rows
+    assert row[6] == f"{waits}; latest {override} (at 2026-01-01 00:01:00 UTC)"
+    (row,) = ask(db, "why", request_id="d1").rows
+    assert row[6] == "debounced", "only a start waiting for a slot or a turn"

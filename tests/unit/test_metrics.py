@@ -114,3 +114,25 @@ def test_dead_letters_are_left_out_until_their_count_is_whole() -> None:
                                        dead_letters=lambda: counts.pop(0)))
     assert registry.get_sample_value("sluicegate_dead_letters_total") is None
     assert registry.get_sample_value("sluicegate_dead_letters_total") == 12
+
+
+def test_an_override_in_force_is_a_gauge_of_its_limit_beside_the_declared_one() -> None:
+    from sluicegate.schemas.records import OverrideRow
+
+    rows = {
+        "concurrency:pool:gpu": OverrideRow(control="concurrency", budget="pool:gpu",
+                                            at_ms=1, limit=8, declared=4),
+        "concurrency:report": OverrideRow(control="concurrency", budget="report", at_ms=2,
+                                          declared=3),  # cleared: none in force
+        "throttle:sync": OverrideRow(control="throttle", budget="sync", at_ms=3, limit=10,
+                                     period_ms=60_000, declared=30),
+    }
+    registry = _registry(FlowCollector(lambda: FlowView(now_ms=0), lambda: [],
+                                       overrides=lambda: rows))
+    labels = {"control": "concurrency", "budget": "pool:gpu"}
+    assert registry.get_sample_value("sluicegate_limit_override", labels) == 8
+    assert registry.get_sample_value("sluicegate_limit_override_declared", labels) == 4
+    assert registry.get_sample_value("sluicegate_limit_override",
+                                     {"control": "concurrency", "budget": "report"}) is None
+    assert registry.get_sample_value("sluicegate_limit_override_period_seconds",
+                                     {"control": "throttle", "budget": "sync"}) == 60

@@ -18,13 +18,14 @@ workflow left the declarations while it waited fails.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from sluicegate.admission import floors, pending
+from sluicegate.admission import floors, overrides, pending
 from sluicegate.admission import limits as key_limits
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import (
@@ -56,6 +57,7 @@ from sluicegate.schemas.records import (
     AdmittedKind,
     CancelSweep,
     Outcome,
+    OverrideRow,
     PendingStart,
     Release,
     ReleaseKind,
@@ -88,6 +90,7 @@ WAITING = TableSpec("waiting", _WAITING, SIZED, RAW, derived=True)
 # Timers.
 _EXPIRE = b"X"                  # + key + execution id: its timeouts.start
 _SWEEP = b"R"                   # after a restore: removed workflows, raised limits
+_OVERRIDDEN = b"O"              # after a restore: room an operator's override may have made
 # The declarations (every workflow's version) the partition's last sweep ran under.
 _SWEPT = declared_table(STATE_PREFIX + b"V")
 
@@ -279,14 +282,31 @@ class ConcurrencyStage(QueueStage):
                 option = wf.concurrency[hop.index]
                 made = Limit(option.limit, option.mode, option.max_queued)
             self._limits[(wf.name, hop.index)] = made
-        return made
+        row = self._override(hop.budget)
+        return made if row is None else dataclasses.replace(
+            made, limit=overrides.effective(made.limit, row))
+
+    def _override(self, budget: str) -> OverrideRow | None:
+        """The operator's override of `budget`'s limit, if one is set (none: no lookup)."""
+        control = self.router.control
+        if control is None or not control.overrides:
+            return None
+        return control.override(NAME, budget)
+
+    def _widest(self, budget: str) -> int | None:
+        """The widest limit in force at `budget`: an override's applies to every member."""
+        declared = self.widest.get(budget)
+        return None if declared is None else overrides.effective(declared,
+                                                                 self._override(budget))
 
     def limit_at(self, wf: Workflow, hop: Hop, key: str) -> Limit:
         """The limit of `key` at `hop`: the declared one, or the limits table's for the key
         when the limit declares per_key (admission/limits.py)."""
         made = self.limit(wf, hop)
         per_key = wf.concurrency[hop.index].per_key if hop.index >= 0 else None
-        if per_key is None:
+        if per_key is None or self._override(hop.budget) is not None:
+            # An operator's override is the limit of every key of its budget, whatever
+            # the table gives a key (docs/decisions/limit-overrides.md).
             return made
         found = key_limits.key_limit(self.router.limits, per_key, key_text(key), made.limit)
         return made if found == made.limit else replace(made, limit=found)
@@ -294,7 +314,14 @@ class ConcurrencyStage(QueueStage):
     def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
         """A row of the limits table: a key whose limit rose admits its waiting starts at
         once (a lowered one admits none until it drains below it; no run is cancelled);
-        a record that is no limit is dead-lettered by the task owning its key."""
+        a record that is no limit is dead-lettered by the task owning its key. An
+        override of a limit of this stage (a control row): a raised one admits the starts
+        waiting in its budget's keys at once (in their fair order, as a freed slot
+        would); a lowered one cancels nothing, and its keys admit again once they hold
+        less."""
+        if isinstance(row, OverrideRow):
+            self._overridden(ctx, row)
+            return
         if table != key_limits.LIMITS_TABLE:
             return
         partitions = ctx.topics.settings.partitions
@@ -513,7 +540,7 @@ class ConcurrencyStage(QueueStage):
         route changed with a redeploy wait there, and leave without a slot."""
         queue = self.queue(ctx, key)
         budget = ControlKey.parse(key).budget
-        widest = self.widest.get(budget)
+        widest = self._widest(budget)
         floor = self.floors.get(budget)
         while True:
             if not sweeping and widest is not None and self.held(ctx, key) >= widest:
@@ -577,6 +604,18 @@ class ConcurrencyStage(QueueStage):
             self._expire(ctx, budget_key, execution_id.decode())
         elif key == _SWEEP:
             self._sweep(ctx)
+        elif key == _OVERRIDDEN:
+            control = self.router.control
+            for row in list(control.overrides.values()) if control is not None else ():
+                self._overridden(ctx, row)
+
+    def _overridden(self, ctx: StageContext, row: OverrideRow) -> None:
+        if row.control != NAME:
+            return
+        for name in pending.fair_budgets(ctx.store):
+            key = name.decode()
+            if ControlKey.parse(key).budget == row.budget:
+                self._drain(ctx, key)
 
     def _expire(self, ctx: StageContext, key: str, execution_id: str) -> None:
         found = self._waiting(ctx, key, execution_id)
@@ -596,6 +635,9 @@ class ConcurrencyStage(QueueStage):
 
     def restored(self, ctx: StageContext) -> None:
         self.sweeps.restored(ctx, lambda: self._parked(ctx.store))
+        if self.router.control is not None and self.router.control.overrides:
+            # Changed while another worker had the partition, maybe: drain what it allows.
+            ctx.timers.schedule(ctx.now_ms, _OVERRIDDEN)
         # A timer due now does the sweep in the cycle's timer pass, through the same code
         # as any other sweep. Under the declarations the last sweep ran with there is
         # nothing for it to do: it reads every waiting start, seconds at a million.

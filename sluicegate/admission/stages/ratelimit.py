@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from sluicegate.admission import overrides
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.limits import key_limit
 from sluicegate.admission.routing import ControlStage
@@ -108,18 +109,19 @@ class RateLimitStage(ControlStage):
         windows = ctx.table("windows")
         found = windows.get(record.key)
         window = found or Window()
-        limit = key_limit(self.router.limits, option.per_key, text, option.limit)
-        decision = decide(window, limit, option.period_ms, ctx.now_ms)
+        limit, period_ms = self._rate(start.workflow, option, text)
+        decision = decide(window, limit, period_ms, ctx.now_ms)
         if isinstance(decision, Drop):
             self.router.decide(ctx, start, Outcome.dropped, key=text,
-                               reason=_reason(option, limit, text, decision.retry_after_ms),
+                               reason=_reason(limit, option.period if period_ms ==
+                                              option.period_ms else format_duration(period_ms),
+                                              text, decision.retry_after_ms),
                                retry_after_ms=decision.retry_after_ms, headers=record.headers)
             return
         windows.put(record.key, decision.window)
         if found is None:
             # One timer per row's life, not per admission: it moves itself on when it fires.
-            ctx.timers.schedule(decision.window.forget_at(option.period_ms),
-                                _FORGET + record.key)
+            ctx.timers.schedule(decision.window.forget_at(period_ms), _FORGET + record.key)
         self.router.forward(ctx, start, headers=record.headers, key=text)
 
     def fire(self, ctx: StageContext, due_ms: int, key: bytes, value: bytes) -> None:
@@ -130,13 +132,29 @@ class RateLimitStage(ControlStage):
         window = windows.get(kafka_key)
         if window is None:
             return
-        wf = self.app.get(_workflow(kafka_key))
+        workflow = _workflow(kafka_key)
+        wf = self.app.get(workflow)
         option = wf.rate_limit if wf is not None else None
-        if option is None or window.forget_at(option.period_ms) <= ctx.now_ms:
+        period_ms = self._rate(workflow, option, None)[1] if option is not None else 0
+        if option is None or window.forget_at(period_ms) <= ctx.now_ms:
             windows.delete(kafka_key)
         else:
             # Admissions came after the row was made: forget it after the newest one.
-            ctx.timers.schedule(window.forget_at(option.period_ms), key)
+            ctx.timers.schedule(window.forget_at(period_ms), key)
+
+    def _rate(self, workflow: str, option: RateLimit, key: str | None) -> tuple[int, int]:
+        """The limit and period in force: an operator's override's, else the declared
+        period and the declared limit, or the limits table's for `key` when the limit
+        declares per_key (admission/limits.py)."""
+        control = self.router.control
+        row = (control.override(overrides.RATE_LIMIT, workflow)
+               if control is not None and control.overrides else None)
+        if row is not None:
+            return (overrides.effective(option.limit, row),
+                    overrides.effective_period(option.period_ms, row))
+        limit = (option.limit if key is None
+                 else key_limit(self.router.limits, option.per_key, key, option.limit))
+        return limit, option.period_ms
 
 
 
@@ -145,6 +163,6 @@ def _workflow(kafka_key: bytes) -> str:
     return ControlKey.parse(kafka_key).budget
 
 
-def _reason(option: RateLimit, limit: int, key: str, retry_after_ms: int) -> str:
-    return (f"rateLimit: {limit} per {option.period} for key {key!r} already started; "
+def _reason(limit: int, period: object, key: str, retry_after_ms: int) -> str:
+    return (f"rateLimit: {limit} per {period} for key {key!r} already started; "
             f"the oldest of them leaves the window in {format_duration(retry_after_ms)}")

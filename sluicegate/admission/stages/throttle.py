@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from sluicegate.admission import limits as key_limits
-from sluicegate.admission import pending
+from sluicegate.admission import overrides, pending
 from sluicegate.admission.decisions import reject
 from sluicegate.admission.pending import COUNTED, Parked, PendingQueue, priority_mode
 from sluicegate.admission.routing import REMOVED, Router
@@ -38,7 +38,7 @@ from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.tables import RAW, Fields, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import CancelSweep, Outcome, PendingStart
+from sluicegate.schemas.records import CancelSweep, Outcome, OverrideRow, PendingStart
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import hop_key
 
@@ -211,19 +211,20 @@ class ThrottleStage(QueueStage):
                 self.per_key.setdefault(name, set()).add(
                     wf.throttle[0].shared_budget or wf.name)
 
-    def _rate(self, option: Throttle, key: bytes) -> Rate:
-        """The pace of `key`: the declared one, at the limits table's limit for the key
-        when the throttle declares per_key (admission/limits.py)."""
-        rate = Rate.of(option)
-        if option.per_key is None:
-            return rate
-        limit = key_limits.key_limit(self.router.limits, option.per_key, key_text(key),
-                                     option.limit)
-        return rate if limit == rate.limit else replace(rate, limit=limit)
-
     def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
         """A key's limit changed in the limits table: its head's turn is judged again at
-        the new pace (a raised limit lets whoever's turn has come go at once)."""
+        the new pace (a raised limit lets whoever's turn has come go at once). An override
+        of a throttle (a control row): this partition's keys of its budget go at the new
+        pace now (a raised one lets go the heads whose turn has come under it, and every
+        key's turn timer is aimed again)."""
+        if isinstance(row, OverrideRow):
+            if row.control == NAME:
+                for key, keyed in list(ctx.table("keys").items()):
+                    if ControlKey.parse(key).budget != row.budget:
+                        continue
+                    queue = PendingQueue(ctx.store, key)
+                    self._settle(ctx, key, self._drain(ctx, key, keyed, queue), queue)
+            return
         if table != key_limits.LIMITS_TABLE or not isinstance(row, key_limits.LimitChange):
             return
         for budget in sorted(self.per_key.get(row.name, ())):
@@ -235,7 +236,7 @@ class ThrottleStage(QueueStage):
             queue = PendingQueue(ctx.store, key)
             wf = self.app.get(keyed.workflow)
             if wf is not None and len(wf.throttle) == 1:
-                keyed = keyed.paced(repaced(keyed.pace, self._rate(wf.throttle[0], key),
+                keyed = keyed.paced(repaced(keyed.pace, self._rate(wf, key),
                                             ctx.now_ms))
             self._settle(ctx, key, self._drain(ctx, key, keyed, queue), queue)
 
@@ -292,6 +293,25 @@ class ThrottleStage(QueueStage):
         row = self._arrive(ctx, key, row, queue, wf, wf.throttle[0], start, headers)
         self._settle(ctx, key, row, queue)
 
+    def _rate(self, wf: Workflow, key: bytes) -> Rate:
+        """The pace in force for `key` of `wf`'s one throttle: an operator's override's
+        (limit and period) while one is set on its budget; else the declared one, at the
+        limits table's limit for the key when the throttle declares per_key
+        (admission/limits.py)."""
+        option = wf.throttle[0]
+        declared = Rate.of(option)
+        control = self.router.control
+        row = (control.override(NAME, option.shared_budget or wf.name)
+               if control is not None and control.overrides else None)
+        if row is not None:
+            return Rate(overrides.effective(declared.limit, row),
+                        overrides.effective_period(declared.period_ms, row), declared.burst)
+        if option.per_key is None:
+            return declared
+        limit = key_limits.key_limit(self.router.limits, option.per_key, key_text(key),
+                                     option.limit)
+        return declared if limit == declared.limit else replace(declared, limit=limit)
+
     def _several_key(self, wf: Workflow) -> bytes:
         """The Kafka key every start of a workflow with several throttles comes under."""
         hop = next(h for h in self.router.routes[wf.name].hops if h.stage == NAME)
@@ -301,7 +321,7 @@ class ThrottleStage(QueueStage):
                 wf: Workflow, option: Throttle, start: PendingStart,
                 headers: Headers | None) -> KeyRow:
         now = ctx.now_ms
-        rate = self._rate(option, key)
+        rate = self._rate(wf, key)
         if len(queue) == 0:
             taken = take(row.pace, rate, now)
             if taken is not None:
@@ -345,7 +365,7 @@ class ThrottleStage(QueueStage):
                 self._leave(ctx, queue, head)
                 self._unjudged(ctx, key, head, wf)
                 continue
-            taken = take(row.pace, self._rate(wf.throttle[0], key), now)
+            taken = take(row.pace, self._rate(wf, key), now)
             if taken is None:
                 break
             self._leave(ctx, queue, head)
@@ -368,8 +388,7 @@ class ThrottleStage(QueueStage):
         moment the key can be forgotten) and store the row, or drop the row once it says
         nothing a fresh key would not."""
         wf = self.app.get(row.workflow)
-        rate = (self._rate(wf.throttle[0], key) if wf is not None and len(wf.throttle) == 1
-                else None)
+        rate = self._rate(wf, key) if wf is not None and len(wf.throttle) == 1 else None
         turn: int | None
         if len(queue) > 0:
             head = queue.peek() if rate is None else None
@@ -377,7 +396,7 @@ class ThrottleStage(QueueStage):
             if member is not None and len(member.throttle) == 1:
                 # A pool's key whose last pacer left the declarations: a member still
                 # declared paces it (every member declares the same pace).
-                rate = self._rate(member.throttle[0], key)
+                rate = self._rate(member, key)
                 row = replace(row, workflow=member.name)
             # No declaration judges the head any more: drain it at once.
             turn = due_ms(row.pace, rate) if rate is not None else ctx.now_ms
@@ -492,10 +511,19 @@ class ThrottleStage(QueueStage):
         now = ctx.now_ms
         self.sweeps.restored(ctx, lambda: self._parked(ctx.store))
         self.many.restored(ctx)
+        control = self.router.control
+        paced = {r.budget for r in control.overrides.values()
+                 if r.control == NAME} if control is not None else set()
         keys = ctx.table("keys")
         for key, row in list(keys.items()):
             wf = self.app.get(row.workflow)
             if wf is not None and len(wf.throttle) == 1:
+                if ControlKey.parse(key).budget in paced and row.turn_ms is not None:
+                    # Its pace may have been overridden while another worker had the
+                    # partition: its turn is judged again now, at the pace in force.
+                    ctx.timers.cancel(row.turn_ms, _TURN + key)
+                    ctx.timers.schedule(now, _TURN + key)
+                    keys.put(key, row.turning(now))
                 continue
             keys.put(key, self._move_sweep(ctx, key, row, now))
 

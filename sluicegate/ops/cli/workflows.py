@@ -1,5 +1,6 @@
-"""`sluicegate workflows pause|unpause|forget|flow|cancel-many|replay-many`: thin over
-`sluicegate.ops.services.control`, `.flow` and `.bulk`, which say what each does."""
+"""`sluicegate workflows pause|unpause|forget|limit|flow|cancel-many|replay-many`: thin
+over `sluicegate.ops.services.control`, `.overrides`, `.flow` and `.bulk`, which say what
+each does."""
 
 from __future__ import annotations
 
@@ -110,6 +111,73 @@ def forget(
         raise options.fail(str(exc)) from None
     state = "paused" if row.paused else "not paused"
     typer.echo(f"forgot {name}: its control row ({state}) is deleted")
+
+
+@app.command("limit")
+def limit(
+    name: Annotated[str | None, typer.Argument(
+        help="The workflow whose limit changes (or --pool).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, help="The concurrency limit in force from now on.")] = None,
+    rate_limit: Annotated[str | None, typer.Option(
+        "--rate-limit", help="The rateLimit in force from now on: LIMIT/PERIOD (10/1m).")]
+        = None,
+    throttle: Annotated[str | None, typer.Option(
+        help="The throttle in force from now on: LIMIT/PERIOD (60/1m).")] = None,
+    clear: Annotated[bool, typer.Option(
+        "--clear", help="Remove the override: the declared limit applies again.")] = False,
+    control: Annotated[str, typer.Option(
+        help="Which limit --clear clears: concurrency, throttle or rate-limit.")]
+        = "concurrency",
+    pool: Annotated[str | None, typer.Option(
+        help="A concurrency (or, with --throttle, throttle) pool: the override applies to "
+             "every member.")] = None,
+    nth: Annotated[int, typer.Option(
+        min=1, max=2, help="Which of the workflow's concurrency limits (1 or 2).")] = 1,
+    reason: Annotated[str, typer.Option(help="Why (on the row and the ledger).")] = "",
+    by: By = None,
+    app_spec: Annotated[str, typer.Option(
+        "--app", help="Module with the declarations (required: the declared limit is the "
+                      "default an override replaces).")] = "",
+    bootstrap: Bootstrap = None,
+    namespace: Namespace = None,
+) -> None:
+    """Override a concurrency limit, a throttle or a rateLimit fleet-wide, without a
+    deploy: starts
+    admitted from now on are judged by it. Raising admits waiting starts at once;
+    lowering cancels no run, the key drains down to it. --clear returns to the
+    declaration. Every change is a ledger row (docs/decisions/limit-overrides.md)."""
+    from sluicegate.declare import load_app
+    from sluicegate.ops.services import overrides
+
+    given = sum(x is not None for x in (concurrency, rate_limit, throttle)) + clear
+    if given != 1:
+        raise options.fail("give one of --concurrency N, --throttle LIMIT/PERIOD, "
+                           "--rate-limit LIMIT/PERIOD, --clear")
+    controls = {"concurrency": "concurrency", "throttle": "throttle",
+                "rate-limit": "rateLimit"}
+    if control not in controls:
+        raise options.fail(f"--control must be concurrency, throttle or rate-limit, not "
+                           f"{control!r}")
+    if not reason:
+        raise options.fail("--reason is required: it is recorded on the row and the ledger")
+    if not app_spec:
+        raise options.fail("--app is required: the declared limit is the default an "
+                           "override replaces")
+    try:
+        rate = None if rate_limit is None else overrides.parse_rate(rate_limit)
+        pace = None if throttle is None else overrides.parse_rate(throttle)
+    except overrides.OverrideError as exc:
+        raise options.fail(str(exc)) from None
+    settings = _settings(bootstrap, namespace)
+    try:
+        change = overrides.change_limit(
+            settings, load_app(app_spec, settings), name, concurrency=concurrency,
+            rate_limit=rate, throttle=pace, control=controls[control],
+            pool=pool, nth=nth, reason=reason, by=by)
+    except overrides.OverrideError as exc:
+        raise options.fail(str(exc)) from None
+    typer.echo(change.text())
 
 
 @app.command("flow")

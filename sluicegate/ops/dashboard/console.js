@@ -236,6 +236,14 @@ function renderOverview(doc) {
                         : wf.declared === false ? "text state undeclared" : "text state",
                     ...OUTCOMES.map((o) => "count-" + o), "queued", "waiting", "inflight"]);
     tr.dataset.workflow = wf.workflow;
+    if (wf.override) {
+      const cell = tr.querySelector("td.inflight");
+      cell.textContent += " (override)";
+      cell.title = "override since " + utc(wf.override.at_ms) +
+          (wf.override.by ? " by " + wf.override.by : "") +
+          (wf.override.reason ? ": " + wf.override.reason : "") +
+          "; declared " + wf.override.declared;
+    }
     if (wf.pause) {
       tr.querySelector("td.state").title = (wf.paused ? "paused" : "unpaused") + " at " +
           utc(wf.pause.at_ms) + (wf.pause.by ? " by " + wf.pause.by : "");
@@ -439,6 +447,67 @@ async function applyBulk(request) {
   refresh();
 }
 
+// -- limit overrides --------------------------------------------------------------------
+
+function limitRequest() {
+  const value = parseInt($("limit-value").value, 10);
+  const clear = $("limit-clear").checked;
+  return {
+    workflow: $("limit-workflow").value.trim() || null,
+    pool: $("limit-pool").value.trim() || null,
+    nth: parseInt($("limit-nth").value, 10),
+    concurrency: clear || Number.isNaN(value) ? null : value,
+    clear: clear,
+    reason: $("limit-reason").value.trim() || null,
+  };
+}
+
+function dropLimitApply() {
+  // A changed form no longer matches the preview: preview again before applying.
+  $("limit-apply-slot").replaceChildren();
+}
+
+async function previewLimit() {
+  dropLimitApply();
+  $("limit-error").textContent = "";
+  $("limit-preview-text").textContent = "";
+  const request = limitRequest();
+  let doc;
+  try {
+    doc = await call("POST", "/inspect/limits/preview", request);
+  } catch (e) {
+    $("limit-error").textContent = e.message;
+    return;
+  }
+  if (typeof doc.admitted_now !== "number") {
+    $("limit-error").textContent = "The preview returned no number of starts.";
+    return;
+  }
+  $("limit-preview-text").textContent = doc.limit + ": " + doc.before + " -> " + doc.after +
+      " (declared " + doc.declared + "). " + doc.admitted_now + " of the " + doc.waiting +
+      " waiting starts would be admitted now" +
+      (doc.draining ? "; " + doc.draining + " runs over the new limit keep running and drain" : "") +
+      ".";
+  const apply = el("button", "Apply: " + doc.before + " -> " + doc.after);
+  apply.type = "button";
+  apply.id = "limit-apply";
+  apply.onclick = () => applyLimit(request);
+  $("limit-apply-slot").appendChild(apply);
+}
+
+async function applyLimit(request) {
+  dropLimitApply();
+  let doc;
+  try {
+    doc = await call("POST", "/inspect/limits/apply", request);
+  } catch (e) {
+    $("limit-error").textContent = e.message;
+    return;
+  }
+  $("limit-preview-text").textContent = doc.done;
+  refresh();
+}
+
 // -- tail -----------------------------------------------------------------------------
 
 function renderTail(doc) {
@@ -494,6 +563,8 @@ async function refresh() {
 }
 
 $("bulk-preview").onclick = preview;
+$("limit-preview").onclick = previewLimit;
+for (const e of $("limit-form").querySelectorAll("input, select")) e.oninput = dropLimitApply;
 for (const e of $("bulk-form").querySelectorAll("input, select")) e.oninput = dropApply;
 $("run-form").onsubmit = (ev) => {
   ev.preventDefault();

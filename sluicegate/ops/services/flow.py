@@ -10,7 +10,8 @@ Three sources, each read the way its owner writes it:
 - the compacted runs table `sg.runs` (`services.runs.RunsTable`), read to its end: a live
   run counts once under each concurrency slot it holds (`in_flight`), or under no key when
   it holds none;
-- the control table `sg.control` (`ControlTable`): the pause row of each workflow.
+- the control table `sg.control` (`ControlTable`): the pause row of each workflow, and
+  the override of a workflow's concurrency limit (shown beside it, with the declared one).
 
 `compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
 counts; `FlowReader` keeps the three sources open, `read_flow` reads them once. The text
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sluicegate.admission.control import ControlTable
+from sluicegate.admission.overrides import effective, in_force
 from sluicegate.admission.stages.concurrency import NAME as CONCURRENCY
 from sluicegate.config import Settings
 from sluicegate.declare import App
@@ -39,8 +41,9 @@ from sluicegate.ops.services.ledger import (
     ledger_consumer,
     refresh,
 )
+from sluicegate.ops.services.overrides import describe_override
 from sluicegate.ops.services.runs import RunsTable
-from sluicegate.schemas.records import ENDED, ControlRow, RunRow
+from sluicegate.schemas.records import ENDED, ControlRow, OverrideRow, RunRow
 from sluicegate.topology.keys import key_text
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
@@ -87,6 +90,19 @@ class SlotLimit:
 
     limit: int
     keyed: bool
+    # The operator's override the limit is, if any (its row has the declared one).
+    override: OverrideRow | None = None
+
+
+def with_overrides(limits: Mapping[str, SlotLimit],
+                   overrides: Mapping[str, OverrideRow]) -> dict[str, SlotLimit]:
+    """The declared `limits` with the overrides in force (a workflow's own limit is the
+    budget of its name)."""
+    out = {}
+    for name, slot in limits.items():
+        row = in_force(overrides, CONCURRENCY, name)
+        out[name] = SlotLimit(effective(slot.limit, row), slot.keyed, row)
+    return out
 
 
 def concurrency_limits(app: App | None) -> dict[str, SlotLimit]:
@@ -124,6 +140,7 @@ class KeyFlow:
     expired: int = 0
     in_flight: int = 0
     limit: int | None = None  # the concurrency limit in_flight counts against, if known
+    override: OverrideRow | None = None  # the override that limit is, if any
 
     @property
     def waiting(self) -> str | None:
@@ -136,7 +153,11 @@ class KeyFlow:
         return {"key": self.key, "queued": self.queued, "waiting": self.waiting,
                 "waiting_ms": self.waiting_ms, "oldest_queued_at_ms": self.oldest_queued_at_ms,
                 "collapsed": self.collapsed, "dropped": self.dropped, "expired": self.expired,
-                "in_flight": self.in_flight, "limit": self.limit}
+                "in_flight": self.in_flight, "limit": self.limit,
+                "override": None if self.override is None else {
+                    "limit": self.override.limit, "declared": self.override.declared,
+                    "at_ms": self.override.at_ms, "by": self.override.by,
+                    "reason": self.override.reason}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +168,7 @@ class WorkflowFlow:
     keys: tuple[KeyFlow, ...] = ()
     # The limit of the whole workflow's in_flight: an unkeyed concurrency limit's.
     limit: int | None = None
+    override: OverrideRow | None = None
 
     def total(self) -> KeyFlow:
         """The workflow as one line: sums, and the oldest wait of any key."""
@@ -159,7 +181,8 @@ class WorkflowFlow:
             collapsed=sum(k.collapsed for k in self.keys),
             dropped=sum(k.dropped for k in self.keys),
             expired=sum(k.expired for k in self.keys),
-            in_flight=sum(k.in_flight for k in self.keys), limit=self.limit)
+            in_flight=sum(k.in_flight for k in self.keys), limit=self.limit,
+            override=self.override if self.limit is not None else None)
 
     def to_json(self) -> dict[str, Any]:
         total = self.total().to_json()
@@ -194,15 +217,17 @@ class FlowView:
             state = "PAUSED" if wf.paused else "running"
             if wf.paused and wf.pause is not None and wf.pause.reason:
                 state += f" ({wf.pause.reason})"
-            lines.append(f"{wf.workflow}  {state}  {_line(wf.total())}")
+            lines.append(f"{wf.workflow}  {state}  {_line(wf.total(), self.now_ms)}")
             for key in wf.keys:
-                lines.append(f"  key={_key_text(key.key)}  {_line(key)}")
+                lines.append(f"  key={_key_text(key.key)}  {_line(key, self.now_ms)}")
         return "\n".join(lines)
 
 
-def _line(k: KeyFlow) -> str:
+def _line(k: KeyFlow, now_ms: int) -> str:
     waiting = f" waiting={k.waiting}" if k.waiting is not None else ""
     limit = f"/{k.limit}" if k.limit is not None else ""
+    if k.override is not None and k.limit is not None:
+        limit += f" ({describe_override(k.override, now_ms=now_ms)})"
     return (f"queued={k.queued}{waiting} collapsed={k.collapsed} dropped={k.dropped} "
             f"expired={k.expired} in_flight={k.in_flight}{limit}")
 
@@ -255,12 +280,14 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
                 waiting_ms=None if oldest is None else max(0, now_ms - oldest),
                 collapsed=counts.collapsed, dropped=counts.dropped, expired=counts.expired,
                 in_flight=running.get((name, key), 0),
-                limit=slot_limit.limit if slot_limit is not None else None))
+                limit=slot_limit.limit if slot_limit is not None else None,
+                override=slot_limit.override if slot_limit is not None else None))
         row = control.get(name)
         flows.append(WorkflowFlow(
             name, paused=row is not None and row.paused, pause=row, keys=tuple(rows),
             limit=slot_limit.limit if slot_limit is not None and not slot_limit.keyed
-            else None))
+            else None,
+            override=slot_limit.override if slot_limit is not None else None))
     return FlowView(now_ms, tuple(flows))
 
 
@@ -314,7 +341,8 @@ class FlowReader:
             self.control.catch_up(timeout_s)
             self._caught_up = True
         return flow_view(self.db, self.runs.live.values(), self.control.rows, now_ms(),
-                         workflow=workflow, declared=self.declared, limits=self.limits)
+                         workflow=workflow, declared=self.declared,
+                         limits=with_overrides(self.limits, self.control.overrides))
 
     def close(self) -> None:
         self.runs.close()

@@ -18,6 +18,17 @@ from sluicegate.schemas.records import LedgerRecord, Outcome
 ONE_KEY = "(one key)"
 
 
+def clock(ms: int | None, now_ms: int) -> str:
+    """An instant in UTC, as every sentence and the console give it: the time of day when
+    it is today, with the date when it is not (a debounce may wait seven days)."""
+    if ms is None:
+        return "an unknown time"
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    if at.date() == datetime.fromtimestamp(now_ms / 1000, UTC).date():
+        return at.strftime("%H:%M:%S UTC")
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def duration(value: timedelta) -> str:
     """`1h02m03s`, as `waiting=` reads in `flow`: whole seconds, largest unit first."""
     seconds = int(value.total_seconds())

@@ -433,12 +433,20 @@ WHY_SQL = f"""
 -- Why did my run not start? The latest decision on a request, or on every request that
 -- was decided on a key (newest first). A queued row without a reason of its own (written
 -- before the stage gave one) says what holds it from its deferral, due time and position.
+-- A start waiting for a concurrency slot or a throttle turn is also told the latest
+-- override of its workflow's limits (an operator's `workflows limit`), set or cleared.
 WITH {LATEST}
 SELECT request_id, workflow, outcome, key, control, stage,
        coalesce(reason, CASE WHEN outcome = 'queued' THEN
            'held by ' || coalesce(deferral, 'a control')
            || coalesce(' until ' || strftime(due_at, '%Y-%m-%d %H:%M:%S'), '')
-           || coalesce('; number ' || (position + 1) || ' in line', '') END) AS reason,
+           || coalesce('; number ' || (position + 1) || ' in line', '') END)
+       || CASE WHEN outcome = 'queued' AND deferral IN ('concurrency', 'throttle') THEN coalesce(
+           (SELECT '; latest ' || o.reason || ' (at '
+                   || strftime(o.decided_at, '%Y-%m-%d %H:%M:%S') || ' UTC)'
+            FROM ledger o WHERE o.workflow = latest.workflow AND o.control = 'override'
+            ORDER BY o.decided_at DESC, o._offset DESC LIMIT 1), '') ELSE '' END
+       AS reason,
        deferral, due_at, position, retry_after_ms, execution_id, requested_at, decided_at,
        waited_ms
 FROM latest

@@ -5,8 +5,9 @@
   per commit cycle, never per record, so the loop's hot path is unchanged.
 - `sluicegate inspect serve` (`GET /metrics`) knows the fleet-wide picture it already
   reads for the flow view: decisions by outcome (from the ledger), queue depths, the
-  oldest wait, slots in use and pauses, per workflow; keys at their limit; with the
-  declarations, the bounds a wait is judged by; dead letters; and how far the workers'
+  oldest wait, slots in use and pauses, per workflow; keys at their limit; the limits
+  operators override; with the declarations, the limits in force and the bounds a wait
+  is judged by; dead letters; and how far the workers'
   group has committed on each input partition, read from the broker, so that a worker
   that stopped committing shows even when its own endpoint is stale or gone. Computed
   when scraped.
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from sluicegate.declare import App
     from sluicegate.engine.runtime import Worker
     from sluicegate.ops.services.flow import FlowView
+    from sluicegate.schemas.records import OverrideRow
 
 # Lag needs a call per assigned partition: done at most this often, after a commit.
 LAG_EVERY_S = 1.0
@@ -142,14 +144,16 @@ class FlowCollector(Collector):
     its first row of it (a rule on `increase()` sees the first expiry too); `bounds` come
     from the declarations (`wait_bounds`); `dead_letters` counts the dead letters so far
     (None while it does not know yet: then the metric is left out);
-    `inputs` reads the workers' group's offsets from the broker."""
+    `inputs` reads the workers' group's offsets from the broker; `overrides` gives the
+    control table's override rows."""
 
     def __init__(self, view: Callable[[], FlowView],
                  decisions: Callable[[], list[tuple[str, str, int]]], *,
                  declared: Iterable[str] = (), outcomes: Iterable[str] = (),
                  bounds: Mapping[str, WaitBounds] | None = None,
                  dead_letters: Callable[[], int | None] | None = None,
-                 inputs: Callable[[], list[InputOffsets]] | None = None) -> None:
+                 inputs: Callable[[], list[InputOffsets]] | None = None,
+                 overrides: Callable[[], Mapping[str, OverrideRow]] | None = None) -> None:
         self._view = view
         self._decisions = decisions
         self._declared = tuple(declared)
@@ -157,11 +161,14 @@ class FlowCollector(Collector):
         self._bounds = dict(bounds or {})
         self._dead_letters = dead_letters
         self._inputs = inputs
+        self._overrides = overrides
 
     def collect(self) -> Iterator[Metric]:
         yield self._decided()
         yield from self._flow()
         yield from self._declared_bounds()
+        if self._overrides is not None:
+            yield from self._overridden(self._overrides())
         dead_letters = self._dead_letters() if self._dead_letters is not None else None
         if dead_letters is not None:
             dead = CounterMetricFamily("sluicegate_dead_letters", "Records written to the "
@@ -189,7 +196,8 @@ class FlowCollector(Collector):
         slots = GaugeMetricFamily("sluicegate_in_flight", "Live runs (per concurrency slot "
                                   "held)", labels=["workflow"])
         limit = GaugeMetricFamily("sluicegate_concurrency_limit", "The workflow's own unkeyed "
-                                  "concurrency limit (with the declarations)",
+                                  "concurrency limit in force (with the declarations; an "
+                                  "operator's override while one is set)",
                                   labels=["workflow"])
         at_limit = GaugeMetricFamily("sluicegate_keys_at_limit", "Keys whose runs in flight "
                                      "reach their concurrency limit", labels=["workflow"])
@@ -213,6 +221,27 @@ class FlowCollector(Collector):
                 key_at_limit.add_metric([wf.workflow, key], 1)
             paused.add_metric([wf.workflow], 1 if wf.paused else 0)
         yield from (queued, oldest, slots, limit, at_limit, key_at_limit, paused)
+
+    @staticmethod
+    def _overridden(rows: Mapping[str, OverrideRow]) -> Iterator[Metric]:
+        limit = GaugeMetricFamily("sluicegate_limit_override", "The limit an operator's "
+                                  "override puts in force, per control and budget (a "
+                                  "workflow, `<workflow>#1` for its second limit, or "
+                                  "`pool:<name>`), while one does", labels=["control", "budget"])
+        declared = GaugeMetricFamily("sluicegate_limit_override_declared", "The declared limit "
+                                     "an override stands in for", labels=["control", "budget"])
+        period = GaugeMetricFamily("sluicegate_limit_override_period_seconds", "The period of "
+                                   "a throttle's or rateLimit's override",
+                                   labels=["control", "budget"])
+        for row in sorted(rows.values(), key=lambda r: (r.control, r.budget)):
+            if row.limit is None:
+                continue
+            limit.add_metric([row.control, row.budget], row.limit)
+            if row.declared is not None:
+                declared.add_metric([row.control, row.budget], row.declared)
+            if row.period_ms is not None:
+                period.add_metric([row.control, row.budget], row.period_ms / 1000)
+        yield from (limit, declared, period)
 
     def _declared_bounds(self) -> Iterator[Metric]:
         timeout = GaugeMetricFamily("sluicegate_start_timeout_seconds", "The workflow's "

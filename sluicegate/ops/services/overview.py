@@ -113,6 +113,11 @@ def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> di
             # An unkeyed limit's (the whole workflow's), and the fullest key of a keyed one.
             "limit": total.limit if total else None,
             "fullest_key": _fullest(flow),
+            # The operator's override of the workflow's own limit, while one is in force.
+            "override": None if flow is None or flow.override is None else {
+                "limit": flow.override.limit, "declared": flow.override.declared,
+                "at_ms": flow.override.at_ms, "by": flow.override.by,
+                "reason": flow.override.reason},
             "paused": bool(flow and flow.paused),
             "pause": None if pause is None else {
                 "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,

@@ -20,15 +20,19 @@ declarations when the caller has them, and a pause's time and reason from its ro
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sluicegate.admission.overrides import effective, in_force
 from sluicegate.declare import App
 from sluicegate.ops.services.estimate import Estimate, Pace, no_estimate, read_pace
+from sluicegate.ops.services.formatting import clock as _clock
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LATEST, LedgerDb
-from sluicegate.schemas.records import ControlRow
+from sluicegate.schemas.records import ControlRow, OverrideRow
+from sluicegate.topology.route import route_for
 
 WAITING_SQL = f"""
 WITH {LATEST}
@@ -75,17 +79,6 @@ class Waiting:
                 "limit": self.limit, "why": self.why, "estimate_ms": self.estimate_ms}
 
 
-def _clock(ms: int | None, now_ms: int) -> str:
-    """An instant in UTC, as every sentence and the console give it: the time of day when
-    it is today, with the date when it is not (a debounce may wait seven days)."""
-    if ms is None:
-        return "an unknown time"
-    at = datetime.fromtimestamp(ms / 1000, UTC)
-    if at.date() == datetime.fromtimestamp(now_ms / 1000, UTC).date():
-        return at.strftime("%H:%M:%S UTC")
-    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def _ms(value: Any) -> int | None:
     if value is None:
         return None
@@ -95,9 +88,11 @@ def _ms(value: Any) -> int | None:
 
 
 def limit_of(app: App | None, workflow: str, control: str | None, deferral: str | None,
-             deployment_cap: int = 0) -> int | None:
-    """The declared figure a start waits behind: a concurrency limit (the one `control`
-    names), the deployment-wide cap, or a batch's size; None when unknown."""
+             deployment_cap: int = 0,
+             overrides: Mapping[str, OverrideRow] | None = None) -> int | None:
+    """The figure a start waits behind: a concurrency limit (the one `control` names; an
+    operator's override of it while one is in force), the deployment-wide cap, or a
+    batch's size; None when unknown."""
     if deferral == "concurrency" and control == "deployment cap":
         return deployment_cap or None
     wf = app.get(workflow) if app is not None else None
@@ -109,7 +104,10 @@ def limit_of(app: App | None, workflow: str, control: str | None, deferral: str 
         match = _INDEX.match(control or "")
         index = int(match.group(1)) if match else 0
         if index < len(wf.concurrency):
-            return wf.concurrency[index].limit
+            budget = next((hop.budget for hop in route_for(wf).hops
+                           if hop.stage == "concurrency" and hop.index == index), "")
+            return effective(wf.concurrency[index].limit,
+                             in_force(overrides or {}, "concurrency", budget))
     return None
 
 
@@ -149,10 +147,12 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
                    app: App | None = None, deployment_cap: int = 0,
                    workflow: str | None = None, key: str | None = None,
                    limit: int = 500, now_ms: int | None = None,
-                   request_id: str | None = None) -> list[Waiting]:
+                   request_id: str | None = None,
+                   overrides: Mapping[str, OverrideRow] | None = None) -> list[Waiting]:
     """The starts waiting now (at most `limit`; only `request_id`'s when given, ranked
     among all), by workflow, key and control, oldest first; `now_ms` (default: the
-    clock's) is what "today" is in their sentences."""
+    clock's) is what "today" is in their sentences; `overrides`, the control table's,
+    give the concurrency limits in force."""
     if now_ms is None:
         now_ms = int(datetime.now(UTC).timestamp() * 1000)
     result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit,
@@ -161,7 +161,7 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
     paces: dict[tuple[str, str | None, str | None], Pace | None] = {}
     for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
          _waited, rank, count) in result.rows:
-        cap = limit_of(app, wf, control, deferral, deployment_cap)
+        cap = limit_of(app, wf, control, deferral, deployment_cap, overrides)
         due = _ms(due_at)
         estimate = None
         said = ""
