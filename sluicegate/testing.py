@@ -70,9 +70,11 @@ from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
 from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
+from sluicegate.engine.executor import Delivered, Executor, RecordFailed
+from sluicegate.engine.recovery import write_replayed
 from sluicegate.engine.stage import Headers, InputRecord, Stage
-from sluicegate.engine.store import StoreTransaction
-from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable
+from sluicegate.engine.task import Task
 from sluicegate.engine.timers import Timers
 from sluicegate.engine.topology import Node
 from sluicegate.schemas import codec
@@ -104,12 +106,14 @@ class SetControlTable(ControlTable):
     def __init__(self, settings: Settings) -> None:  # no super(): it would make a consumer
         self.topic = Topics(settings).control
         self.rows: dict[str, ControlRow] = {}
+        self.changed: list[ControlRow] = []
 
     def catch_up(self, timeout_s: float = 30.0) -> None:
         return None
 
     def poll(self) -> list[ControlRow]:
-        return []
+        changed, self.changed = self.changed, []
+        return changed
 
     def close(self) -> None:
         return None
@@ -151,9 +155,11 @@ class TestDriver:
     def __init__(self, app: App, settings: Settings | None = None, *,
                  state_dir: Path | None = None, start_ms: int = DEFAULT_START_MS,
                  stages: Collection[str] | None = None,
-                 keep: Collection[str] | None = None) -> None:
+                 keep: Collection[str] | None = None, in_order: bool = False) -> None:
         """`stages`: the names of the stages to run (every stage the worker runs unless
-        given); `keep`: the topics whose records are kept (every topic unless given)."""
+        given); `keep`: the topics whose records are kept (every topic unless given);
+        `in_order`: records sent to an input handed over in order are handed over, as a
+        worker does once it has caught up, rather than written to their topic."""
         settings = settings or Settings(partitions=1)
         self._run = None if stages is None else frozenset(stages)
         self._keep = None if keep is None else frozenset(keep)
@@ -179,15 +185,19 @@ class TestDriver:
         self._committed_dropped: dict[str, int] = {}
         # Per topic, how many of its records `take` has returned.
         self._taken: dict[str, int] = {}
-        self._piped: list[Written] = []
-        # Records written to a stage's input and not yet processed, in the order written.
+        # What the cycle since the last commit read, in order: the records piped in, and
+        # the batches given to `process`; an abort reads it again.
+        self._since: list[Written | tuple[Node, list[InputRecord]]] = []
+        # Records written to a stage's input and not yet processed, in the order written;
+        # batches given to `process` and not yet processed.
         self._queue: deque[Written] = deque()
-        # Records handed over and not yet processed, in the order sent: the stage that
-        # takes each, its partition, and what was sent.
-        self._handoffs: deque[tuple[Node, int, str, bytes, bytes | None, Headers | None,
-                                    object | None]] = deque()
+        self._batches: deque[tuple[Node, list[InputRecord]]] = deque()
+        # Per (topic, partition) of a store's log, its rows as committed (offset, key,
+        # value): what a restart restores the stores from.
+        self._logs: dict[tuple[str, int], list[tuple[int, bytes, bytes | None]]] = {}
         self._requests = 0
         self._in_cycle = False
+        self._in_order = in_order
         self.tasks: dict[int, Task] = {}
         try:
             self._open(app)
@@ -209,53 +219,110 @@ class TestDriver:
             topology = replace(topology, nodes=tuple(
                 node for node in topology.nodes if node.name in self._run))
         self._builder = StartBuilder(app, self.settings)
-        self._node_for_topic: dict[str, Node] = {
-            topic: node for node in topology.nodes for topic in node.inputs}
-        self._handed_over: dict[str, Node] = {
-            topic: node for node in topology.nodes for topic in node.handed_over}
-        self._control_readers = [node.name for node in topology.nodes
-                                 if self.control.name in node.reads]
-        # A restart takes the open stores over: what they hold is what was committed.
-        stores = {p: {name: state.store for name, state in task.states.items()
-                      if state.store is not None} for p, task in self.tasks.items()}
-        self.tasks = {
-            p: Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
-                    self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
-                    self.settings.state_backend, bool(self.settings.log_derived))
-            for p in range(self.settings.partitions)}
-        # What the worker does once a task's stores are restored: the derived rows made
-        # again from the others (their logs do not carry them), `restored` in a
-        # transaction, then every row of the control table told to its stages.
+        executor = self._executor = Executor(topology, self, self.settings.partitions,
+                                             self.settings.poison_after,
+                                             bool(self.settings.log_derived))
+        self._node_for_topic = executor.node_for_topic
+        self._nodes = {node.name: node for node in topology.nodes}
+        self._log_topics = frozenset(
+            topic for node in topology.nodes if node.changelog is not None
+            for topic in (node.changelog, *(table.topic for table in node.tables)))
+        self._not_the_records: tuple[type[Exception], ...] = (
+            StoreUnwritable, *topology.service_errors)
+        # A restart takes the stores on disk over, in step with their logs as of the last
+        # commit, as a worker restarted on the same state directory does; stores in
+        # memory are gone with the worker that had them.
+        stores: dict[int, dict[str, Store]] = {}
+        for p, task in self.tasks.items():
+            stores[p] = {}
+            for name, state in task.states.items():
+                if state.store is None:
+                    continue
+                if state.store.persistent:
+                    stores[p][name] = state.store
+                else:
+                    state.store.close()
+        self.tasks = executor.tasks
+        for p in range(self.settings.partitions):
+            task = Task(p, topology, self.state_dir, executor.send, self.clock.now_ms,
+                        self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
+                        self.settings.state_backend, bool(self.settings.log_derived))
+            self._restore(task)
+            self.tasks[p] = task
         for task in self.tasks.values():
-            task.rebuild_derived()
-            for state in task.stateful():
-                state.stage.restored(state.ctx)
-            for row in list(self.control.rows.values()):
-                self._control_changed(task, row)
+            self._join(task)
         self._settle()
+
+    def _restore(self, task: Task) -> None:
+        """What a worker's restoration does, from the logs in memory: each store replays
+        its logs from the offset it is at, then its derived rows are made again."""
+        for state in task.stateful():
+            store = state.store
+            assert store is not None
+            for topic, prefix, table in ((state.changelog, b"", None),
+                                         *((t.topic, t.prefix, t.name) for t in state.tables)):
+                at = store.changelog_offset if table is None else store.table_offset(table)
+                rows = [row for row in self._logs.get((topic, task.partition), ())
+                        if row[0] > at]
+                if rows:
+                    write_replayed(store, {prefix + key: value for _, key, value in rows},
+                                   rows[-1][0], table)
+        task.rebuild_derived()
+
+    def _join(self, task: Task) -> None:
+        """A restored task joins as the worker's does: `restored`, then the global tables'
+        rows, each hook that fails tried again until it is skipped (`poison_after`)."""
+        if self._in_order:
+            self._executor.join_in_order(task.partition, {})
+        while True:
+            try:
+                self._executor.join(task)
+                return
+            except RecordFailed:
+                task.discard()
+                self._executor.handoffs.clear()
 
     def _partition(self, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
             return partition
         return 0 if key is None else partition_for(key, self.settings.partitions)
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None,
-              message: object | None = None) -> None:
-        node = self._handed_over.get(topic)
-        if node is not None and key is not None:
-            # Handed over: processed once what sent it is, in the sender's cycle, and never
-            # written.
-            self._handoffs.append((node, self._partition(key, partition), topic, key, value,
-                                   headers, message))
+    # -- the log, as the executor writes to it (its CycleIO) ---------------------------
+
+    def begin_transaction(self) -> None:
+        return None
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None,
+                partition: int | None, headers: Headers | None,
+                delivered: Delivered | None = None) -> None:
+        if topic in self._log_topics:
+            assert key is not None and partition is not None
+            offset = self._write(topic, partition, key, value, headers)
+            self._logs.setdefault((topic, partition), []).append((offset, key, value))
+            if delivered is not None:
+                delivered(topic, partition, offset)
             return
         keep = self._keep
         if keep is not None and topic not in keep and topic not in self._node_for_topic:
-            # Only counted (`_counted`, inlined on every output's path): no partition or
-            # offset, which nothing would see.
+            # Only counted: no partition or offset, which nothing would see.
             self._dropped[topic] = self._dropped.get(topic, 0) + 1
             return
-        self._write(topic, self._partition(key, partition), key, value, headers)
+        offset = self._write(topic, self._partition(key, partition), key, value, headers)
+        if delivered is not None:
+            delivered(topic, self._partition(key, partition), offset)
+
+    def commit_transaction(self, consumed: dict[tuple[str, int], int]) -> None:
+        self._committed = {topic: len(written) for topic, written in self._log.items()}
+        self._committed_all = len(self._all)
+        self._committed_offsets = dict(self._offsets)
+        self._committed_dropped = dict(self._dropped)
+        self._since.clear()
+
+    def about_the_record(self, exc: BaseException) -> bool:
+        return not isinstance(exc, self._not_the_records)
+
+    def stores_behind(self, exc: StoreUnwritable) -> None:
+        raise exc
 
     def _write(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                headers: Headers | None = None, piped: bool = False) -> int:
@@ -274,57 +341,80 @@ class TestDriver:
             if read:
                 self._queue.append(written)
             if piped:
-                self._piped.append(written)
+                self._since.append(written)
         return offset
-
-    def _counted(self, topic: str) -> bool:
-        """Whether `topic`'s records are only counted: neither kept nor read."""
-        return self._keep is not None and topic not in self._keep \
-            and topic not in self._node_for_topic
-
-    def _count(self, last: dict[str, int], topic: str, partition: int, n: int) -> None:
-        """`n` records written to `topic` and only counted; `last`: the last one's offset."""
-        if n:
-            tp = (topic, partition)
-            self._offsets[tp] = self._offsets.get(tp, 0) + n
-            last[topic] = self._offsets[tp] - 1
 
     def _settle(self) -> None:
         """Process what is queued, and fire the timers due now, until nothing is left: what
         a worker's cycles do while the clock stands still. In a `cycle`, the timers wait
-        for its end."""
+        for its end. A record (or timer) that fails aborts the cycle, as in the worker:
+        what it did since the last commit is dropped and read again, the failing record
+        retried, then given up on (`poison_after`)."""
         while True:
-            while self._queue or self._handoffs:
-                if self._handoffs:
-                    node, p, topic, key, value, headers, message = self._handoffs.popleft()
-                    node.stage.process_handed_over(self.tasks[p].states[node.name].ctx,
-                                                   topic, key, value, headers, message)
+            try:
+                self._drain()
+                return
+            except RecordFailed as failure:
+                self._executor.suspect(failure)
+                self._abort()
+
+    def _drain(self) -> None:
+        executor = self._executor
+        queue, batches, handoffs = self._queue, self._batches, executor.handoffs
+        process = executor.process
+        tasks = self.tasks
+        while True:
+            while queue or handoffs or batches:
+                if handoffs:
+                    executor.hand_over_queued()
+                elif batches:
+                    node, records = batches.popleft()
+                    for input_record in records:
+                        process(tasks[input_record.partition], input_record, node)
+                else:
+                    written = queue.popleft()
+                    process(tasks[written.partition],
+                            InputRecord(written.topic, written.partition, written.offset,
+                                        written.key, written.value, self.clock.now_ms(),
+                                        written.headers))
+            if executor.catching:
+                # Everything written is read: the in-order inputs have caught up.
+                for tp, catching in executor.catching.items():
+                    if catching.target is None:
+                        catching.target = self._offsets.get(tp, 0)
+                executor.release({tp: self._offsets.get(tp, 0) for tp in executor.catching})
+                if handoffs:
                     continue
-                written = self._queue.popleft()
-                node = self._node_for_topic[written.topic]
-                node.stage.process(self.tasks[written.partition].states[node.name].ctx,
-                                   InputRecord(written.topic, written.partition,
-                                               written.offset, written.key, written.value,
-                                               self.clock.now_ms(), written.headers))
-            if self._in_cycle or not self._fire(self.clock.now_ms()):
+            if self._in_cycle or not executor.fire_timers(self.clock.now_ms()):
                 return
 
-    def _fire(self, now: int) -> bool:
-        """Fire every timer due at or before `now`, as the worker's loop does; whether any
-        fired."""
-        fired = False
-        for task in self.tasks.values():
-            for state in task.stateful():
-                timers = state.timers
-                assert timers is not None
-                next_due = timers.next_due
-                if next_due is None or next_due > now:
-                    continue
-                for due_ms, key, value in timers.due(now):
-                    timers.cancel(due_ms, key)
-                    state.stage.fire(state.ctx, due_ms, key, value)
-                    fired = True
-        return fired
+    def _abort(self) -> None:
+        """The worker's abort: the cycle's store writes and outputs dropped, and what it
+        read read again."""
+        self._executor.discard()
+        replay = self._rewind()
+        for entry in replay:
+            if isinstance(entry, Written):
+                self._write(entry.topic, entry.partition, entry.key, entry.value,
+                            entry.headers, piped=True)
+            else:
+                self._since.append(entry)
+                self._batches.append(entry)
+
+    def _rewind(self) -> list[Written | tuple[Node, list[InputRecord]]]:
+        """Back to the last commit: what was written since is gone; returns what was read
+        since."""
+        for topic, log in self._log.items():
+            del log[self._committed.get(topic, 0):]
+        del self._all[self._committed_all:]
+        self._offsets = dict(self._committed_offsets)
+        self._dropped = dict(self._committed_dropped)
+        self._taken = {topic: min(n, len(self._log.get(topic, ())))
+                       for topic, n in self._taken.items()}
+        self._queue.clear()
+        self._batches.clear()
+        replay, self._since = self._since, []
+        return replay
 
     # -- input -----------------------------------------------------------------------
 
@@ -345,10 +435,9 @@ class TestDriver:
         the worker hands them over. They are written nowhere, so `restart` does not read
         them again; what they send to other stages' topics is processed after the last of
         them, as a worker's next batch would."""
-        process = self.stage(stage).process
-        contexts = {p: task.states[stage].ctx for p, task in self.tasks.items()}
-        for input_record in records:
-            process(contexts[input_record.partition], input_record)
+        batch = (self._nodes[stage], list(records))
+        self._since.append(batch)
+        self._batches.append(batch)
         self._settle()
 
     def start(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
@@ -457,44 +546,18 @@ class TestDriver:
         self.control.rows[row.workflow] = row
         if previous is not None and previous.paused == row.paused:
             return
-        for task in self.tasks.values():
-            self._control_changed(task, row)
+        self.control.changed.append(row)
+        self._executor.apply_tables()
         self._settle()
-
-    def _control_changed(self, task: Task, row: ControlRow) -> None:
-        for name in self._control_readers:
-            state = task.states[name]
-            state.stage.table_changed(state.ctx, self.control.name, row)
 
     def commit(self) -> None:
-        """What the runtime does at commit: each store's writes of the cycle to its log (the
-        changelog, or the topic of a table the stage publishes), then to the store with
-        the offsets of those logs. A table's rows then reach the stages that read it."""
+        """What the runtime does at commit (`Executor.commit`): each store's writes of the
+        cycle to its log (the changelog, or the topic of a table the stage publishes),
+        then to the store with the offsets of those logs. A table's rows then reach the
+        stages that read it."""
         self._outside_cycle("commit()")
-        for task in self.tasks.values():
-            for state in task.stateful():
-                assert state.tx is not None
-                if state.tx.changes:
-                    self._commit_state(state, task.partition)
-        self._committed = {topic: len(written) for topic, written in self._log.items()}
-        self._committed_all = len(self._all)
-        self._committed_offsets = dict(self._offsets)
-        self._committed_dropped = dict(self._dropped)
-        self._piped.clear()
+        self._executor.commit()
         self._settle()
-
-    def _commit_state(self, state: StageState, partition: int) -> None:
-        assert state.tx is not None
-        last: dict[str, int] = {}
-        for topic, rows in state.logged(bool(self.settings.log_derived)).items():
-            if self._counted(topic):
-                # No log of this topic is kept or read (a lean driver): count, make nothing.
-                self._count(last, topic, partition, len(rows))
-                continue
-            for key, value in rows:
-                last[topic] = self._write(topic, partition, key, value)
-        state.tx.commit(last.get(state.changelog), {
-            table.name: last[table.topic] for table in state.tables if table.topic in last})
 
     def restart(self, app: App | None = None) -> None:
         """A worker (with `app`'s declarations, or the same) takes every partition over
@@ -502,22 +565,13 @@ class TestDriver:
         the records piped since the last commit are read again; new stages over the
         committed stores, `restored` called, the control table re-applied."""
         self._outside_cycle("restart()")
-        for task in self.tasks.values():
-            task.discard()
-        for topic, log in self._log.items():
-            del log[self._committed.get(topic, 0):]
-        del self._all[self._committed_all:]
-        self._offsets = dict(self._committed_offsets)
-        self._dropped = dict(self._committed_dropped)
-        self._taken = {topic: min(n, len(self._log.get(topic, ())))
-                       for topic, n in self._taken.items()}
-        self._queue.clear()
-        self._handoffs.clear()
+        self._executor.discard()
+        replay = self._rewind()
         self._open(app if app is not None else self.app)
-        replay, self._piped = self._piped, []
         for written in replay:
-            self.pipe(written.topic, written.value, written.key, partition=written.partition,
-                      headers=written.headers)
+            if isinstance(written, Written):
+                self.pipe(written.topic, written.value, written.key,
+                          partition=written.partition, headers=written.headers)
 
     def close(self) -> None:
         for task in self.tasks.values():
