@@ -192,9 +192,6 @@ class TestDriver:
         # batches given to `process` and not yet processed.
         self._queue: deque[Written] = deque()
         self._batches: deque[tuple[Node, list[InputRecord]]] = deque()
-        # Per (topic, partition) of a store's log, its rows as committed (offset, key,
-        # value): what a restart restores the stores from.
-        self._logs: dict[tuple[str, int], list[tuple[int, bytes, bytes | None]]] = {}
         self._requests = 0
         self._in_cycle = False
         self._in_order = in_order
@@ -224,21 +221,21 @@ class TestDriver:
                                              bool(self.settings.log_derived))
         self._node_for_topic = executor.node_for_topic
         self._nodes = {node.name: node for node in topology.nodes}
-        self._log_topics = frozenset(
-            topic for node in topology.nodes if node.changelog is not None
-            for topic in (node.changelog, *(table.topic for table in node.tables)))
         self._not_the_records: tuple[type[Exception], ...] = (
             StoreUnwritable, *topology.service_errors)
         # A restart takes the stores on disk over, in step with their logs as of the last
         # commit, as a worker restarted on the same state directory does; stores in
-        # memory are gone with the worker that had them.
+        # memory are gone with the worker that had them, and restored from their logs.
+        # A lean driver that does not keep a store's logs takes that store over too.
         stores: dict[int, dict[str, Store]] = {}
         for p, task in self.tasks.items():
             stores[p] = {}
             for name, state in task.states.items():
                 if state.store is None:
                     continue
-                if state.store.persistent:
+                logs = (state.changelog, *(table.topic for table in state.tables))
+                keep = self._keep
+                if state.store.persistent or (keep is not None and not keep.issuperset(logs)):
                     stores[p][name] = state.store
                 else:
                     state.store.close()
@@ -262,11 +259,14 @@ class TestDriver:
             for topic, prefix, table in ((state.changelog, b"", None),
                                          *((t.topic, t.prefix, t.name) for t in state.tables)):
                 at = store.changelog_offset if table is None else store.table_offset(table)
-                rows = [row for row in self._logs.get((topic, task.partition), ())
-                        if row[0] > at]
+                rows = [(w.key, w.value) for w in self._log.get(topic, ())
+                        if w.partition == task.partition and w.offset > at
+                        and w.key is not None]
                 if rows:
-                    write_replayed(store, {prefix + key: value for _, key, value in rows},
-                                   rows[-1][0], table)
+                    last = max(w.offset for w in self._log[topic]
+                               if w.partition == task.partition)
+                    write_replayed(store, {prefix + key: value for key, value in rows},
+                                   last, table)
         task.rebuild_derived()
 
     def _join(self, task: Task) -> None:
@@ -295,21 +295,27 @@ class TestDriver:
     def produce(self, topic: str, key: bytes | None, value: bytes | None,
                 partition: int | None, headers: Headers | None,
                 delivered: Delivered | None = None) -> None:
-        if topic in self._log_topics:
-            assert key is not None and partition is not None
-            offset = self._write(topic, partition, key, value, headers)
-            self._logs.setdefault((topic, partition), []).append((offset, key, value))
-            if delivered is not None:
-                delivered(topic, partition, offset)
-            return
         keep = self._keep
         if keep is not None and topic not in keep and topic not in self._node_for_topic:
             # Only counted: no partition or offset, which nothing would see.
             self._dropped[topic] = self._dropped.get(topic, 0) + 1
             return
-        offset = self._write(topic, self._partition(key, partition), key, value, headers)
+        p = self._partition(key, partition)
+        offset = self._write(topic, p, key, value, headers)
         if delivered is not None:
-            delivered(topic, self._partition(key, partition), offset)
+            delivered(topic, p, offset)
+
+    def produce_log(self, topic: str, partition: int,
+                    rows: list[tuple[bytes, bytes | None]], delivered: Delivered) -> None:
+        if self._counted(topic):
+            # No log of this topic is kept or read (a lean driver): count, make nothing.
+            tp = (topic, partition)
+            last = self._offsets[tp] = self._offsets.get(tp, 0) + len(rows)
+            delivered(topic, partition, last - 1)
+            return
+        for key, value in rows:
+            last = self._write(topic, partition, key, value)
+        delivered(topic, partition, last)
 
     def commit_transaction(self, consumed: dict[tuple[str, int], int]) -> None:
         self._committed = {topic: len(written) for topic, written in self._log.items()}
@@ -343,6 +349,11 @@ class TestDriver:
             if piped:
                 self._since.append(written)
         return offset
+
+    def _counted(self, topic: str) -> bool:
+        """Whether `topic`'s records are only counted: neither kept nor read."""
+        return self._keep is not None and topic not in self._keep \
+            and topic not in self._node_for_topic
 
     def _settle(self) -> None:
         """Process what is queued, and fire the timers due now, until nothing is left: what

@@ -44,6 +44,11 @@ class CycleIO(Protocol):
                 delivered: Delivered | None = None) -> None:
         """Write a record in the cycle's transaction (`partition` None: the key's)."""
 
+    def produce_log(self, topic: str, partition: int,
+                    rows: list[tuple[bytes, bytes | None]], delivered: Delivered) -> None:
+        """Write a store's rows to one of its logs in the cycle's transaction, in order;
+        `delivered` is told the last one's offset."""
+
     def commit_transaction(self, consumed: dict[tuple[str, int], int]) -> None:
         """Send the next offsets to read to the transaction and commit it."""
 
@@ -421,14 +426,8 @@ class Executor:
     def _produce_logs(self, state: StageState, partition: int) -> None:
         """The cycle's store writes of one stage and partition: each row to its log (the
         changelog, or the topic of a table the stage publishes), in that partition."""
-        produce = self.io.produce
         for topic, rows in state.logged(self.log_derived).items():
-            last = len(rows) - 1
-            for i, (key, value) in enumerate(rows):
-                # Delivered in order within a partition: the last record's offset is the
-                # one the store records.
-                produce(topic, key, value, partition, None,
-                        self._delivered if i == last else None)
+            self.io.produce_log(topic, partition, rows, self._delivered)
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         tp = (topic, partition)

@@ -664,6 +664,25 @@ class Worker:
         if self.metrics is not None:
             self.metrics.committed(self, time.monotonic() - started)
 
+    def produce_log(self, topic: str, partition: int,
+                    rows: list[tuple[bytes, bytes | None]], delivered: Delivered) -> None:
+        produce = self._txn.producer.produce
+        last = len(rows) - 1
+        for i, (key, value) in enumerate(rows):
+            deadline = None
+            while True:
+                try:
+                    if i == last:
+                        # Delivered in order within a partition: the last record's offset
+                        # is the one the store records.
+                        produce(topic, value, key, partition,
+                                on_delivery=partial(_report, delivered))
+                    else:
+                        produce(topic, value, key, partition)
+                    break
+                except BufferError:
+                    deadline = self._wait_for_room(deadline)
+
     def commit_transaction(self, consumed: dict[tuple[str, int], int]) -> None:
         offsets = [TopicPartition(t, p, o) for (t, p), o in consumed.items()]
         self._txn.commit(offsets, self.consumer.consumer_group_metadata(), self._asked)
