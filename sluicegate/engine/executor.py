@@ -162,13 +162,17 @@ class Executor:
     # -- records and timers ----------------------------------------------------------
 
     def process(self, task: Task, record: InputRecord, node: Node | None = None) -> None:
-        """`record`, read from its topic (or given to `node`), processed by its stage."""
-        tp = (record.topic, record.partition)
-        if tp not in self.progress:
-            self.first[tp] = record.offset
+        """`record`, read from its topic, processed by its stage; or given to `node`'s
+        stage as read from its input (the test driver's `process`), with no offset to
+        commit."""
+        topic, partition, offset = record.topic, record.partition, record.offset
+        unit = self.unit = (topic, partition, offset)
+        tp: tuple[str, int] | None = None
         if node is None:
-            node = self.node_for_topic[record.topic]
-        unit = self.unit = (record.topic, record.partition, record.offset)
+            node = self.node_for_topic[topic]
+            tp = (topic, partition)
+            if tp not in self.progress:
+                self.first[tp] = offset
         if not (self.suspects and self._given_up(node, task, unit, record)):
             try:
                 node.stage.process(task.states[node.name].ctx, record)
@@ -177,10 +181,10 @@ class Executor:
             except Exception as exc:
                 if not self.io.about_the_record(exc):
                     raise
-                raise RecordFailed(
-                    unit, f"{node.name} failed on {record.topic}[{record.partition}]@"
-                          f"{record.offset}: {describe(exc)}") from exc
-        self.progress[tp] = record.offset + 1
+                raise RecordFailed(unit, f"{node.name} failed on {topic}[{partition}]@"
+                                         f"{offset}: {describe(exc)}") from exc
+        if tp is not None:
+            self.progress[tp] = offset + 1
 
     def suspect(self, failure: RecordFailed) -> None:
         """`failure`'s record failed (again): the replayed cycle retries it, or gives up on
