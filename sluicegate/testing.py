@@ -2,8 +2,8 @@
 
 This project's `TopologyTestDriver` (Kafka Streams): `TestDriver(app)` builds every stage
 the worker runs (`build_pipeline`), one task per partition with a real store per stage
-(RocksDB, in a temporary directory it owns unless given one), and plays the runtime's
-part around them:
+(in memory, or RocksDB in a temporary directory it owns unless given one, as the
+settings' state backend says), and plays the runtime's part around them:
 
 - a record written to a topic a stage reads is processed by that stage, in the order
   written (one queue for every topic); one sent to an input the stage takes handed over
@@ -12,25 +12,33 @@ part around them:
   partition (docs/decisions/in-process-handover.md). The driver owns every partition, so
   every such record is handed over. One sent to an input handed over in order
   (`Node.handed_over_in_order`, a control's) is written and processed in its turn: in
-  the order sent, as the worker processes it, and listed in `sent`;
+  the order sent, as the worker processes it, and listed in `sent`; or, with
+  `in_order=True`, handed over, as a worker does once it has read everything sent there
+  before (the driver always has);
 - partitions are chosen as the producers choose them: the record's explicit partition,
   else its key's murmur2 partition (a record without a key goes to partition 0). One
   partition by default; `Settings(partitions=n)` gives n tasks, each with its stores;
 - time is a `ManualClock`: `advance(ms)` fires every timer at its due time, in due
   order, as a ticking clock would, and processing never moves it;
-- `commit()` writes each store's cycle as the runtime's commit does (the changelog and
-  the tables a stage publishes, such as the runs table, are written to their topics
-  then); `restart(app=...)` is a worker taking the partitions over: the uncommitted
-  store writes and outputs are dropped, the records piped since the last commit are
-  read again, and new stage objects (the declarations given, or the same) are restored
-  over the committed stores (which stay open: RocksDB's own reopening is the store's
-  tests' business, and costs tens of milliseconds a store);
+- it runs the worker's own cycle executor (engine/executor.py), with this driver as its
+  log: `commit()` is the worker's commit (the changelog and the tables a stage
+  publishes, such as the runs table, are written to their topics, then the stores);
+  `restart(app=...)` is a worker taking the partitions over: the uncommitted store
+  writes and outputs are dropped, the records piped since the last commit are read
+  again, and new stage objects (the declarations given, or the same) are restored as a
+  worker restores them: a store in memory made anew from its logs as committed, its
+  derived rows made again, then `restored` and the control table; a store on disk
+  (RocksDB), or one whose logs a lean driver does not keep, is taken over (reopening
+  RocksDB is the store's tests' business, and costs tens of milliseconds a store);
+- a record (or timer) that fails aborts the cycle since the last commit, which is read
+  again: the record retried, then given to its stage's `unprocessable` (a dead letter
+  with the reason) once it has failed `poison_after` times, as in the worker; a failure
+  that is not the record's (a service's) raises;
 - the control table is set by the test (`pause`, `unpause`), not read from Kafka.
 
 Every topic is a list of what was written to it (`sent`); the output topics are also
 typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...), decoded when
-read. A stage that raises fails the call that fed it: the worker's retry and
-dead-lettering of a failing record are not played here.
+read.
 
 A long run (the benchmarks in memory: `bench/micro.py`, `bench/gate_micro.py`) keeps the
 driver lean with:
@@ -43,7 +51,7 @@ driver lean with:
   not; `sent` and the typed lists of a topic not kept raise;
 - `take(topic)`: a topic read as a consumer reads it, the records since the last `take`;
 - `process(stage, records)`: records given to a stage as read from its input, written
-  nowhere;
+  nowhere (read again if the cycle aborts before a commit);
 - `with driver.cycle():` one cycle of the worker's loop: the timers due fire at its end,
   and it commits, where otherwise the driver looks for due timers after every record.
 """

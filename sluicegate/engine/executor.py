@@ -397,26 +397,31 @@ class Executor:
     # -- commit and abort ------------------------------------------------------------
 
     def commit(self) -> None:
-        """The cycle's end. Its outputs, state and input progress commit or vanish
-        together: the held records and the stores' writes go to their logs in the
-        transaction, which commits with the offsets consumed; only then are the stores
-        written, each with the offsets of its last rows in its logs."""
+        """The cycle's end, in the exactly-once order: its outputs, state and input
+        progress commit or vanish together, and the stores follow the commit."""
+        # What is still handed over is part of this cycle; what is held for an in-order
+        # input goes to its topic, behind what was sent there before.
         if self.handoffs:
             self.hand_over_queued()
         for (topic, partition), catching in self.catching.items():
             for key, value, headers, _ in catching.held:
                 self.io.produce(topic, key, value, partition, headers, self._sent_in_order)
             catching.held.clear()
+        # Each store's writes of the cycle to its logs (the changelog, or the topic of a
+        # table the stage publishes), in its partition; derived rows to none.
         self._log_offsets.clear()
         changed = [(task.partition, state) for task in self.tasks.values()
                    for state in task.stateful() if state.tx is not None and state.tx.changes]
         for partition, state in changed:
-            self._produce_logs(state, partition)
+            for topic, rows in state.logged(self.log_derived).items():
+                self.io.produce_log(topic, partition, rows, self._delivered)
+        # The offsets consumed go to the transaction, which commits.
         self.io.commit_transaction(self.progress)
         self.progress.clear()
         self.first.clear()
         if self.suspects:
             self.suspects.clear()
+        # Only now the stores, each with the offsets of its last rows in its logs.
         logged = self._log_offsets
         try:
             for p, state in changed:
@@ -426,12 +431,6 @@ class Executor:
                     if (table.topic, p) in logged})
         except StoreUnwritable as exc:
             self.io.stores_behind(exc)
-
-    def _produce_logs(self, state: StageState, partition: int) -> None:
-        """The cycle's store writes of one stage and partition: each row to its log (the
-        changelog, or the topic of a table the stage publishes), in that partition."""
-        for topic, rows in state.logged(self.log_derived).items():
-            self.io.produce_log(topic, partition, rows, self._delivered)
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         tp = (topic, partition)
