@@ -394,9 +394,7 @@ class TestDriver:
                 if handoffs:
                     executor.hand_over_queued()
                 elif batches:
-                    node, records = batches.popleft()
-                    for input_record in records:
-                        process(tasks[input_record.partition], input_record, node)
+                    executor.process_given(*batches.popleft())
                 else:
                     written = queue.popleft()
                     process(tasks[written.partition],

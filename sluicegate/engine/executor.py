@@ -161,30 +161,48 @@ class Executor:
 
     # -- records and timers ----------------------------------------------------------
 
-    def process(self, task: Task, record: InputRecord, node: Node | None = None) -> None:
-        """`record`, read from its topic, processed by its stage; or given to `node`'s
-        stage as read from its input (the test driver's `process`), with no offset to
-        commit."""
+    def process(self, task: Task, record: InputRecord) -> None:
+        """`record`, read from its topic, processed by its stage; its offset is committed
+        with the cycle."""
         topic, partition, offset = record.topic, record.partition, record.offset
+        tp = (topic, partition)
+        if tp not in self.progress:
+            self.first[tp] = offset
+        node = self.node_for_topic[topic]
         unit = self.unit = (topic, partition, offset)
-        tp: tuple[str, int] | None = None
-        if node is None:
-            node = self.node_for_topic[topic]
-            tp = (topic, partition)
-            if tp not in self.progress:
-                self.first[tp] = offset
         if not (self.suspects and self._given_up(node, task, unit, record)):
             try:
                 node.stage.process(task.states[node.name].ctx, record)
             except RecordFailed:
                 raise
             except Exception as exc:
-                if not self.io.about_the_record(exc):
-                    raise
-                raise RecordFailed(unit, f"{node.name} failed on {topic}[{partition}]@"
-                                         f"{offset}: {describe(exc)}") from exc
-        if tp is not None:
-            self.progress[tp] = offset + 1
+                raise self._record_failed(node, unit, exc) from exc
+        self.progress[tp] = offset + 1
+
+    def process_given(self, node: Node, records: list[InputRecord]) -> None:
+        """Records given to `node`'s stage as read from its input, each on its partition's
+        task (the test driver's `process`): written nowhere, so no offset to commit."""
+        process, name, tasks = node.stage.process, node.name, self.tasks
+        for record in records:
+            task = tasks[record.partition]
+            unit = self.unit = (record.topic, record.partition, record.offset)
+            if self.suspects and self._given_up(node, task, unit, record):
+                continue
+            try:
+                process(task.states[name].ctx, record)
+            except RecordFailed:
+                raise
+            except Exception as exc:
+                raise self._record_failed(node, unit, exc) from exc
+
+    def _record_failed(self, node: Node, unit: tuple[Any, ...],
+                       exc: Exception) -> RecordFailed:
+        """`exc`, raised by `node`'s stage on the record `unit`, as the record's failure;
+        re-raised when it is not the record's."""
+        if not self.io.about_the_record(exc):
+            raise exc
+        return RecordFailed(unit, f"{node.name} failed on {_unit_text(unit)}: "
+                                  f"{describe(exc)}")
 
     def suspect(self, failure: RecordFailed) -> None:
         """`failure`'s record failed (again): the replayed cycle retries it, or gives up on
