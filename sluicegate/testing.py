@@ -78,7 +78,7 @@ from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
 from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
-from sluicegate.engine.executor import Delivered, Executor, RecordFailed
+from sluicegate.engine.executor import Delivered, Executor, HandoverFailed, RecordFailed
 from sluicegate.engine.recovery import write_replayed
 from sluicegate.engine.stage import Headers, InputRecord, Stage
 from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable
@@ -382,6 +382,10 @@ class TestDriver:
                 return
             except RecordFailed as failure:
                 self._executor.suspect(failure)
+                self._abort()
+            except HandoverFailed:
+                # A stage failed on a record held for an in-order input: read again, with
+                # that input going through its topic from now on, as in the worker.
                 self._abort()
 
     def _drain(self) -> None:

@@ -170,3 +170,24 @@ def test_a_restored_stage_whose_restored_hook_fails_joins_after_retrying_or_with
         assert len(calls) == (2 if times == 1 else driver.settings.poison_after)
         driver.start("one", {"rowId": "b"})
         assert len(driver.admitted) == 1, "the partition joined and went on"
+
+
+def test_a_timer_that_keeps_failing_is_retried_once_then_dead_lettered() -> None:
+    with TestDriver(APP) as driver:
+        stage = driver.stage("defer")
+        fired: list[int] = []
+
+        def failing(ctx: Any, due_ms: int, key: bytes, value: bytes) -> None:
+            fired.append(due_ms)
+            raise ValueError("a timer of a test")
+
+        stage.fire = failing  # type: ignore[method-assign]
+        driver.start("edit", {"rowId": "a"})
+        driver.commit()  # the start's cycle committed, as a worker's is long before
+        driver.advance(60_000)
+        assert len(fired) == 2 and len(set(fired)) == 1, "fired, fired again, given up"
+        (dead,) = driver.dead_letters
+        assert dead.source_topic == "timer:defer"
+        assert "defer failed on its timer due at" in dead.reason
+        assert "a timer of a test" in dead.reason
+        assert driver.timers("defer").next_due is None, "the timer is spent"
