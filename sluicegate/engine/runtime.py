@@ -1,6 +1,9 @@
 """The worker: one consumer, one transactional producer, and the exactly-once loop, running
 a `Topology` (engine/topology.py): the stages and their wiring, the global tables, and
-what it is told of the application around them, of which it imports nothing.
+what it is told of the application around them, of which it imports nothing. The cycle
+itself (dispatch, handover, timers, retry and give-up, the commit's order) is the
+`Executor`'s (engine/executor.py), to which the worker is the Kafka behind its `CycleIO`;
+the worker keeps the consumer, rebalancing, fencing, restore and aborts.
 
 Per commit cycle: consume a batch, hand each record to its stage, fire due timers, then
 commit — produce the stores' changelog writes, flush, send the consumed offsets with the
