@@ -95,13 +95,20 @@ class CatchUp:
 # A record handed over, waiting to be processed: what sent it (the record or
 # timer whose failure a failure of it is; None for a table row, a restored task or a
 # record held at catch-up), the stage and task that take it, and what was sent.
-Handoff = tuple[tuple[Any, ...] | None, Node, Task, str, bytes, bytes | None,
+Handoff = tuple[InputRecord | tuple[Any, ...] | None, Node, Task, str, bytes, bytes | None,
                 Headers | None, object | None]
 
 
 def _tell_rows(state: StageState, table: str, rows: list[Any]) -> None:
     for row in rows:
         state.stage.table_changed(state.ctx, table, row)
+
+
+def _unit_of(sender: InputRecord | tuple[Any, ...]) -> tuple[Any, ...]:
+    """What names a record (its topic, partition and offset) or a timer for a retry."""
+    if isinstance(sender, InputRecord):
+        return (sender.topic, sender.partition, sender.offset)
+    return sender
 
 
 def _unit_text(unit: tuple[Any, ...]) -> str:
@@ -121,6 +128,7 @@ class Executor:
         self.poison_after = poison_after
         self.log_derived = log_derived
         self.tasks: dict[int, Task] = {}
+        self._partitioner = topology.partitioner
         self.node_for_topic: dict[str, Node] = {
             topic: node for node in topology.nodes for topic in node.inputs}
         self.handed_over: dict[str, Node] = {
@@ -141,8 +149,9 @@ class Executor:
         # records as it would from its topic, and before anything else is (a timer, a
         # table row, the commit).
         self.handoffs: deque[Handoff] = deque()
-        # The record or timer being processed: what a record it hands over came from.
-        self.unit: tuple[Any, ...] | None = None
+        # The record or timer being processed: what a record it hands over came from (a
+        # record itself, its unit made only if something it sent fails).
+        self.unit: InputRecord | tuple[Any, ...] | None = None
         # Global table -> the stages that read it.
         self.readers: dict[str, list[str]] = {
             table.name: [node.name for node in topology.nodes if table.name in node.reads]
@@ -169,14 +178,15 @@ class Executor:
         if tp not in self.progress:
             self.first[tp] = offset
         node = self.node_for_topic[topic]
-        unit = self.unit = (topic, partition, offset)
-        if not (self.suspects and self._given_up(node, task, unit, record)):
+        self.unit = record
+        if not (self.suspects and self._given_up(node, task, (topic, partition, offset),
+                                                 record)):
             try:
                 node.stage.process(task.states[node.name].ctx, record)
             except RecordFailed:
                 raise
             except Exception as exc:
-                raise self._record_failed(node, unit, exc) from exc
+                raise self._record_failed(node, (topic, partition, offset), exc) from exc
         self.progress[tp] = offset + 1
 
     def process_given(self, node: Node, records: list[InputRecord]) -> None:
@@ -185,15 +195,15 @@ class Executor:
         process, name, tasks = node.stage.process, node.name, self.tasks
         for record in records:
             task = tasks[record.partition]
-            unit = self.unit = (record.topic, record.partition, record.offset)
-            if self.suspects and self._given_up(node, task, unit, record):
+            self.unit = record
+            if self.suspects and self._given_up(node, task, _unit_of(record), record):
                 continue
             try:
                 process(task.states[name].ctx, record)
             except RecordFailed:
                 raise
             except Exception as exc:
-                raise self._record_failed(node, unit, exc) from exc
+                raise self._record_failed(node, _unit_of(record), exc) from exc
 
     def _record_failed(self, node: Node, unit: tuple[Any, ...],
                        exc: Exception) -> RecordFailed:
@@ -298,12 +308,11 @@ class Executor:
         its in-order input catches up, else written to its topic."""
         node = self.handed_over.get(topic)
         if node is not None and key is not None:
-            p = (self.topology.partitioner(key, self.partitions) if partition is None
-                 else partition)
+            p = self._partitioner(key, self.partitions) if partition is None else partition
             task = self.tasks.get(p)
             if task is not None:
-                tp = (topic, p)
-                if topic not in self.in_order or tp in self.drained:
+                tp = (topic, p) if topic in self.in_order else None
+                if tp is None or tp in self.drained:
                     # Handed over: processed after the slice of records that sent it, in
                     # the order sent, in this transaction, and never written to its topic.
                     # No stage is ever called again while it is still processing one, and
@@ -319,7 +328,7 @@ class Executor:
                     return
         self.io.produce(topic, key, value, partition, headers)
 
-    def hand_over_queued(self, owner: tuple[Any, ...] | None = None) -> None:
+    def hand_over_queued(self, owner: InputRecord | tuple[Any, ...] | None = None) -> None:
         """Process the records handed over, and those they send in turn, in the order
         sent. One that fails fails the record or timer that sent it (`RecordFailed`),
         which is retried and then given up on as any is; one of no record's fails as the
@@ -337,8 +346,9 @@ class Executor:
             except Exception as exc:
                 if unit is None or not self.io.about_the_record(exc):
                     raise
-                raise RecordFailed(unit, f"{node.name} failed on a record handed over from "
-                                         f"{_unit_text(unit)}: {describe(exc)}") from exc
+                sender = _unit_of(unit)
+                raise RecordFailed(sender, f"{node.name} failed on a record handed over from "
+                                           f"{_unit_text(sender)}: {describe(exc)}") from exc
         self.unit = owner
 
     # -- in-order inputs -------------------------------------------------------------

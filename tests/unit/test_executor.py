@@ -191,3 +191,45 @@ def test_a_timer_that_keeps_failing_is_retried_once_then_dead_lettered() -> None
         assert "defer failed on its timer due at" in dead.reason
         assert "a timer of a test" in dead.reason
         assert driver.timers("defer").next_due is None, "the timer is spent"
+
+
+def test_a_failure_of_a_record_handed_over_is_the_failure_of_the_record_that_sent_it(
+) -> None:
+    with TestDriver(APP) as driver:
+        stage = driver.stage("runs")
+        process_handed_over = stage.process_handed_over
+        taken: list[bytes] = []
+
+        def failing(ctx: Any, topic: str, key: bytes, *rest: Any) -> None:
+            taken.append(key)
+            if len(taken) > 1:  # the second run's row, every time
+                raise ValueError("the runs stage of a test")
+            process_handed_over(ctx, topic, key, *rest)
+
+        stage.process_handed_over = failing  # type: ignore[method-assign]
+        driver.start("edit", {"rowId": "a"})
+        driver.start("edit", {"rowId": "b"})
+        driver.commit()
+        taken.clear()
+        taken.append(b"")  # from here, every run's row fails
+        driver.advance(60_000)  # both debounce timers fire; each admission fails
+        reasons = [dead.reason for dead in driver.dead_letters]
+        assert reasons and all("runs failed on a record handed over from defer's timer"
+                               in reason for reason in reasons), reasons
+
+
+def test_a_record_whose_handed_over_record_keeps_failing_is_dead_lettered_with_its_offset(
+) -> None:
+    with TestDriver(APP) as driver:
+        stage = driver.stage("runs")
+
+        def failing(*args: Any) -> None:
+            raise ValueError("the runs stage of a test")
+
+        stage.process_handed_over = failing  # type: ignore[method-assign]
+        driver.start("one", {"rowId": "a"})
+        (dead,) = driver.dead_letters
+        concurrency = driver.topics.stage("concurrency")
+        assert (dead.source_topic, dead.source_offset) == (concurrency, 0)
+        assert f"runs failed on a record handed over from {concurrency}[0]@0" in dead.reason
+        assert driver.admitted == [], "its admission was not committed with it"
