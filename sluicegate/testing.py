@@ -80,7 +80,7 @@ from sluicegate.declare import App, Origin
 from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
 from sluicegate.engine.executor import Delivered, Executor, HandoverFailed, RecordFailed
 from sluicegate.engine.recovery import write_replayed
-from sluicegate.engine.stage import Headers, InputRecord, Stage
+from sluicegate.engine.stage import Headers, InputRecord, Send, Stage
 from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable
 from sluicegate.engine.task import Task
 from sluicegate.engine.timers import Timers
@@ -248,8 +248,9 @@ class TestDriver:
                 else:
                     state.store.close()
         self.tasks = executor.tasks
+        send = self._sender()
         for p in range(self.settings.partitions):
-            task = Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
+            task = Task(p, topology, self.state_dir, send, self.clock.now_ms,
                         self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
                         self.settings.state_backend, bool(self.settings.log_derived))
             self._restore(task)
@@ -295,17 +296,24 @@ class TestDriver:
             return partition
         return 0 if key is None else partition_for(key, self.settings.partitions)
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None,
-              message: object | None = None) -> None:
-        """What a stage sends goes to the executor, unless its topic is only counted (a
-        lean driver's: no stage reads it, so nothing hands it over), which costs a long
-        run nothing more than the count."""
-        keep = self._keep
-        if keep is not None and topic not in keep and topic not in self._node_for_topic:
-            self._dropped[topic] = self._dropped.get(topic, 0) + 1
-            return
-        self._executor.send(topic, key, value, partition, headers, message)
+    def _sender(self) -> Send:
+        """What the stages send with: the executor's `send`; in a lean driver, what is sent
+        to a topic only counted (no stage reads it, so nothing hands it over) is counted
+        first, which costs a long run nothing more than the count."""
+        keep, read, dropped = self._keep, self._node_for_topic, self._dropped
+        send = self._executor.send
+        if keep is None:
+            return send
+
+        def counting(topic: str, key: bytes | None, value: bytes | None,
+                     partition: int | None = None, headers: Headers | None = None,
+                     message: object | None = None) -> None:
+            if topic not in keep and topic not in read:
+                dropped[topic] = dropped.get(topic, 0) + 1
+                return
+            send(topic, key, value, partition, headers, message)
+
+        return counting
 
     # -- the log, as the executor writes to it (its CycleIO) ---------------------------
 
@@ -436,7 +444,8 @@ class TestDriver:
             del log[self._committed.get(topic, 0):]
         del self._all[self._committed_all:]
         self._offsets = dict(self._committed_offsets)
-        self._dropped = dict(self._committed_dropped)
+        self._dropped.clear()  # in place: the stages' send counts into it
+        self._dropped.update(self._committed_dropped)
         self._taken = {topic: min(n, len(self._log.get(topic, ())))
                        for topic, n in self._taken.items()}
         self._queue.clear()
