@@ -297,23 +297,24 @@ class TestDriver:
         return 0 if key is None else partition_for(key, self.settings.partitions)
 
     def _sender(self) -> Send:
-        """What the stages send with: the executor's `send`; in a lean driver, what is sent
-        to a topic only counted (no stage reads it, so nothing hands it over) is counted
-        first, which costs a long run nothing more than the count."""
+        """What the stages send with: the executor's `send` for a topic a stage takes
+        handed over (it decides between handing over, holding and writing); any other
+        record the executor would only write, so it is written (`produce`) or, in a lean
+        driver, counted when no stage reads its topic, at no more cost than that."""
         keep, read, dropped = self._keep, self._node_for_topic, self._dropped
-        send = self._executor.send
-        if keep is None:
-            return send
+        handed_over, send, produce = self._executor.handed_over, self._executor.send, self.produce
 
-        def counting(topic: str, key: bytes | None, value: bytes | None,
-                     partition: int | None = None, headers: Headers | None = None,
-                     message: object | None = None) -> None:
-            if topic not in keep and topic not in read:
+        def sending(topic: str, key: bytes | None, value: bytes | None,
+                    partition: int | None = None, headers: Headers | None = None,
+                    message: object | None = None) -> None:
+            if topic in handed_over:
+                send(topic, key, value, partition, headers, message)
+            elif keep is not None and topic not in keep and topic not in read:
                 dropped[topic] = dropped.get(topic, 0) + 1
-                return
-            send(topic, key, value, partition, headers, message)
+            else:
+                produce(topic, key, value, partition, headers)
 
-        return counting
+        return sending
 
     # -- the log, as the executor writes to it (its CycleIO) ---------------------------
 
