@@ -196,6 +196,11 @@ _FAST_ENCODE: dict[int, Callable[[Any], bytes]] = {id(RAW): bytes, id(TEXT): str
 _FAST_DECODE: dict[int, Callable[[bytes], Any]] = {id(RAW): bytes, id(TEXT): bytes.decode}
 
 
+# A `Fields` field's type: its struct format, or the codec of what follows the struct.
+_IN_STRUCT: dict[Any, str] = {bool: "?", int: "q", float: "d"}
+_AFTER_STRUCT: dict[Any, Codec[Any]] = {str: TEXT, bytes: RAW}
+
+
 class Fields(Generic[R]):
     """A compact struct codec for a dataclass: its integer, boolean and float fields in one
     fixed-size struct, its text and bytes fields after it, each with its length in the
@@ -235,20 +240,11 @@ class Fields(Generic[R]):
             if f.name in nested:
                 self._kinds.append(("v", is_optional, nested[f.name], ""))
                 fixed += "I"
-            elif base is bool:
-                self._kinds.append(("n", is_optional, None, "?"))
-                fixed += "?"
-            elif base is int:
-                self._kinds.append(("n", is_optional, None, "q"))
-                fixed += "q"
-            elif base is float:
-                self._kinds.append(("n", is_optional, None, "d"))
-                fixed += "d"
-            elif base is str:
-                self._kinds.append(("v", is_optional, TEXT, ""))
-                fixed += "I"
-            elif base is bytes:
-                self._kinds.append(("v", is_optional, RAW, ""))
+            elif base in _IN_STRUCT:
+                self._kinds.append(("n", is_optional, None, _IN_STRUCT[base]))
+                fixed += _IN_STRUCT[base]
+            elif base in _AFTER_STRUCT:
+                self._kinds.append(("v", is_optional, _AFTER_STRUCT[base], ""))
                 fixed += "I"
             else:
                 raise TypeError(f"{cls.__name__}.{f.name}: a field of type {hint} needs a "
@@ -427,11 +423,6 @@ class StateTable(Generic[K, V]):
         cut = len(self._prefix)
         decode_key = self._key_decode
         return (decode_key(k[cut:]) for k, _ in self._tx.items(self._prefix + start))
-
-    def encoded_key(self, key: K) -> bytes:
-        """The key as the table stores it (without its prefix): where an ordered read of
-        `items` starts."""
-        return self._key(key)
 
 
 def derived_prefixes(*specs: TableSpec[Any, Any]) -> tuple[bytes, ...]:

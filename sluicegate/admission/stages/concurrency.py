@@ -189,7 +189,7 @@ class ConcurrencyStage(QueueStage):
     # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
     tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, HOLDERS, HELD, WAITING,
               _SWEPT, *floors.TABLES)
-    derived = (*derived_prefixes(*tables), *cancelon.SweepIndex.DERIVED, *pending.DERIVED)
+    derived = derived_prefixes(*tables)
 
     def derive(self, store: StoreReader) -> dict[bytes, bytes]:
         rows = super().derive(store)
