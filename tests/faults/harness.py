@@ -346,7 +346,13 @@ def check_invariants(outcomes: Outcomes, traffic: Traffic,
     final = outcomes.final()
     twice = {r: [row.outcome.value for row in rows] for r, rows in final.items()
              if len(rows) > 1}
-    assert not twice, f"requests decided more than once: {list(twice.items())[:5]}"
+    # Said with what tells the decisions apart: the workflow, the key, the stage, when
+    # each was decided and the run it made.
+    assert not twice, "requests decided more than once: " + "; ".join(
+        f"{r} ({traffic.workflows.get(r)}): " + ", ".join(
+            f"{row.outcome.value} key={row.key} stage={row.stage} "
+            f"decided_at={row.decided_at_ms} execution={row.execution_id}"
+            for row in final[r]) for r in list(twice)[:5])
     undecided = [r for r in traffic.workflows if r not in final]
     assert not undecided, f"{len(undecided)} requests have no final decision: {undecided[:5]}"
     executions = Counter(a.execution_id for a in outcomes.admitted.records)
