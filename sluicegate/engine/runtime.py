@@ -107,6 +107,12 @@ _CLOCK_REFUSED = "INVALID_TIMESTAMP"
 _TROUBLE_REPEAT_S = 30.0
 
 
+# The offsets of a transaction refused for the group membership they carry: the worker
+# was away past its session, and its partitions moved.
+_FENCED_MEMBER = frozenset({KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+                            KafkaError.FENCED_INSTANCE_ID})
+
+
 def producer_tuning(settings: Settings) -> dict[str, Any]:
     """The transactional producer's settings beside its id (bench.rawpipe's baseline uses
     them too, so the two compare like for like).
@@ -277,6 +283,11 @@ class Worker:
         self._progress: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the first offset read this cycle: where an abort goes back to
         self._first: dict[tuple[str, int], int] = {}
+        # (topic, partition) -> the offset committed there, for the partitions of the tasks
+        # that process: sent again with a cycle that read no record (timers, table rows,
+        # a join), so that its transaction is fenced like any other if this worker is no
+        # longer the group's member that owns them (docs/decisions/fenced-transactions.md).
+        self._committed: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the offset of the last record of a store's log this cycle
         self._log_offsets: dict[tuple[str, int], int] = {}
         # A record or timer whose processing failed -> (failures, the last reason)
@@ -524,6 +535,12 @@ class Worker:
             self._clock_refused()
             return
         said = describe(exc)
+        if error is not None and error.code() in _FENCED_MEMBER:
+            # The transaction was refused for the membership it carried (docs/decisions/
+            # fenced-transactions.md): said as such, not as the broker's long list.
+            said = (f"{error.name()}: the group no longer counts this worker as the owner "
+                    f"of its partitions (it was away past its session): what it did since "
+                    f"is dropped, and it joins the group again")
         log.log(logging.DEBUG if said == self._last_trouble else logging.WARNING,
                 "aborting the cycle after: %s", said)
         self._last_trouble = said
@@ -964,9 +981,11 @@ class Worker:
                 assert state.tx is not None
                 if state.tx.changes:
                     self._produce_logs(state, task.partition)
-        consumed = [TopicPartition(t, p, o) for (t, p), o in self._progress.items()]
+        consumed = [TopicPartition(t, p, o) for (t, p), o in
+                    (self._progress or self._fence()).items()]
         self._txn.commit(consumed, self.consumer.consumer_group_metadata(), self._asked)
         self._in_txn = False
+        self._committed.update(self._progress)
         self._progress.clear()
         self._first.clear()
         if self._suspects:
@@ -1003,6 +1022,15 @@ class Worker:
 
     def _asked(self) -> None:
         self._commit_asked = True
+
+    def _fence(self) -> dict[tuple[str, int], int]:
+        """For a cycle that read no record: the offsets already committed on the partitions
+        of the tasks that process, committed again. A transaction that carries no offsets
+        carries no group generation either, and the broker would commit it even if this
+        worker had been frozen past its session and its partitions had moved: the timers
+        it fires on waking would admit again what their new owner admitted."""
+        tasks = self.tasks
+        return {tp: offset for tp, offset in self._committed.items() if tp[1] in tasks}
 
     def _produce_logs(self, state: StageState, partition: int) -> None:
         """The cycle's store writes of one stage and partition: each row to its log (the
@@ -1149,7 +1177,11 @@ class Worker:
         partition = task.partition
         del self._restoring[partition]
         self.tasks[partition] = task
+        for key in [key for key in self._committed if key[1] == partition]:
+            del self._committed[key]
         for tp in self._restore_offsets:
+            if tp.offset >= 0:
+                self._committed[(tp.topic, tp.partition)] = tp.offset
             # No offset committed yet: from the start, as auto.offset.reset says.
             offset = tp.offset if tp.offset >= 0 else -2
             self._seek(TopicPartition(tp.topic, tp.partition, offset))
