@@ -5,7 +5,8 @@ control holding it, in words (seed 000, "Seeing what happened"; issue 17's conso
 - batch n/size on key K until T;
 - throttle on key K: its slot is at T;
 - concurrency on key K: position N of M behind a limit of L; about 4 min: 37 ahead, 9
-  runs a minute over the last 10 min (`estimate.py`: the pace its line has been moving at);
+  runs a minute over the last 10 min (`estimate.py`: the pace its line has been moving at;
+  before another limit, the wait for this one's slot, and the limit after it named);
 - singleton on key K: waits for the run holding the key to end;
 - paused since T (reason);
 - delayed until T (`at`).
@@ -27,12 +28,12 @@ from typing import Any
 
 from sluicegate.admission.overrides import effective, in_force
 from sluicegate.declare import App
-from sluicegate.ops.services.estimate import Estimate, Pace, no_estimate, read_pace
+from sluicegate.ops.services.estimate import Estimate, Line, no_estimate, read_line
 from sluicegate.ops.services.formatting import clock as _clock
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LATEST, LedgerDb
 from sluicegate.schemas.records import ControlRow, OverrideRow
-from sluicegate.topology.route import route_for
+from sluicegate.topology.route import control_name, route_for
 
 WAITING_SQL = f"""
 WITH {LATEST}
@@ -70,13 +71,18 @@ class Waiting:
     # Behind a concurrency limit: how long it should still wait, from its line's pace
     # (None: not behind one, or nobody left the line lately).
     estimate_ms: int | None = None
+    # With an estimate: the limits after this one, whose waits it does not count (empty:
+    # none, it runs once it has this slot; None: not known).
+    estimate_then: tuple[str, ...] | None = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "workflow": self.workflow, "key": self.key,
                 "control": self.control, "deferral": self.deferral,
                 "requested_at": iso(self.requested_at_ms), "due_at": iso(self.due_at_ms),
                 "position": self.position, "rank": self.rank, "waiting": self.waiting,
-                "limit": self.limit, "why": self.why, "estimate_ms": self.estimate_ms}
+                "limit": self.limit, "why": self.why, "estimate_ms": self.estimate_ms,
+                "estimate_then": None if self.estimate_then is None
+                else list(self.estimate_then)}
 
 
 def _ms(value: Any) -> int | None:
@@ -109,6 +115,21 @@ def limit_of(app: App | None, workflow: str, control: str | None, deferral: str 
             return effective(wf.concurrency[index].limit,
                              in_force(overrides or {}, "concurrency", budget))
     return None
+
+
+def limits_after(app: App | None, workflow: str, control: str | None, deployment_cap: int,
+                 line: Line) -> tuple[str, ...] | None:
+    """The limits a start waiting at `control` still meets once it has its slot there, as
+    the ledger names them: from the route the declarations give (`app`), else from where
+    the starts that left the line went (None: not known)."""
+    wf = app.get(workflow) if app is not None else None
+    if wf is None:
+        return line.then()
+    route = route_for(wf, deployment_cap)
+    names = [control_name(wf, hop) for hop in route.hops]
+    if control not in names:
+        return line.then()
+    return tuple(names[names.index(control) + 1:])
 
 
 def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
@@ -158,7 +179,7 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
     result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit,
                                     "request_id": request_id})
     out = []
-    paces: dict[tuple[str, str | None, str | None], Pace | None] = {}
+    lines: dict[tuple[str, str | None, str | None], Line] = {}
     for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
          _waited, rank, count) in result.rows:
         cap = limit_of(app, wf, control, deferral, deployment_cap, overrides)
@@ -166,11 +187,13 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
         estimate = None
         said = ""
         if deferral == "concurrency":
-            line = (wf, k, control)
-            if line not in paces:
-                paces[line] = read_pace(db, wf, k, control, now_ms)
-            pace = paces[line]
-            estimate = Estimate(int(rank) - 1, pace) if pace is not None else None
+            at = (wf, k, control)
+            if at not in lines:
+                lines[at] = read_line(db, wf, k, control, now_ms)
+            line = lines[at]
+            if line.pace is not None:
+                estimate = Estimate(int(rank) - 1, line.pace,
+                                    limits_after(app, wf, control, deployment_cap, line))
             said = "; " + (estimate.text() if estimate is not None else no_estimate())
         out.append(Waiting(
             request_id=request_id, workflow=wf, key=k, control=control, deferral=deferral,
@@ -180,7 +203,8 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
             why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf),
                     now_ms) + said
             + _paused_after(deferral, control_rows.get(wf)),
-            estimate_ms=estimate.wait_ms if estimate is not None else None))
+            estimate_ms=estimate.wait_ms if estimate is not None else None,
+            estimate_then=estimate.then if estimate is not None else ()))
     return out
 
 
