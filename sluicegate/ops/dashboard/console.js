@@ -450,16 +450,32 @@ async function applyBulk(request) {
 // -- limit overrides --------------------------------------------------------------------
 
 function limitRequest() {
+  const control = $("limit-control").value;
   const value = parseInt($("limit-value").value, 10);
   const clear = $("limit-clear").checked;
-  return {
+  const request = {
+    control: control,
     workflow: $("limit-workflow").value.trim() || null,
     pool: $("limit-pool").value.trim() || null,
     nth: parseInt($("limit-nth").value, 10),
-    concurrency: clear || Number.isNaN(value) ? null : value,
     clear: clear,
     reason: $("limit-reason").value.trim() || null,
   };
+  // A concurrency limit is a number of slots; a throttle's or a rateLimit's, LIMIT/PERIOD.
+  if (control === "concurrency") {
+    request.concurrency = clear || Number.isNaN(value) ? null : value;
+  } else {
+    request.rate = clear || Number.isNaN(value) ? null
+        : value + "/" + $("limit-period").value.trim();
+  }
+  return request;
+}
+
+function limitControlChanged() {
+  const concurrency = $("limit-control").value === "concurrency";
+  $("limit-nth").disabled = !concurrency;
+  $("limit-period").disabled = concurrency;
+  dropLimitApply();
 }
 
 function dropLimitApply() {
@@ -483,12 +499,14 @@ async function previewLimit() {
     $("limit-error").textContent = "The preview returned no number of starts.";
     return;
   }
-  $("limit-preview-text").textContent = doc.limit + ": " + doc.before + " -> " + doc.after +
-      " (declared " + doc.declared + "). " + doc.admitted_now + " of the " + doc.waiting +
-      " waiting starts would be admitted now" +
-      (doc.draining ? "; " + doc.draining + " runs over the new limit keep running and drain" : "") +
-      ".";
-  const apply = el("button", "Apply: " + doc.before + " -> " + doc.after);
+  const what = doc.note
+      ? doc.note + "; " + doc.waiting + " starts wait there now, none is admitted at once"
+      : doc.admitted_now + " of the " + doc.waiting + " waiting starts would be admitted now" +
+        (doc.draining ? "; " + doc.draining + " runs over the new limit keep running and drain"
+                      : "");
+  $("limit-preview-text").textContent = doc.limit + ": " + doc.old + " -> " + doc.new +
+      " (declared " + doc.declared_text + "). " + what + ".";
+  const apply = el("button", "Apply: " + doc.old + " -> " + doc.new);
   apply.type = "button";
   apply.id = "limit-apply";
   apply.onclick = () => applyLimit(request);
@@ -565,6 +583,7 @@ async function refresh() {
 $("bulk-preview").onclick = preview;
 $("limit-preview").onclick = previewLimit;
 for (const e of $("limit-form").querySelectorAll("input, select")) e.oninput = dropLimitApply;
+$("limit-control").onchange = limitControlChanged;
 for (const e of $("bulk-form").querySelectorAll("input, select")) e.oninput = dropApply;
 $("run-form").onsubmit = (ev) => {
   ev.preventDefault();
