@@ -533,7 +533,9 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             app=sources.app, deployment_cap=sources.settings.deployment_cap,
             workflow=name, key=key, limit=_int(request.query_params.get("limit"), 500, 1,
                                                 5000), now_ms=view.now_ms,
-            overrides=sources.reader.control.overrides)
+            overrides=sources.reader.control.overrides,
+            key_limits=(sources.reader.key_limits.rows
+                        if sources.reader.key_limits is not None else None))
         return {"now_ms": view.now_ms, "waiting": [w.to_json() for w in starts]}
 
     def run_doc(request: Request) -> Any:

@@ -136,3 +136,27 @@ def test_an_override_in_force_is_a_gauge_of_its_limit_beside_the_declared_one() 
                                      {"control": "concurrency", "budget": "report"}) is None
     assert registry.get_sample_value("sluicegate_limit_override_period_seconds",
                                      {"control": "throttle", "budget": "sync"}) == 60
+
+
+def test_a_pools_limit_in_force_and_a_keys_limit_from_the_limits_table_are_gauges() -> None:
+    from sluicegate.admission.limits import LimitChange
+    from sluicegate.ops.services.flow import PoolFlow
+
+    tiers = LimitChange("tiers", "acme", 20)
+    view = FlowView(now_ms=0, workflows=(WorkflowFlow("perTenant", keys=(
+        KeyFlow("acme", in_flight=3, limit=20, limit_row=tiers, declared=2),
+        KeyFlow("bolt", in_flight=1, limit=2))),), pools=(
+        PoolFlow("gpu", ("embed", "summarize"), in_flight=7, limit=8),
+        PoolFlow("tenants", ("fair",), in_flight=3, keys=(
+            KeyFlow("acme", in_flight=2, limit=4, limit_row=tiers, declared=2),))))
+    registry = _registry(FlowCollector(lambda: view, lambda: []))
+    assert registry.get_sample_value("sluicegate_pool_concurrency_limit", {"pool": "gpu"}) == 8
+    assert registry.get_sample_value("sluicegate_pool_in_flight", {"pool": "gpu"}) == 7
+    assert registry.get_sample_value("sluicegate_pool_concurrency_limit",
+                                     {"pool": "tenants"}) is None, "keyed: per key"
+    assert registry.get_sample_value("sluicegate_key_concurrency_limit",
+                                     {"budget": "perTenant", "key": "acme"}) == 20
+    assert registry.get_sample_value("sluicegate_key_concurrency_limit",
+                                     {"budget": "perTenant", "key": "bolt"}) is None
+    assert registry.get_sample_value("sluicegate_key_concurrency_limit",
+                                     {"budget": "pool:tenants", "key": "acme"}) == 4

@@ -229,7 +229,7 @@ function renderOverview(doc) {
     const full = wf.fullest_key;
     const limit = wf.limit !== null ? " / " + wf.limit
         : full ? " (" + (full.key === null ? "(one key)" : full.key) + ": " + full.in_flight +
-                 "/" + full.limit + ")" : "";
+                 "/" + full.limit + fromTable(full, doc.limits_topic) + ")" : "";
     const tr = row([wf.workflow, state, ...OUTCOMES.map((o) => wf.counts[o]), wf.queued,
                     wf.waiting || "", wf.in_flight + limit, lastHour(wf, doc.since_ms), button],
                    ["", wf.paused ? "text state paused"
@@ -239,16 +239,47 @@ function renderOverview(doc) {
     if (wf.override) {
       const cell = tr.querySelector("td.inflight");
       cell.textContent += " (override)";
-      cell.title = "override since " + utc(wf.override.at_ms) +
-          (wf.override.by ? " by " + wf.override.by : "") +
-          (wf.override.reason ? ": " + wf.override.reason : "") +
-          "; declared " + wf.override.declared;
+      cell.title = overrideTitle(wf.override);
     }
     if (wf.pause) {
       tr.querySelector("td.state").title = (wf.paused ? "paused" : "unpaused") + " at " +
           utc(wf.pause.at_ms) + (wf.pause.by ? " by " + wf.pause.by : "");
     }
     body.appendChild(tr);
+  }
+}
+
+function fromTable(key, topic) {
+  // A key whose own limit comes from the limits table rather than the declaration.
+  return key.declared !== undefined && key.declared !== null
+      ? " from " + topic + ", declared " + key.declared : "";
+}
+
+function overrideTitle(override) {
+  return "override since " + utc(override.at_ms) +
+      (override.by ? " by " + override.by : "") +
+      (override.reason ? ": " + override.reason : "") + "; declared " + override.declared;
+}
+
+function renderPools(doc) {
+  const body = $("pools-table").querySelector("tbody");
+  body.replaceChildren();
+  $("pools-table").hidden = !doc.pools || doc.pools.length === 0;
+  for (const pool of doc.pools || []) {
+    const lines = pool.keys.length === 0
+        ? [{key: null, in_flight: pool.in_flight, limit: pool.limit}]
+        : pool.keys.map((k) => ({key: k.key === "" ? "(one key)" : k.key,
+                                 in_flight: k.in_flight, limit: k.limit,
+                                 declared: k.limit_row ? k.limit_row.declared : null}));
+    for (const line of lines) {
+      const tr = row([pool.pool, pool.members.join(", "), line.key || "",
+                      line.in_flight + (line.limit !== null ? " / " + line.limit : "") +
+                      fromTable(line, doc.limits_topic) + (pool.override ? " (override)" : "")],
+                     ["text", "text", "text", "inflight"]);
+      tr.dataset.pool = pool.pool;
+      if (pool.override) tr.querySelector("td.inflight").title = overrideTitle(pool.override);
+      body.appendChild(tr);
+    }
   }
 }
 
@@ -555,7 +586,9 @@ async function refresh() {
   const tab = currentTab();
   try {
     if (tab === "overview") {
-      renderOverview(await call("GET", "/inspect/overview"));
+      const doc = await call("GET", "/inspect/overview");
+      renderOverview(doc);
+      renderPools(doc);
     } else if (tab === "waiting") {
       renderWaiting(await call("GET", "/inspect/waiting" + query({
         workflow: $("waiting-workflow").value.trim(), key: $("waiting-key").value})));

@@ -6,11 +6,11 @@
 - `sluicegate inspect serve` (`GET /metrics`) knows the fleet-wide picture it already
   reads for the flow view: decisions by outcome (from the ledger), queue depths, the
   oldest wait, slots in use and pauses, per workflow; keys at their limit; the limits
-  operators override; with the declarations, the limits in force and the bounds a wait
-  is judged by; dead letters; and how far the workers'
-  group has committed on each input partition, read from the broker, so that a worker
-  that stopped committing shows even when its own endpoint is stale or gone. Computed
-  when scraped.
+  operators override; with the declarations, the limits in force (a workflow's, a
+  pool's, a key's from the limits table) and the bounds a wait is judged by; dead
+  letters; and how far the workers' group has committed on each input partition, read
+  from the broker, so that a worker that stopped committing shows even when its own
+  endpoint is stale or gone. Computed when scraped.
 
 The alert rules and the dashboard built on these names are in `deploy/` (docs/operations.md).
 
@@ -207,7 +207,19 @@ class FlowCollector(Collector):
             labels=["workflow", "key"])
         paused = GaugeMetricFamily("sluicegate_paused", "1 while the workflow is paused",
                                    labels=["workflow"])
-        for wf in self._view().workflows:
+        pool_limit = GaugeMetricFamily(
+            "sluicegate_pool_concurrency_limit", "A concurrency pool's unkeyed limit in force "
+            "(with the declarations; an operator's override while one is set)",
+            labels=["pool"])
+        pool_slots = GaugeMetricFamily("sluicegate_pool_in_flight", "Live runs of every member "
+                                       "of a concurrency pool (per slot held)", labels=["pool"])
+        key_limit = GaugeMetricFamily(
+            "sluicegate_key_concurrency_limit", "The concurrency limit in force of a key whose "
+            "limit comes from the limits table (per_key), for the keys with runs in flight or "
+            "starts waiting; budget: the workflow or `pool:<name>`",
+            labels=["budget", "key"])
+        view = self._view()
+        for wf in view.workflows:
             total = wf.total()
             queued.add_metric([wf.workflow], total.queued)
             oldest.add_metric([wf.workflow], (total.waiting_ms or 0) / 1000)
@@ -220,7 +232,18 @@ class FlowCollector(Collector):
             for key in full[:KEYS_AT_LIMIT_LISTED]:
                 key_at_limit.add_metric([wf.workflow, key], 1)
             paused.add_metric([wf.workflow], 1 if wf.paused else 0)
-        yield from (queued, oldest, slots, limit, at_limit, key_at_limit, paused)
+            for k in wf.keys:
+                if k.limit_row is not None and k.limit is not None:
+                    key_limit.add_metric([wf.workflow, k.key or ""], k.limit)
+        for pool in view.pools:
+            pool_slots.add_metric([pool.pool], pool.in_flight)
+            if pool.limit is not None:
+                pool_limit.add_metric([pool.pool], pool.limit)
+            for k in pool.keys:
+                if k.limit_row is not None and k.limit is not None:
+                    key_limit.add_metric([f"pool:{pool.pool}", k.key or ""], k.limit)
+        yield from (queued, oldest, slots, limit, at_limit, key_at_limit, paused, pool_limit,
+                    pool_slots, key_limit)
 
     @staticmethod
     def _overridden(rows: Mapping[str, OverrideRow]) -> Iterator[Metric]:

@@ -15,7 +15,8 @@ The facts are the ledger row's (`deferral`, `due_at`, `position`, `key`, `contro
 ones `ledger ask why` shows; N and M are counted among the starts still waiting on the
 same workflow, key and control, oldest first (exact for the FIFO default; under a
 priority or fairness the queue may serve them in another order), L comes from the
-declarations when the caller has them, and a pause's time and reason from its row.
+declarations when the caller has them (the limit in force: an override's, else the
+limits table's row for the key, said so), and a pause's time and reason from its row.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sluicegate.admission.limits import LimitChange
 from sluicegate.admission.overrides import effective, in_force
 from sluicegate.declare import App
 from sluicegate.ops.services.estimate import Estimate, Line, no_estimate, read_line
@@ -33,7 +35,7 @@ from sluicegate.ops.services.formatting import clock as _clock
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LATEST, LedgerDb
 from sluicegate.schemas.records import ControlRow, OverrideRow
-from sluicegate.topology.route import control_name, route_for
+from sluicegate.topology.route import DEPLOYMENT_CAP, control_name, route_for
 
 WAITING_SQL = f"""
 WITH {LATEST}
@@ -95,25 +97,46 @@ def _ms(value: Any) -> int | None:
 
 def limit_of(app: App | None, workflow: str, control: str | None, deferral: str | None,
              deployment_cap: int = 0,
-             overrides: Mapping[str, OverrideRow] | None = None) -> int | None:
+             overrides: Mapping[str, OverrideRow] | None = None, *, key: str | None = None,
+             key_limits: Mapping[tuple[str, str], LimitChange] | None = None) -> int | None:
     """The figure a start waits behind: a concurrency limit (the one `control` names; an
-    operator's override of it while one is in force), the deployment-wide cap, or a
-    batch's size; None when unknown."""
-    if deferral == "concurrency" and control == "deployment cap":
-        return deployment_cap or None
+    operator's override of it while one is in force, else the limits table's row for
+    `key` when the limit declares per_key), the deployment-wide cap, or a batch's size;
+    None when unknown."""
+    found = _limit_and_whence(app, workflow, control, deferral, deployment_cap, overrides,
+                              key, key_limits)
+    return None if found is None else found[0]
+
+
+def _limit_and_whence(app: App | None, workflow: str, control: str | None,
+                      deferral: str | None, deployment_cap: int,
+                      overrides: Mapping[str, OverrideRow] | None, key: str | None,
+                      key_limits: Mapping[tuple[str, str], LimitChange] | None,
+                      ) -> tuple[int, str] | None:
+    """`limit_of`, and where a concurrency limit comes from when it is not the declared
+    one (` (an override; declared 4)`, ` (the key's, from the limits table; declared 2)`)."""
+    if deferral == "concurrency" and control == DEPLOYMENT_CAP:
+        return (deployment_cap, "") if deployment_cap else None
     wf = app.get(workflow) if app is not None else None
     if wf is None:
         return None
     if deferral == "batch" and wf.batch is not None:
-        return wf.batch.max_size
+        return wf.batch.max_size, ""
     if deferral == "concurrency" and wf.concurrency:
         match = _INDEX.match(control or "")
         index = int(match.group(1)) if match else 0
         if index < len(wf.concurrency):
+            option = wf.concurrency[index]
             budget = next((hop.budget for hop in route_for(wf).hops
                            if hop.stage == "concurrency" and hop.index == index), "")
-            return effective(wf.concurrency[index].limit,
-                             in_force(overrides or {}, "concurrency", budget))
+            row = in_force(overrides or {}, "concurrency", budget)
+            if row is not None:
+                return effective(option.limit, row), f" (an override; declared {option.limit})"
+            table = (key_limits or {}).get((option.per_key, key or "")) if option.per_key else None
+            if table is not None and table.limit is not None:
+                return table.limit, (f" (the key's, from the limits table; declared "
+                                     f"{option.limit})")
+            return option.limit, ""
     return None
 
 
@@ -133,8 +156,10 @@ def limits_after(app: App | None, workflow: str, control: str | None, deployment
 
 
 def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
-        waiting: int, limit: int | None, pause: ControlRow | None, now_ms: int) -> str:
-    """The sentence for one waiting start, its instants as `_clock` gives them."""
+        waiting: int, limit: int | None, pause: ControlRow | None, now_ms: int,
+        whence: str = "") -> str:
+    """The sentence for one waiting start, its instants as `_clock` gives them; `whence`:
+    where the limit comes from, when not from the declaration."""
     on_key = f" on key {key!r}" if key else ""
     if deferral == "debounce":
         return (f"debounce{on_key} until {_clock(due_at_ms, now_ms)} (each new start with this key "
@@ -149,7 +174,7 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
             return f"throttle{on_key}: its slot comes after those of many starts ahead of it"
         return f"throttle{on_key}: its slot is at {_clock(due_at_ms, now_ms)}"
     if deferral == "concurrency":
-        behind = f" behind a limit of {limit}" if limit is not None else ""
+        behind = f" behind a limit of {limit}{whence}" if limit is not None else ""
         return f"concurrency{on_key}: position {rank} of {waiting}{behind}"
     if deferral == "singleton":
         return (f"singleton{on_key}: waits for the run holding the key to end (a later start "
@@ -169,11 +194,13 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
                    workflow: str | None = None, key: str | None = None,
                    limit: int = 500, now_ms: int | None = None,
                    request_id: str | None = None,
-                   overrides: Mapping[str, OverrideRow] | None = None) -> list[Waiting]:
+                   overrides: Mapping[str, OverrideRow] | None = None,
+                   key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
+                   ) -> list[Waiting]:
     """The starts waiting now (at most `limit`; only `request_id`'s when given, ranked
     among all), by workflow, key and control, oldest first; `now_ms` (default: the
-    clock's) is what "today" is in their sentences; `overrides`, the control table's,
-    give the concurrency limits in force."""
+    clock's) is what "today" is in their sentences; `overrides`, the control table's, and
+    `key_limits`, the limits table's rows, give the concurrency limits in force."""
     if now_ms is None:
         now_ms = int(datetime.now(UTC).timestamp() * 1000)
     result = db.query(WAITING_SQL, {"workflow": workflow, "key": key, "limit": limit,
@@ -182,7 +209,9 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
     lines: dict[tuple[str, str | None, str | None], Line] = {}
     for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
          _waited, rank, count) in result.rows:
-        cap = limit_of(app, wf, control, deferral, deployment_cap, overrides)
+        found = _limit_and_whence(app, wf, control, deferral, deployment_cap, overrides, k,
+                                  key_limits)
+        cap, whence = found if found is not None else (None, "")
         due = _ms(due_at)
         estimate = None
         said = ""
@@ -201,7 +230,7 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
             position=None if position is None else int(position), rank=int(rank),
             waiting=int(count), limit=cap,
             why=why(deferral, k, due, int(rank), int(count), cap, control_rows.get(wf),
-                    now_ms) + said
+                    now_ms, whence) + said
             + _paused_after(deferral, control_rows.get(wf)),
             estimate_ms=estimate.wait_ms if estimate is not None else None,
             estimate_then=estimate.then if estimate is not None else ()))
