@@ -135,6 +135,7 @@ def test_a_start_arriving_under_a_lowered_override_waits_for_the_override(make: 
     assert admitted(d) == [first]
     queued = next(r for r in d.ledger if r.outcome is Outcome.queued)
     assert queued.reason is not None and "1 of 1 slots of workflow w key 't'" in queued.reason
+    assert "in use (an operator's override; declared 3);" in queued.reason
     complete(d, first)
     assert admitted(d) == [first, second]
 
