@@ -2,7 +2,7 @@
 what was dropped or expired, what runs, and whether the workflow is paused (SPEC.md
 section 4; seed 000, "Seeing what happened").
 
-Three sources, each read the way its owner writes it:
+Its sources, each read the way its owner writes it:
 
 - the admissions ledger, through its incremental DuckDB copy (`services.ledger`): `queued`
   counts the starts whose latest row is `queued`; `collapsed`, `dropped` and `expired`
@@ -22,7 +22,7 @@ A pool's limit is shared by its members, so it has lines of its own after the wo
 limit (per key for a keyed pool).
 
 `compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
-counts; `FlowReader` keeps the three sources open, `read_flow` reads them once. The text
+counts; `FlowReader` keeps the sources open, `read_flow` reads them once. The text
 and JSON forms are `FlowView.text()` and `FlowView.to_json()`; the CLI and
 `GET /inspect/workflows/flow-control` print the same JSON. See docs/operations.md.
 """
@@ -202,7 +202,7 @@ class KeyFlow:
                 "waiting_ms": self.waiting_ms, "oldest_queued_at_ms": self.oldest_queued_at_ms,
                 "collapsed": self.collapsed, "dropped": self.dropped, "expired": self.expired,
                 "in_flight": self.in_flight, "limit": self.limit,
-                "override": _override_json(self.override),
+                "override": override_json(self.override),
                 "limit_row": None if self.limit_row is None else {
                     "name": self.limit_row.name, "key": self.limit_row.key,
                     "limit": self.limit_row.limit, "declared": self.declared,
@@ -210,7 +210,8 @@ class KeyFlow:
                     "reason": self.limit_row.reason}}
 
 
-def _override_json(row: OverrideRow | None) -> dict[str, Any] | None:
+def override_json(row: OverrideRow | None) -> dict[str, Any] | None:
+    """An override as the JSON documents give it (the flow view, the console's overview)."""
     return None if row is None else {
         "limit": row.limit, "declared": row.declared, "at_ms": row.at_ms, "by": row.by,
         "reason": row.reason}
@@ -230,7 +231,7 @@ class PoolFlow:
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.pool, "members": list(self.members), "in_flight": self.in_flight,
-                "limit": self.limit, "override": _override_json(self.override),
+                "limit": self.limit, "override": override_json(self.override),
                 "keys": [{"key": k.key, "in_flight": k.in_flight, "limit": k.limit,
                           "limit_row": k.to_json()["limit_row"]} for k in self.keys]}
 

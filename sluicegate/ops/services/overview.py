@@ -8,7 +8,7 @@ from collections.abc import Collection
 from datetime import UTC, timedelta
 from typing import Any
 
-from sluicegate.ops.services.flow import FlowView, WorkflowFlow
+from sluicegate.ops.services.flow import FlowView, WorkflowFlow, override_json
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LedgerDb, utc_now
 
@@ -119,10 +119,7 @@ def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> di
             "limit": total.limit if total else None,
             "fullest_key": _fullest(flow),
             # The operator's override of the workflow's own limit, while one is in force.
-            "override": None if flow is None or flow.override is None else {
-                "limit": flow.override.limit, "declared": flow.override.declared,
-                "at_ms": flow.override.at_ms, "by": flow.override.by,
-                "reason": flow.override.reason},
+            "override": override_json(flow.override if flow is not None else None),
             "paused": bool(flow and flow.paused),
             "pause": None if pause is None else {
                 "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,
