@@ -440,6 +440,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
+    from sluicegate.admission.overrides import targets
     from sluicegate.ops.services import overrides
     from sluicegate.ops.services import runs as runs_mod
     from sluicegate.ops.services.control import set_paused as write_pause
@@ -460,7 +461,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         lambda: sources.reader.view(None), decided, declared=sources.declared,
         outcomes=OUTCOMES, bounds=wait_bounds(sources.app),
         dead_letters=sources.dead_letters, inputs=sources.input_offsets,
-        overrides=lambda: sources.reader.control.overrides))
+        overrides=lambda: sources.reader.control.overrides,
+        limits=targets(sources.app) if sources.app is not None else ()))
 
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer"}
@@ -597,10 +599,15 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
                 if op == "preview":
                     held = (overrides.held_by_key(target, sources.reader.runs.live.values())
                             if asked.control == "concurrency" else {})
+                    table = sources.reader.key_limits
+                    own = ({key: row.limit for (name, key), row in table.rows.items()
+                            if name == target.per_key and row.limit is not None}
+                           if table is not None and target.per_key is not None else {})
                     return overrides.preview(
                         target, current, limit, held,
                         overrides.waiting_by_key(target, sources.app, sources.reader.db),
-                        period_ms=None if rate is None else rate[1]).to_json()
+                        period_ms=None if rate is None else rate[1],
+                        key_limits=own).to_json()
                 change = overrides.change_limit(
                     sources.settings, sources.app, asked.workflow,
                     concurrency=asked.concurrency,

@@ -240,6 +240,20 @@ def test_a_preview_counts_the_starts_a_raise_admits_at_once_and_the_runs_a_lower
     assert (cleared.before, cleared.after, cleared.admitted_now) == (2, 4, 2)
 
 
+def test_a_cleared_override_of_a_per_key_limit_previews_each_key_back_at_its_own_limit(
+) -> None:
+    from sluicegate.ops.services.overrides import preview
+
+    target = Target("concurrency", "w", 2, ("w",), per_key="tiers")
+    now = {"concurrency:w": OverrideRow(control="concurrency", budget="w", at_ms=1, limit=1)}
+    held, waiting = {"acme": 1, "free": 1}, {"acme": 9, "free": 9}
+    # acme's row says 20: it admits 9 at once; free has none, so the declared 2: one more.
+    cleared = preview(target, now, None, held, waiting, key_limits={"acme": 20})
+    assert (cleared.before, cleared.after, cleared.admitted_now) == (1, 2, 10)
+    # An override is every key's limit, whatever its row.
+    assert preview(target, {}, 3, held, waiting, key_limits={"acme": 20}).admitted_now == 4
+
+
 def test_the_starts_waiting_for_a_pool_are_counted_per_key_across_its_members() -> None:
     from sluicegate.ops.services.ledger import LedgerDb, fill
     from sluicegate.ops.services.overrides import waiting_by_key

@@ -41,12 +41,16 @@ _SHORTEST_SPAN_MS = 1_000
 # rows name other than this one and the pause (the limits after this one); `admitted_here`:
 # some were admitted by this control, so it was the last step of their route.
 PACE_SQL = """
-WITH line AS (
+WITH recent AS (
+    -- Only a request with a row in the window can have left the line in it.
+    SELECT DISTINCT request_id FROM ledger
+    WHERE workflow = $workflow AND decided_at > $since AND decided_at <= $now
+), line AS (
     SELECT request_id, min(decided_at) AS queued_at
     FROM ledger
     WHERE outcome = 'queued' AND deferral = 'concurrency' AND workflow = $workflow
       AND key IS NOT DISTINCT FROM $key AND control IS NOT DISTINCT FROM $control
-      AND decided_at <= $now
+      AND decided_at <= $now AND request_id IN (SELECT request_id FROM recent)
     GROUP BY ALL
 ), moved AS (
     SELECT l.request_id, a.decided_at, a.outcome, a.control

@@ -124,10 +124,13 @@ class Preview:
 
 def preview(target: Target, current: Mapping[str, OverrideRow], limit: int | None,
             held: Mapping[str, int], waiting: Mapping[str, int],
-            period_ms: int | None = None) -> Preview:
+            period_ms: int | None = None, key_limits: Mapping[str, int] | None = None,
+            ) -> Preview:
     """What setting `limit` (None: clearing) on `target` would do, from the slots held
     and the starts waiting per key of its budget: each key admits its waiting starts up to
     the new limit at once; a key holding more than it keeps its runs, which drain. A
+    cleared override returns each key to its own limit (`key_limits`: the limits table's,
+    for a limit declared per_key), else to the declared one. A
     throttle or a rateLimit (`period_ms`: its new period) admits none at once: a throttle
     keeps each key's turn already due and paces the ones after it, and nothing waits at a
     rateLimit (docs/decisions/limit-overrides.md)."""
@@ -147,11 +150,15 @@ def preview(target: Target, current: Mapping[str, OverrideRow], limit: int | Non
         return Preview(target, before, after, sum(waiting.values()), 0, 0, before_ms,
                        after_ms, note)
     keys = set(held) | set(waiting)
+
+    def after_at(key: str) -> int:
+        return after if limit is not None else (key_limits or {}).get(key, after)
+
     return Preview(
         target, before, after, sum(waiting.values()),
-        admitted_now=sum(min(waiting.get(k, 0), max(0, after - held.get(k, 0)))
+        admitted_now=sum(min(waiting.get(k, 0), max(0, after_at(k) - held.get(k, 0)))
                          for k in keys),
-        draining=sum(max(0, held.get(k, 0) - after) for k in keys))
+        draining=sum(max(0, held.get(k, 0) - after_at(k)) for k in keys))
 
 
 def _every(limit: int, period_ms: int) -> str:
