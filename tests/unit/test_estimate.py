@@ -259,6 +259,37 @@ def test_a_known_time_has_its_date_when_it_is_not_today_in_utc(now: int, said: s
     assert only.estimate_ms is None
 
 
+def test_a_throttle_slot_worked_out_before_its_pace_changed_is_said_to_be_stale() -> None:
+    from sluicegate.admission.limits import LimitChange
+    from sluicegate.declare import Throttle
+    from sluicegate.schemas.records import OverrideRow
+
+    db = LedgerDb(":memory:")
+    fill(db, [_row("t1", Outcome.queued, T0, key="", control="throttle", workflow="sync",
+                   deferral="throttle", due_at_ms=T0 + 30 * S),
+              _row("p1", Outcome.queued, T0, key="acme", control="throttle pool:partner",
+                   workflow="member", deferral="throttle", due_at_ms=T0 + 40 * S),
+              _row("k1", Outcome.queued, T0, key="acme", control="throttle",
+                   workflow="tiered", deferral="throttle", due_at_ms=T0 + 50 * S)])
+    app = App([Workflow(name="tiered", payload=Job, throttle=Throttle(
+        limit=1, period="10s", key="tenant", per_key="tiers"))])
+    overrides = {
+        "throttle:sync": OverrideRow(control="throttle", budget="sync", at_ms=T0 + 5 * S,
+                                     limit=10, period_ms=10_000),
+        # Cleared before the start queued: its slot time was worked out at the new pace.
+        "throttle:pool:partner": OverrideRow(control="throttle", budget="pool:partner",
+                                             at_ms=T0 - S)}
+    tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 5, T0 + 7 * S)}
+    why = {w.request_id: w.why for w in waiting_starts(
+        db, {}, app=app, overrides=overrides, key_limits=tiers, now_ms=T0 + 10 * S)}
+    assert why["t1"] == ("throttle: its slot was at 00:00:30 UTC when it queued; the pace "
+                         "changed at 00:00:05 UTC (an operator's override), so it may come "
+                         "sooner or later")
+    assert why["p1"] == "throttle on key 'acme': its slot is at 00:00:40 UTC"
+    assert why["k1"].endswith("the pace changed at 00:00:07 UTC (the key's row of the limits "
+                              "table), so it may come sooner or later")
+
+
 @pytest.mark.parametrize("deferral", ["debounce", "batch", "delayed"])
 def test_a_debounce_batch_or_delayed_start_a_week_out_is_given_its_exact_date(
         deferral: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from sluicegate.admission.limits import LimitChange
 from sluicegate.admission.overrides import effective, in_force
+from sluicegate.admission.overrides import target as override_name
 from sluicegate.declare import App
 from sluicegate.ops.services.estimate import Estimate, Line, no_estimate, read_line
 from sluicegate.ops.services.formatting import clock as _clock
@@ -140,6 +141,31 @@ def _limit_and_whence(app: App | None, workflow: str, control: str | None,
     return None
 
 
+def _repaced(app: App | None, workflow: str, control: str | None, key: str | None,
+             queued_ms: int, overrides: Mapping[str, OverrideRow] | None,
+             key_limits: Mapping[tuple[str, str], LimitChange] | None, now_ms: int) -> str:
+    """Why a throttle's slot time, worked out when the start queued, may not hold: the
+    pace changed after it, by an operator's override (set or cleared) of the throttle, or
+    by the key's row of the limits table. The stage paces the turns after the one due at
+    the new rate, but does not rewrite the queued rows (docs/decisions/limit-overrides.md)."""
+    budget = (control.split(" ", 1)[1] if control and control.startswith("throttle ")
+              else workflow)
+    changes = []
+    row = (overrides or {}).get(override_name("throttle", budget))
+    if row is not None and row.at_ms > queued_ms:
+        changes.append((row.at_ms, "an operator's override" if row.limit is not None
+                        else "an operator's override cleared"))
+    wf = app.get(workflow) if app is not None else None
+    per_key = wf.throttle[0].per_key if wf is not None and len(wf.throttle) == 1 else None
+    table = (key_limits or {}).get((per_key, key or "")) if per_key is not None else None
+    if table is not None and table.at_ms > queued_ms:
+        changes.append((table.at_ms, "the key's row of the limits table"))
+    if not changes:
+        return ""
+    at, what = max(changes)
+    return f"the pace changed at {_clock(at, now_ms)} ({what})"
+
+
 def limits_after(app: App | None, workflow: str, control: str | None, deployment_cap: int,
                  line: Line) -> tuple[str, ...] | None:
     """The limits a start waiting at `control` still meets once it has its slot there, as
@@ -159,7 +185,8 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
         waiting: int, limit: int | None, pause: ControlRow | None, now_ms: int,
         whence: str = "") -> str:
     """The sentence for one waiting start, its instants as `_clock` gives them; `whence`:
-    where the limit comes from, when not from the declaration."""
+    where the limit comes from, when not from the declaration (a throttle: that its pace
+    changed after its slot time was worked out)."""
     on_key = f" on key {key!r}" if key else ""
     if deferral == "debounce":
         return (f"debounce{on_key} until {_clock(due_at_ms, now_ms)} (each new start with this key "
@@ -172,6 +199,10 @@ def why(deferral: str | None, key: str | None, due_at_ms: int | None, rank: int,
             # Ranked by its priority behind more starts than were counted: no slot time
             # was worked out (docs/decisions/queue-position-bound.md).
             return f"throttle{on_key}: its slot comes after those of many starts ahead of it"
+        if whence:
+            # Worked out under the pace it queued with, which has changed since.
+            return (f"throttle{on_key}: its slot was at {_clock(due_at_ms, now_ms)} when it "
+                    f"queued; {whence}, so it may come sooner or later")
         return f"throttle{on_key}: its slot is at {_clock(due_at_ms, now_ms)}"
     if deferral == "concurrency":
         behind = f" behind a limit of {limit}{whence}" if limit is not None else ""
@@ -207,12 +238,15 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
                                     "request_id": request_id})
     out = []
     lines: dict[tuple[str, str | None, str | None], Line] = {}
-    for (request_id, wf, k, control, deferral, requested_at, _decided, due_at, position,
+    for (request_id, wf, k, control, deferral, requested_at, decided, due_at, position,
          _waited, rank, count) in result.rows:
         found = _limit_and_whence(app, wf, control, deferral, deployment_cap, overrides, k,
                                   key_limits)
         cap, whence = found if found is not None else (None, "")
         due = _ms(due_at)
+        if deferral == "throttle" and due is not None:
+            whence = _repaced(app, wf, control, k, _ms(decided) or 0, overrides, key_limits,
+                              now_ms)
         estimate = None
         said = ""
         if deferral == "concurrency":
