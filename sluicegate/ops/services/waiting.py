@@ -97,25 +97,16 @@ def _ms(value: Any) -> int | None:
 
 
 def limit_of(app: App | None, workflow: str, control: str | None, deferral: str | None,
-             deployment_cap: int = 0,
-             overrides: Mapping[str, OverrideRow] | None = None, *, key: str | None = None,
-             key_limits: Mapping[tuple[str, str], LimitChange] | None = None) -> int | None:
-    """The figure a start waits behind: a concurrency limit (the one `control` names; an
-    operator's override of it while one is in force, else the limits table's row for
-    `key` when the limit declares per_key), the deployment-wide cap, or a batch's size;
+             deployment_cap: int = 0, overrides: Mapping[str, OverrideRow] | None = None,
+             key: str | None = None,
+             key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
+             ) -> tuple[int, str] | None:
+    """The figure a start waits behind: a concurrency limit (the one `control` names: an
+    operator's override of it while one is in force, else the limits table's row for `key`
+    when the limit declares per_key, else the declared one), the deployment-wide cap, or a
+    batch's size; and where a concurrency limit comes from when it is not the declared one
+    (` (an override; declared 4)`, ` (the key's, from the limits table; declared 2)`).
     None when unknown."""
-    found = _limit_and_whence(app, workflow, control, deferral, deployment_cap, overrides,
-                              key, key_limits)
-    return None if found is None else found[0]
-
-
-def _limit_and_whence(app: App | None, workflow: str, control: str | None,
-                      deferral: str | None, deployment_cap: int,
-                      overrides: Mapping[str, OverrideRow] | None, key: str | None,
-                      key_limits: Mapping[tuple[str, str], LimitChange] | None,
-                      ) -> tuple[int, str] | None:
-    """`limit_of`, and where a concurrency limit comes from when it is not the declared
-    one (` (an override; declared 4)`, ` (the key's, from the limits table; declared 2)`)."""
     if deferral == "concurrency" and control == DEPLOYMENT_CAP:
         return (deployment_cap, "") if deployment_cap else None
     wf = app.get(workflow) if app is not None else None
@@ -240,8 +231,7 @@ def waiting_starts(db: LedgerDb, control_rows: dict[str, ControlRow], *,
     lines: dict[tuple[str, str | None, str | None], Line] = {}
     for (request_id, wf, k, control, deferral, requested_at, decided, due_at, position,
          _waited, rank, count) in result.rows:
-        found = _limit_and_whence(app, wf, control, deferral, deployment_cap, overrides, k,
-                                  key_limits)
+        found = limit_of(app, wf, control, deferral, deployment_cap, overrides, k, key_limits)
         cap, whence = found if found is not None else (None, "")
         due = _ms(due_at)
         if deferral == "throttle" and due is not None:
