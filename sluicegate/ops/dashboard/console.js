@@ -488,7 +488,8 @@ function limitRequest() {
     control: control,
     workflow: $("limit-workflow").value.trim() || null,
     pool: $("limit-pool").value.trim() || null,
-    nth: parseInt($("limit-nth").value, 10),
+    // Which of a workflow's two limits: a concurrency limit's only.
+    nth: control === "concurrency" ? parseInt($("limit-nth").value, 10) : 1,
     clear: clear,
     reason: $("limit-reason").value.trim() || null,
   };
