@@ -420,6 +420,7 @@ def test_the_overview_says_a_keys_limit_from_the_limits_table_and_lists_the_pool
     assert per_tenant["fullest_key"] == {"key": "acme", "in_flight": 20, "limit": 20,
                                          "declared": 2}
     assert doc["limits_topic"] == "sg.limits"
+    assert per_tenant["limits"] == [], "one limit: shown beside in flight"
     assert doc["pools"] == [{"pool": "gpu", "members": ["twoLimits"], "in_flight": 2,
                              "limit": 3, "override": None, "keys": []}]
 

@@ -268,3 +268,36 @@ def test_a_pool_shows_every_members_runs_against_its_limit_and_its_override() ->
                      "reason": "new nodes"}, "keys": []}
     # A workflow's own view lists the pools it is a member of.
     assert [p.pool for p in view.only("embed").pools] == ["gpu"]
+
+
+def test_a_workflow_with_two_limits_names_its_own_in_force_on_its_line() -> None:
+    from sluicegate.declare import App, Concurrency, Workflow
+    from sluicegate.ops.services.flow import paired_limits
+
+    class Job(BaseModel):
+        tenant: str
+
+    app = App([Workflow(name="fetch", payload=Job, concurrency=[
+                   Concurrency(limit=5, key="tenant", per_key="tiers"),
+                   Concurrency(limit=2)]),
+               Workflow(name="fair", payload=Job, concurrency=[
+                   Concurrency(limit=9, key="tenant"), Concurrency(limit=4, pool="gpu")]),
+               Workflow(name="one", payload=Job, concurrency=3)])
+    paired = with_overrides(paired_limits(app), {"concurrency:fetch#1": OverrideRow(
+        control="concurrency", budget="fetch#1", at_ms=T0 + 12 * MIN, limit=1, declared=2,
+        reason="partner 503s", by="ana")})
+    assert sorted(paired) == ["fair", "fetch", "fetch#1"], "a pool's has lines of its own"
+    view = compute({}, {("fetch", "acme"): 2, ("fetch", ""): 2}, {}, NOW,
+                   declared=sorted(app.workflows), paired=paired)
+    lines = {line.split()[0]: line for line in view.text().splitlines()}
+    assert lines["fetch"].endswith(
+        "in_flight=4  limits: concurrency[0]=5 per key (or its row of tiers in sg.limits), "
+        'concurrency[1]=1 (override since 00:12:00 UTC by ana: "partner 503s"; declared 2)'
+    ), lines
+    assert lines["fair"].endswith("in_flight=0  limits: concurrency[0]=9 per key")
+    assert "limits:" not in lines["one"]
+    fetch = view.get("fetch")
+    assert fetch is not None and fetch.to_json()["limits"][1] == {
+        "control": "concurrency[1]", "budget": "fetch#1", "limit": 1, "keyed": False,
+        "per_key": None, "override": {"limit": 1, "declared": 2, "at_ms": T0 + 12 * MIN,
+                                      "by": "ana", "reason": "partner 503s"}}

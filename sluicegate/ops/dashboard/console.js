@@ -241,6 +241,14 @@ function renderOverview(doc) {
       cell.textContent += " (override)";
       cell.title = overrideTitle(wf.override);
     }
+    // A workflow with two limits: an override of either is named.
+    const overridden = (wf.limits || []).filter((l) => l.override);
+    if (overridden.length) {
+      const cell = tr.querySelector("td.inflight");
+      cell.textContent += " (override of " + overridden.map((l) => l.control).join(", ") + ")";
+      cell.title = overridden.map((l) => l.control + ": " + l.limit + ", " +
+                                        overrideTitle(l.override)).join("\n");
+    }
     if (wf.pause) {
       tr.querySelector("td.state").title = (wf.paused ? "paused" : "unpaused") + " at " +
           utc(wf.pause.at_ms) + (wf.pause.by ? " by " + wf.pause.by : "");

@@ -109,6 +109,8 @@ class SlotLimit:
     # members.
     budget: str | None = None
     members: tuple[str, ...] = ()
+    # As the ledger names it (`concurrency[1]`), for a limit shown on its own.
+    control: str | None = None
 
     def of_key(self, key: str | None, rows: Mapping[tuple[str, str], LimitChange],
                ) -> tuple[int, LimitChange | None]:
@@ -145,6 +147,23 @@ def concurrency_limits(app: App | None) -> dict[str, SlotLimit]:
             limit = wf.concurrency[0]
             limits[name] = SlotLimit(limit.limit, keyed=limit.key is not None,
                                      per_key=limit.per_key)
+    return limits
+
+
+def paired_limits(app: App | None) -> dict[str, SlotLimit]:
+    """The own limits of each workflow of `app` that declares two concurrency limits, by
+    budget (`w`, `w#1`): their keys are not told apart on a key's line, so the workflow's
+    line names each with the limit in force (a pool's shows on the pool's lines)."""
+    limits = {}
+    for name, wf in app.workflows.items() if app is not None else ():
+        if len(wf.concurrency) < 2:
+            continue
+        for index, limit in enumerate(wf.concurrency):
+            if limit.shared_budget is None:
+                budget = name if index == 0 else f"{name}#{index}"
+                limits[budget] = SlotLimit(limit.limit, keyed=limit.key is not None,
+                                           per_key=limit.per_key, budget=budget,
+                                           members=(name,), control=f"concurrency[{index}]")
     return limits
 
 
@@ -245,6 +264,8 @@ class WorkflowFlow:
     # The limit of the whole workflow's in_flight: an unkeyed concurrency limit's.
     limit: int | None = None
     override: OverrideRow | None = None
+    # A workflow with two limits: its own ones, in force, each named (`paired_limits`).
+    limits: tuple[SlotLimit, ...] = ()
 
     def total(self) -> KeyFlow:
         """The workflow as one line: sums, and the oldest wait of any key."""
@@ -267,7 +288,11 @@ class WorkflowFlow:
             "paused": self.pause.paused, "at_ms": self.pause.at_ms,
             "reason": self.pause.reason, "by": self.pause.by}
         return {"workflow": self.workflow, "paused": self.paused, "pause": pause,
-                "total": total, "keys": [k.to_json() for k in self.keys]}
+                "total": total, "keys": [k.to_json() for k in self.keys],
+                "limits": [{"control": lim.control, "budget": lim.budget, "limit": lim.limit,
+                            "keyed": lim.keyed, "per_key": lim.per_key,
+                            "override": override_json(lim.override)}
+                           for lim in self.limits]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +324,9 @@ class FlowView:
             state = "PAUSED" if wf.paused else "running"
             if wf.paused and wf.pause is not None and wf.pause.reason:
                 state += f" ({wf.pause.reason})"
-            lines.append(f"{wf.workflow}  {state}  {self._line(wf.total())}")
+            named = ", ".join(self._named(lim) for lim in wf.limits)
+            lines.append(f"{wf.workflow}  {state}  {self._line(wf.total())}"
+                         + (f"  limits: {named}" if named else ""))
             for key in wf.keys:
                 lines.append(f"  key={_key_text(key.key)}  {self._line(key)}")
         for pool in self.pools:
@@ -316,6 +343,15 @@ class FlowView:
         waiting = f" waiting={k.waiting}" if k.waiting is not None else ""
         return (f"queued={k.queued}{waiting} collapsed={k.collapsed} dropped={k.dropped} "
                 f"expired={k.expired} in_flight={k.in_flight}{self._limit(k)}")
+
+    def _named(self, lim: SlotLimit) -> str:
+        """`concurrency[1]=1 (override since ...; declared 2)`, `concurrency[0]=5 per key`."""
+        per = (f" per key (or its row of {lim.per_key} in {self.limits_topic})"
+               if lim.per_key is not None and lim.override is None
+               else " per key" if lim.keyed else "")
+        override = (f" ({describe_override(lim.override, now_ms=self.now_ms)})"
+                    if lim.override is not None else "")
+        return f"{lim.control}={lim.limit}{per}{override}"
 
     def _limit(self, k: KeyFlow) -> str:
         """`/10`, with where it comes from when it is not the declared limit."""
@@ -390,12 +426,14 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             pools: Mapping[str, SlotLimit] | None = None,
             pool_running: Mapping[tuple[str, str], int] | None = None,
             key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
-            limits_topic: str = "sg.limits") -> FlowView:
+            limits_topic: str = "sg.limits",
+            paired: Mapping[str, SlotLimit] | None = None) -> FlowView:
     """The view from its sources' figures. Every workflow any source names is listed
     (and each of `declared`, even with nothing to show), keys sorted by name; `limits`
     puts each workflow's concurrency limit beside its in_flight, `key_limits` (the
     limits table's rows) a key's own where its limit declares per_key; each of `pools`
-    is listed with its members' runs in flight (`pool_running`, per pool and key)."""
+    is listed with its members' runs in flight (`pool_running`, per pool and key);
+    `paired`, the own limits of workflows with two, are named on their workflows' lines."""
     limits = limits or {}
     rows = key_limits or {}
     names = {w for w, _ in ledger} | {w for w, _ in running} | set(control) | set(declared)
@@ -425,7 +463,9 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             name, paused=row is not None and row.paused, pause=row, keys=tuple(lines),
             limit=slot_limit.limit if slot_limit is not None and not slot_limit.keyed
             else None,
-            override=slot_limit.override if slot_limit is not None else None))
+            override=slot_limit.override if slot_limit is not None else None,
+            limits=tuple(lim for _, lim in sorted((paired or {}).items())
+                         if name in lim.members)))
     return FlowView(now_ms, tuple(flows),
                     _pools(pools or {}, pool_running or {}, rows, workflow), limits_topic)
 
@@ -449,12 +489,13 @@ def flow_view(db: LedgerDb, runs: Iterable[RunRow], control: Mapping[str, Contro
               limits: Mapping[str, SlotLimit] | None = None,
               pools: Mapping[str, SlotLimit] | None = None,
               key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
-              limits_topic: str = "sg.limits") -> FlowView:
+              limits_topic: str = "sg.limits",
+              paired: Mapping[str, SlotLimit] | None = None) -> FlowView:
     live = list(runs)
     return compute(ledger_counts(db, workflow), in_flight(live), control, now_ms,
                    workflow=workflow, declared={*declared, *ledger_workflows(db, workflow)},
                    limits=limits, pools=pools, pool_running=pool_in_flight(live),
-                   key_limits=key_limits, limits_topic=limits_topic)
+                   key_limits=key_limits, limits_topic=limits_topic, paired=paired)
 
 
 def now_ms() -> int:
@@ -463,19 +504,22 @@ def now_ms() -> int:
 
 class FlowReader:
     """The sources, kept open: each `view` reads only what is new since the last. The CLI
-    makes one for a single view; `inspect serve` keeps one for its life. `limits` and
-    `pools` are the declared ones (`concurrency_limits`, `pool_limits`); `per_key`: some
+    makes one for a single view; `inspect serve` keeps one for its life. `limits`, `pools`
+    and `paired` are the declared ones (`concurrency_limits`, `pool_limits`,
+    `paired_limits`); `per_key`: some
     take their keys' limits from the limits table, which is then read too."""
 
     def __init__(self, settings: Settings, db: LedgerDb, declared: Iterable[str] = (), *,
                  limits: Mapping[str, SlotLimit] | None = None,
                  pools: Mapping[str, SlotLimit] | None = None,
+                 paired: Mapping[str, SlotLimit] | None = None,
                  per_key: bool = False) -> None:
         self.settings = settings
         self.db = db
         self.declared = tuple(declared)
         self.limits = dict(limits or {})
         self.pools = dict(pools or {})
+        self.paired = dict(paired or {})
         self.runs = RunsTable(settings)
         self.control = ControlTable(settings)
         self.key_limits = LimitsTable(settings) if per_key else None
@@ -487,7 +531,8 @@ class FlowReader:
            declared: Iterable[str] = ()) -> FlowReader:
         """A reader showing the limits `app` declares (none without declarations)."""
         return cls(settings, db, declared, limits=concurrency_limits(app),
-                   pools=pool_limits(app), per_key=app is not None and declares_per_key(app))
+                   pools=pool_limits(app), paired=paired_limits(app),
+                   per_key=app is not None and declares_per_key(app))
 
     def view(self, workflow: str | None = None, timeout_s: float = 10.0) -> FlowView:
         refresh(self.db, self.settings, consumer=self._ledger_consumer, timeout_s=timeout_s)
@@ -507,7 +552,8 @@ class FlowReader:
                          limits=with_overrides(self.limits, overrides),
                          pools=with_overrides(self.pools, overrides),
                          key_limits=self.key_limits.rows if self.key_limits else None,
-                         limits_topic=Topics(self.settings).limits)
+                         limits_topic=Topics(self.settings).limits,
+                         paired=with_overrides(self.paired, overrides))
 
     def close(self) -> None:
         self.runs.close()

@@ -120,6 +120,8 @@ def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> di
             "fullest_key": _fullest(flow),
             # The operator's override of the workflow's own limit, while one is in force.
             "override": override_json(flow.override if flow is not None else None),
+            # A workflow with two limits: its own ones in force, each with its override.
+            "limits": flow.to_json()["limits"] if flow is not None else [],
             "paused": bool(flow and flow.paused),
             "pause": None if pause is None else {
                 "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,
