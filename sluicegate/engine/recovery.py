@@ -33,6 +33,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
+from sluicegate.config import TRANSACTION_TIMEOUT_MS
 from sluicegate.engine.store import Store
 from sluicegate.engine.task import StageState, Task
 from sluicegate.engine.transactions import Stopping, describe
@@ -44,6 +45,12 @@ _POLL_S = 0.1
 # The broker's default `delete.retention.ms` (a day): assumed for a log whose configuration
 # this worker may not read.
 DEFAULT_DELETE_RETENTION_MS = 86_400_000
+
+
+# How long a replay waits at a log's last stable offset for the transactions above it to
+# end: twice the longest a live producer's transaction stays open before the broker
+# aborts it (docs/decisions/restore-to-the-high-watermark.md).
+HANGING_AFTER_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
 
 
 class RestoreError(RuntimeError):
@@ -73,11 +80,15 @@ class Restoration:
 
     def __init__(self, task: Task, consumer: Consumer, admin: AdminClient,
                  stopping: Callable[[], bool] = lambda: False,
-                 timeout_s: float = 120.0) -> None:
+                 timeout_s: float = 120.0, settle_s: float = HANGING_AFTER_S) -> None:
         self.task = task
         self.consumer = consumer
         self.stopping = stopping
         self.timeout_s = timeout_s
+        self.settle_s = settle_s
+        self.admin = admin
+        # Since when the replay of the current log has read nothing new.
+        self._stable_end_since: float | None = None
         self.replayed = 0
         # (state, topic, the store key prefix of its rows, the table's name or None)
         logs: list[tuple[StageState, str, bytes, str | None]] = []
@@ -151,6 +162,7 @@ class Restoration:
                 self.consumer.assign([tp])
                 self._assigned = True
                 self._deadline = time.monotonic() + self.timeout_s
+                self._stable_end_since = None
             if self._fetch(store, tp, high, prefix, table):
                 self.consumer.unassign()
                 self._assigned = False
@@ -214,7 +226,28 @@ class Restoration:
         # done, where the end-of-partition event would come only after an empty fetch.
         # That event alone is not the end: read_committed, it comes at the last stable
         # offset, below a transaction whose marker is still to come.
-        return consumer.position([tp])[0].offset >= high
+        at = consumer.position([tp])[0].offset
+        if at >= high:
+            return True
+        # Nothing returned yet: where the replay began.
+        at = at if at >= 0 else tp.offset
+        now = time.monotonic()
+        if last >= 0 or self._stable_end_since is None:
+            self._stable_end_since = now
+        elif (now - self._stable_end_since > self.settle_s
+              and at >= log_ranges(self.admin, [tp], committed=True)[(tp.topic,
+                                                                      tp.partition)][1]):
+            # Nothing new for that long, and at the last stable offset: no transaction of a
+            # live producer stays open this long (the broker aborts one at
+            # transaction.timeout.ms), so this is one the broker lost track of, whose
+            # records no reader will ever get past. Restored up to them, said once.
+            log.error("%s[%d]: offsets %d to %d belong to a transaction that has not ended "
+                      "after %.0fs (a hanging transaction): restored up to offset %d; "
+                      "read_committed readers of this partition stop there until it is "
+                      "aborted (kafka-transactions.sh find-hanging, then abort)", tp.topic,
+                      tp.partition, at, high - 1, self.settle_s, at)
+            return True
+        return False
 
 
 def restore_task(task: Task, consumer: Consumer, admin: AdminClient,
@@ -271,17 +304,19 @@ def delete_retention(admin: AdminClient, topics: list[str],
     return retention
 
 
-def log_ranges(admin: AdminClient, tps: list[TopicPartition],
-               timeout_s: float = 10.0) -> dict[tuple[str, int], tuple[int, int]]:
+def log_ranges(admin: AdminClient, tps: list[TopicPartition], timeout_s: float = 10.0,
+               committed: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
     """(first offset, high watermark) of each partition, asked for all at once: two
     requests for a task's every log, where a watermark query per log costs a round trip
     each (a restored task has one log per stateful stage, and more for its tables). The
     high watermark, not the last stable offset: a reader that must have read every
-    committed record written so far reads to it (see `Restoration`)."""
+    committed record written so far reads to it (see `Restoration`). `committed`: the
+    last stable offset instead."""
     ends: list[dict[tuple[str, int], int]] = []
     for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
         futures = admin.list_offsets({tp: spec for tp in tps},
-                                     isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                     isolation_level=IsolationLevel.READ_COMMITTED
+                                     if committed else IsolationLevel.READ_UNCOMMITTED,
                                      request_timeout=timeout_s)
         ends.append({(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
                      for tp, future in futures.items()})

@@ -246,3 +246,38 @@ def test_committed_offsets_are_read_through_the_admin_client_when_the_consumer_t
             (tp.topic, tp.partition, 7) for tp in tps}
     finally:
         member.close()
+
+
+def test_a_restore_ends_at_a_transaction_that_never_ends_and_says_so(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A transaction the broker lost track of (seen after broker restarts: records with no
+    marker, and no transaction open at the coordinator) never ends: the restore waits for
+    it as long as a live one could stay open (here shortened to a second), then ends at
+    the last stable offset, in one ERROR line naming the partition and the offsets."""
+    create_topics(settings)
+    topics = Topics(settings)
+    stage = STATEFUL_STAGES[0]
+    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}h"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topics.changelog(stage), b"1", b"k", 0)
+    producer.flush(30)
+    worker = Worker(_kept(settings, (stage,)), settings)
+    task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0,
+                backend=settings.state_backend)
+    try:
+        restoration = Restoration(task, worker.restorer, worker.admin, settle_s=1.0)
+        started = time.monotonic()
+        while not restoration.step(0.1):
+            assert time.monotonic() - started < 30, "the restore waited for ever"
+        assert time.monotonic() - started >= 1.0
+        store = task.states[stage].store
+        assert store is not None
+        assert dict(store.items(b"")) == {}
+        said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert any(f"{topics.changelog(stage)}[0]: offsets 0 to 0 belong to a transaction "
+                   f"that has not ended" in line for line in said), said
+    finally:
+        producer.abort_transaction(30)
+        task.close()
+        worker.close()
