@@ -496,8 +496,9 @@ function limitRequest() {
     control: control,
     workflow: $("limit-workflow").value.trim() || null,
     pool: $("limit-pool").value.trim() || null,
-    // Which of a workflow's two limits: a concurrency limit's only.
-    nth: control === "concurrency" ? parseInt($("limit-nth").value, 10) : 1,
+    // Which of a workflow's limits: a concurrency limit's or a throttle's (a rateLimit
+    // is one).
+    nth: control === "rateLimit" ? 1 : parseInt($("limit-nth").value, 10),
     clear: clear,
     reason: $("limit-reason").value.trim() || null,
   };
@@ -513,7 +514,7 @@ function limitRequest() {
 
 function limitControlChanged() {
   const concurrency = $("limit-control").value === "concurrency";
-  $("limit-nth").disabled = !concurrency;
+  $("limit-nth").disabled = $("limit-control").value === "rateLimit";
   $("limit-period").disabled = concurrency;
   dropLimitApply();
 }
