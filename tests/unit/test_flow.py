@@ -139,7 +139,7 @@ def test_paused_comes_from_the_control_row_and_declared_workflows_are_listed() -
     assert per_tenant.to_json()["keys"] == [{
         "key": "acme", "queued": 0, "waiting": None, "waiting_ms": None,
         "oldest_queued_at_ms": None, "collapsed": 0, "dropped": 0, "expired": 0,
-        "in_flight": 3, "limit": None, "override": None, "limit_row": None}]
+        "in_flight": 3, "limit": None, "override": None, "limit_row": None, "paces": []}]
     assert "tour  PAUSED (deploying a fix)" in view.text()
     assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3" in view.text()
 
@@ -301,3 +301,69 @@ def test_a_workflow_with_two_limits_names_its_own_in_force_on_its_line() -> None
         "control": "concurrency[1]", "budget": "fetch#1", "limit": 1, "keyed": False,
         "per_key": None, "override": {"limit": 1, "declared": 2, "at_ms": T0 + 12 * MIN,
                                       "by": "ana", "reason": "partner 503s"}}
+
+
+def test_throttles_and_rate_limits_show_their_pace_in_force_and_where_it_comes_from() -> None:
+    from sluicegate.declare import App, RateLimit, Throttle, Workflow
+    from sluicegate.ops.services.paces import pace_limits
+    from sluicegate.ops.services.paces import with_overrides as paces_in_force
+
+    class Job(BaseModel):
+        tenant: str
+
+    app = App([
+        Workflow(name="sync", payload=Job, throttle=Throttle(limit=100, period="1m")),
+        Workflow(name="many", payload=Job, throttle=[
+            Throttle(limit=1, period="10s", key="tenant"), Throttle(limit=10, period="10s")]),
+        Workflow(name="alert", payload=Job, rate_limit=RateLimit(
+            limit=5, period="1m", key="tenant", per_key="tiers")),
+        Workflow(name="embed", payload=Job, throttle=Throttle(limit=30, period="1m",
+                                                              pool="partner")),
+        Workflow(name="plain", payload=Job)])
+    overrides = {
+        "throttle:sync": OverrideRow(control="throttle", budget="sync", at_ms=T0 + 12 * MIN,
+                                     limit=10, period_ms=MIN, declared=100,
+                                     reason="partner 503s", by="ops"),
+        "throttle:many#1": OverrideRow(control="throttle", budget="many#1", at_ms=T0,
+                                       limit=2, period_ms=10_000, declared=10, by="ana"),
+        # Cleared: the declared pace again.
+        "throttle:pool:partner": OverrideRow(control="throttle", budget="pool:partner",
+                                             at_ms=T0, declared=30)}
+    tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 50, T0, "enterprise", "billing")}
+    view = compute({}, {("alert", "acme"): 0, ("alert", "bolt"): 0}, {}, NOW,
+                   declared=sorted(app.workflows), key_limits=tiers,
+                   paces=paces_in_force(pace_limits(app), overrides))
+    text = view.text()
+    assert ('sync  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0\n'
+            '  throttle 10/1m (override since 00:12:00 UTC by ops: "partner 503s"; declared '
+            '100/1m)') in text
+    assert ("many  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0\n"
+            "  throttle[0] 1/10s per key\n"
+            "  throttle[1] 2/10s (override since 00:00:00 UTC by ana; declared 10/10s)") in text
+    assert "\n  throttle pool:partner 30/1m\n" in text, "a cleared override: the declared pace"
+    assert "\n  rateLimit 5/1m per key (or its row of tiers in sg.limits)\n" in text
+    assert ("  key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0  "
+            "rateLimit=50/1m (from sg.limits; declared 5/1m)") in text
+    assert "  key=bolt  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0\n" in text
+    plain = text.split("plain  running")[1].split("\n")
+    assert len(plain) == 1 or not plain[1].startswith("  throttle"), "no pace, no line"
+    sync = view.get("sync")
+    assert sync is not None and sync.to_json()["paces"] == [{
+        "control": "throttle", "kind": "throttle", "budget": "sync", "limit": 10,
+        "period_ms": MIN, "keyed": False, "per_key": None, "members": ["sync"],
+        "declared": 100, "declared_period_ms": MIN, "override": {
+            "limit": 10, "period_ms": MIN, "at_ms": T0 + 12 * MIN, "by": "ops",
+            "reason": "partner 503s"}}]
+    alert = view.get("alert")
+    assert alert is not None and alert.to_json()["keys"][0]["paces"] == [{
+        "control": "rateLimit", "limit": 50, "period_ms": MIN, "declared": 5,
+        "limit_row": {"name": "tiers", "key": "acme", "at_ms": T0, "by": "billing",
+                      "reason": "enterprise"}}]
+    # An override is every key's pace, whatever the table gives a key.
+    view = compute({}, {("alert", "acme"): 0}, {}, NOW, key_limits=tiers,
+                   paces=paces_in_force(pace_limits(app), {"rateLimit:alert": OverrideRow(
+                       control="rateLimit", budget="alert", at_ms=T0, limit=1,
+                       period_ms=10_000, declared=5)}))
+    assert "\n  rateLimit 1/10s per key (override since 00:00:00 UTC; declared 5/1m)\n" in (
+        view.text() + "\n")
+    assert "from sg.limits" not in view.text()

@@ -291,6 +291,53 @@ function renderPools(doc) {
   }
 }
 
+function rate(limit, periodMs) {
+  // `10/1m`, as the override form and `--throttle` take it.
+  const units = [[86400000, "d"], [3600000, "h"], [60000, "m"], [1000, "s"]];
+  for (const [ms, unit] of units) {
+    if (periodMs % ms === 0) return limit + "/" + periodMs / ms + unit;
+  }
+  return limit + "/" + periodMs + "ms";
+}
+
+function renderPaces(doc) {
+  // Each throttle and rateLimit in force: an override's (who, when, why, the declared
+  // pace), or as declared; a key whose own pace is its row of the limits table.
+  const body = $("paces-table").querySelector("tbody");
+  body.replaceChildren();
+  let any = false;
+  for (const wf of doc.workflows) {
+    for (const pace of wf.paces || []) {
+      any = true;
+      const declared = rate(pace.declared, pace.declared_period_ms);
+      const from = pace.override
+          ? "override since " + utc(pace.override.at_ms) +
+            (pace.override.by ? " by " + pace.override.by : "") +
+            (pace.override.reason ? ": " + pace.override.reason : "") + "; declared " + declared
+          : pace.per_key ? "declared, or a key's row of " + pace.per_key + " in " +
+                           doc.limits_topic
+          : "declared";
+      const tr = row([wf.workflow, pace.control, pace.keyed ? "per key" : "",
+                      rate(pace.limit, pace.period_ms), from],
+                     ["text", "text", "text", "pace", "text"]);
+      tr.dataset.workflow = wf.workflow;
+      tr.dataset.control = pace.control;
+      body.appendChild(tr);
+    }
+    for (const key of wf.pace_keys || []) {
+      const tr = row([wf.workflow, key.control, key.key === "" ? "(one key)" : key.key,
+                      rate(key.limit, key.period_ms),
+                      "from " + doc.limits_topic + ", declared " +
+                      rate(key.declared, key.period_ms)],
+                     ["text", "text", "text", "pace", "text"]);
+      tr.dataset.workflow = wf.workflow;
+      tr.dataset.control = key.control;
+      body.appendChild(tr);
+    }
+  }
+  $("paces-table").hidden = !any;
+}
+
 async function setPaused(workflow, paused) {
   const reason = $("pause-reason").value.trim();
   try {
@@ -599,6 +646,7 @@ async function refresh() {
       const doc = await call("GET", "/inspect/overview");
       renderOverview(doc);
       renderPools(doc);
+      renderPaces(doc);
     } else if (tab === "waiting") {
       renderWaiting(await call("GET", "/inspect/waiting" + query({
         workflow: $("waiting-workflow").value.trim(), key: $("waiting-key").value})));

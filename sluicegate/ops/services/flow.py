@@ -17,6 +17,10 @@ Its sources, each read the way its owner writes it:
   (`LimitsTable`): a key's own limit, shown beside its in_flight as `3/20 (from
   sg.limits; declared 2)` while no override is set.
 
+A workflow's throttles and rateLimit each have a line under it, with the pace in force and
+where it comes from (`services.paces`): `throttle 10/1m (override since ...; declared
+100/1m)`; a key whose own pace comes from the limits table says so on its line.
+
 A pool's limit is shared by its members, so it has lines of its own after the workflows':
 `pool gpu (embed, summarize)  in_flight=7/10`, the runs of every member against the pool's
 limit (per key for a keyed pool).
@@ -51,6 +55,8 @@ from sluicegate.ops.services.ledger import (
     refresh,
 )
 from sluicegate.ops.services.overrides import describe_override
+from sluicegate.ops.services.paces import PaceLimit, of_workflow, pace_limits
+from sluicegate.ops.services.paces import with_overrides as paces_with_overrides
 from sluicegate.ops.services.runs import RunsTable
 from sluicegate.schemas.records import ENDED, ControlRow, OverrideRow, RunRow
 from sluicegate.topology.keys import ControlKey, key_text
@@ -208,6 +214,8 @@ class KeyFlow:
     # The limits table's row that limit is, if any, and the declared one it stands in for.
     limit_row: LimitChange | None = None
     declared: int | None = None
+    # The key's own pace of a throttle or rateLimit declared per_key, from its table row.
+    pace_rows: tuple[tuple[PaceLimit, LimitChange], ...] = ()
 
     @property
     def waiting(self) -> str | None:
@@ -226,7 +234,13 @@ class KeyFlow:
                     "name": self.limit_row.name, "key": self.limit_row.key,
                     "limit": self.limit_row.limit, "declared": self.declared,
                     "at_ms": self.limit_row.at_ms, "by": self.limit_row.by,
-                    "reason": self.limit_row.reason}}
+                    "reason": self.limit_row.reason},
+                "paces": [{"control": pace.control, "limit": row.limit,
+                           "period_ms": pace.period_ms, "declared": pace.declared,
+                           "limit_row": {"name": row.name, "key": row.key,
+                                         "at_ms": row.at_ms, "by": row.by,
+                                         "reason": row.reason}}
+                          for pace, row in self.pace_rows]}
 
 
 def override_json(row: OverrideRow | None) -> dict[str, Any] | None:
@@ -266,6 +280,8 @@ class WorkflowFlow:
     override: OverrideRow | None = None
     # A workflow with two limits: its own ones, in force, each named (`paired_limits`).
     limits: tuple[SlotLimit, ...] = ()
+    # Its throttles and rateLimit, in force (`services.paces`).
+    paces: tuple[PaceLimit, ...] = ()
 
     def total(self) -> KeyFlow:
         """The workflow as one line: sums, and the oldest wait of any key."""
@@ -292,7 +308,8 @@ class WorkflowFlow:
                 "limits": [{"control": lim.control, "budget": lim.budget, "limit": lim.limit,
                             "keyed": lim.keyed, "per_key": lim.per_key,
                             "override": override_json(lim.override)}
-                           for lim in self.limits]}
+                           for lim in self.limits],
+                "paces": [pace.to_json() for pace in self.paces]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +344,12 @@ class FlowView:
             named = ", ".join(self._named(lim) for lim in wf.limits)
             lines.append(f"{wf.workflow}  {state}  {self._line(wf.total())}"
                          + (f"  limits: {named}" if named else ""))
+            for pace in wf.paces:
+                lines.append(f"  {pace.text(self.now_ms, self.limits_topic)}")
             for key in wf.keys:
-                lines.append(f"  key={_key_text(key.key)}  {self._line(key)}")
+                paced = "".join(f"  {pace.key_text(row, self.limits_topic)}"
+                                for pace, row in key.pace_rows)
+                lines.append(f"  key={_key_text(key.key)}  {self._line(key)}{paced}")
         for pool in self.pools:
             total = KeyFlow(None, in_flight=pool.in_flight, limit=pool.limit,
                             override=pool.override)
@@ -419,6 +440,14 @@ def _pools(pools: Mapping[str, SlotLimit], running: Mapping[tuple[str, str], int
     return tuple(out)
 
 
+def _pace_rows(paces: Iterable[PaceLimit], key: str | None,
+               rows: Mapping[tuple[str, str], LimitChange],
+               ) -> tuple[tuple[PaceLimit, LimitChange], ...]:
+    """The paces of `paces` whose limit for `key` is its row of the limits table."""
+    found = ((pace, pace.of_key(key, rows)) for pace in paces)
+    return tuple((pace, row) for pace, row in found if row is not None)
+
+
 def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, int],
             control: Mapping[str, ControlRow], now_ms: int, *, workflow: str | None = None,
             declared: Iterable[str] = (),
@@ -427,13 +456,15 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             pool_running: Mapping[tuple[str, str], int] | None = None,
             key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
             limits_topic: str = "sg.limits",
-            paired: Mapping[str, SlotLimit] | None = None) -> FlowView:
+            paired: Mapping[str, SlotLimit] | None = None,
+            paces: Mapping[str, PaceLimit] | None = None) -> FlowView:
     """The view from its sources' figures. Every workflow any source names is listed
     (and each of `declared`, even with nothing to show), keys sorted by name; `limits`
     puts each workflow's concurrency limit beside its in_flight, `key_limits` (the
     limits table's rows) a key's own where its limit declares per_key; each of `pools`
     is listed with its members' runs in flight (`pool_running`, per pool and key);
-    `paired`, the own limits of workflows with two, are named on their workflows' lines."""
+    `paired`, the own limits of workflows with two, are named on their workflows' lines;
+    `paces`, the throttles and rateLimits in force, each on a line under its workflow's."""
     limits = limits or {}
     rows = key_limits or {}
     names = {w for w, _ in ledger} | {w for w, _ in running} | set(control) | set(declared)
@@ -445,6 +476,7 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
                       key=lambda k: (k is not None, k or ""))
         lines = []
         slot_limit = limits.get(name)
+        own_paces = of_workflow(paces or {}, name)
         for key in keys:
             counts = ledger.get((name, key), LedgerCounts())
             oldest = counts.oldest_queued_ms
@@ -457,7 +489,8 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
                 in_flight=running.get((name, key), 0), limit=limit,
                 override=slot_limit.override if slot_limit is not None else None,
                 limit_row=limit_row,
-                declared=slot_limit.limit if limit_row is not None and slot_limit else None))
+                declared=slot_limit.limit if limit_row is not None and slot_limit else None,
+                pace_rows=_pace_rows(own_paces, key, rows)))
         row = control.get(name)
         flows.append(WorkflowFlow(
             name, paused=row is not None and row.paused, pause=row, keys=tuple(lines),
@@ -465,7 +498,7 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             else None,
             override=slot_limit.override if slot_limit is not None else None,
             limits=tuple(lim for _, lim in sorted((paired or {}).items())
-                         if name in lim.members)))
+                         if name in lim.members), paces=own_paces))
     return FlowView(now_ms, tuple(flows),
                     _pools(pools or {}, pool_running or {}, rows, workflow), limits_topic)
 
@@ -490,12 +523,14 @@ def flow_view(db: LedgerDb, runs: Iterable[RunRow], control: Mapping[str, Contro
               pools: Mapping[str, SlotLimit] | None = None,
               key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
               limits_topic: str = "sg.limits",
-              paired: Mapping[str, SlotLimit] | None = None) -> FlowView:
+              paired: Mapping[str, SlotLimit] | None = None,
+              paces: Mapping[str, PaceLimit] | None = None) -> FlowView:
     live = list(runs)
     return compute(ledger_counts(db, workflow), in_flight(live), control, now_ms,
                    workflow=workflow, declared={*declared, *ledger_workflows(db, workflow)},
                    limits=limits, pools=pools, pool_running=pool_in_flight(live),
-                   key_limits=key_limits, limits_topic=limits_topic, paired=paired)
+                   key_limits=key_limits, limits_topic=limits_topic, paired=paired,
+                   paces=paces)
 
 
 def now_ms() -> int:
@@ -513,6 +548,7 @@ class FlowReader:
                  limits: Mapping[str, SlotLimit] | None = None,
                  pools: Mapping[str, SlotLimit] | None = None,
                  paired: Mapping[str, SlotLimit] | None = None,
+                 paces: Mapping[str, PaceLimit] | None = None,
                  per_key: bool = False) -> None:
         self.settings = settings
         self.db = db
@@ -520,6 +556,7 @@ class FlowReader:
         self.limits = dict(limits or {})
         self.pools = dict(pools or {})
         self.paired = dict(paired or {})
+        self.paces = dict(paces or {})
         self.runs = RunsTable(settings)
         self.control = ControlTable(settings)
         self.key_limits = LimitsTable(settings) if per_key else None
@@ -532,7 +569,7 @@ class FlowReader:
         """A reader showing the limits `app` declares (none without declarations)."""
         return cls(settings, db, declared, limits=concurrency_limits(app),
                    pools=pool_limits(app), paired=paired_limits(app),
-                   per_key=app is not None and declares_per_key(app))
+                   paces=pace_limits(app), per_key=app is not None and declares_per_key(app))
 
     def view(self, workflow: str | None = None, timeout_s: float = 10.0) -> FlowView:
         refresh(self.db, self.settings, consumer=self._ledger_consumer, timeout_s=timeout_s)
@@ -553,7 +590,8 @@ class FlowReader:
                          pools=with_overrides(self.pools, overrides),
                          key_limits=self.key_limits.rows if self.key_limits else None,
                          limits_topic=Topics(self.settings).limits,
-                         paired=with_overrides(self.paired, overrides))
+                         paired=with_overrides(self.paired, overrides),
+                         paces=paces_with_overrides(self.paces, overrides))
 
     def close(self) -> None:
         self.runs.close()
