@@ -422,7 +422,8 @@ def test_the_overview_says_a_keys_limit_from_the_limits_table_and_lists_the_pool
     assert doc["limits_topic"] == "sg.limits"
     assert per_tenant["limits"] == [], "one limit: shown beside in flight"
     assert doc["pools"] == [{"pool": "gpu", "members": ["twoLimits"], "in_flight": 2,
-                             "limit": 3, "override": None, "keys": []}]
+                             "limit": 3, "override": None, "queued": 0, "more_keys": 0,
+                             "more_queued": 0, "keys": []}]
 
 
 def test_the_overview_gives_each_throttle_and_rate_limit_in_force() -> None:

@@ -265,7 +265,8 @@ def test_a_pool_shows_every_members_runs_against_its_limit_and_its_override() ->
     assert view.to_json()["pools"][0] == {
         "pool": "gpu", "members": ["embed", "summarize"], "in_flight": 2, "limit": 8,
         "override": {"limit": 8, "declared": 3, "at_ms": T0 + 12 * MIN, "by": "ana",
-                     "reason": "new nodes"}, "keys": []}
+                     "reason": "new nodes"}, "queued": 0, "more_keys": 0, "more_queued": 0,
+        "keys": []}
     # A workflow's own view lists the pools it is a member of.
     assert [p.pool for p in view.only("embed").pools] == ["gpu"]
 
@@ -367,3 +368,65 @@ def test_throttles_and_rate_limits_show_their_pace_in_force_and_where_it_comes_f
     assert "\n  rateLimit 1/10s per key (override since 00:00:00 UTC; declared 5/1m)\n" in (
         view.text() + "\n")
     assert "from sg.limits" not in view.text()
+
+
+def test_a_keyed_pool_lists_the_keys_whose_starts_all_wait_the_most_waiting_first(
+        db: LedgerDb) -> None:
+    from sluicegate.declare import App, Concurrency, Workflow
+    from sluicegate.ops.services.flow import POOL_WAITING_KEYS, pool_limits, pool_waiting
+
+    class Job(BaseModel):
+        tenant: str
+
+    fair = Concurrency(limit=2, pool="tenants", key="tenant")
+    app = App([Workflow(name="fair", payload=Job, concurrency=fair),
+               Workflow(name="other", payload=Job, concurrency=[
+                   Concurrency(limit=5), Concurrency(limit=2, pool="tenants", key="tenant")]),
+               Workflow(name="solo", payload=Job, concurrency=Concurrency(limit=1, key="tenant"))])
+    many = POOL_WAITING_KEYS + 3
+    rows = [rec(f"w{i}-{n}", Outcome.queued, T0, workflow="fair", key=f"t{i:02}",
+                control="concurrency pool:tenants", deferral="concurrency")
+            # t00 has the most waiting, then t01, ...; the last three have one each.
+            for i in range(many) for n in range(max(1, many - i - 3))]
+    rows += [
+        # Another member's start waiting for the pool, by its second limit.
+        rec("o1", Outcome.queued, T0, workflow="other", key="acme",
+            control="concurrency[1] pool:tenants", deferral="concurrency"),
+        # Waiting at the workflow's own limit, not the pool's: not counted.
+        rec("o2", Outcome.queued, T0, workflow="other", key="",
+            control="concurrency[0]", deferral="concurrency"),
+        rec("s1", Outcome.queued, T0, workflow="solo", key="acme", control="concurrency",
+            deferral="concurrency"),
+        # Admitted since: no longer waiting.
+        rec("w-done", Outcome.queued, T0, workflow="fair", key="zed",
+            control="concurrency pool:tenants", deferral="concurrency"),
+        rec("w-done", Outcome.admitted, T0 + MIN, workflow="fair", key="zed",
+            control="concurrency pool:tenants", execution_id="e0")]
+    fill(db, rows)
+    waiting = pool_waiting(db)
+    assert waiting[("tenants", "acme")] == 1 and ("tenants", "zed") not in waiting
+    assert waiting[("tenants", "t00")] == many - 3
+    runs = [run("e1", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1facme")),
+            run("e2", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1facme"))]
+    from sluicegate.ops.services.flow import pool_in_flight
+
+    view = compute({}, in_flight(runs), {}, NOW, pools=pool_limits(app),
+                   pool_running=pool_in_flight(runs), pool_queued=waiting)
+    (pool,) = view.pools
+    total = sum(waiting.values())
+    assert pool.queued == total
+    shown = [k.key for k in pool.keys]
+    assert "acme" in shown, "a key with runs in flight is listed, whatever it waits"
+    idle = [k for k in shown if k != "acme"]
+    assert len(idle) == POOL_WAITING_KEYS
+    assert idle == [f"t{i:02}" for i in range(POOL_WAITING_KEYS)], "the most waiting"
+    assert pool.more_keys == 3 and pool.more_queued == 3
+    lines = view.text().splitlines()
+    lines = lines[lines.index(f"pool tenants (fair, other)  queued={total} in_flight=2"):]
+    assert "  key=acme  queued=1 in_flight=2/2" in lines
+    assert f"  key=t00  queued={many - 3} in_flight=0/2" in lines
+    assert lines[-1] == "  ... and 3 more keys with only starts waiting (3 queued)"
+    doc = view.to_json()["pools"][0]
+    assert (doc["queued"], doc["more_keys"], doc["more_queued"]) == (total, 3, 3)
+    assert {"key": "t00", "in_flight": 0, "limit": 2, "queued": many - 3,
+            "limit_row": None} in doc["keys"]

@@ -275,17 +275,26 @@ function renderPools(doc) {
   $("pools-table").hidden = !doc.pools || doc.pools.length === 0;
   for (const pool of doc.pools || []) {
     const lines = pool.keys.length === 0
-        ? [{key: null, in_flight: pool.in_flight, limit: pool.limit}]
+        ? [{key: null, in_flight: pool.in_flight, limit: pool.limit, queued: pool.queued}]
         : pool.keys.map((k) => ({key: k.key === "" ? "(one key)" : k.key,
-                                 in_flight: k.in_flight, limit: k.limit,
+                                 in_flight: k.in_flight, limit: k.limit, queued: k.queued,
                                  declared: k.limit_row ? k.limit_row.declared : null}));
     for (const line of lines) {
       const tr = row([pool.pool, pool.members.join(", "), line.key || "",
                       line.in_flight + (line.limit !== null ? " / " + line.limit : "") +
-                      fromTable(line, doc.limits_topic) + (pool.override ? " (override)" : "")],
-                     ["text", "text", "text", "inflight"]);
+                      fromTable(line, doc.limits_topic) + (pool.override ? " (override)" : ""),
+                      line.queued || 0],
+                     ["text", "text", "text", "inflight", "queued"]);
       tr.dataset.pool = pool.pool;
       if (pool.override) tr.querySelector("td.inflight").title = overrideTitle(pool.override);
+      body.appendChild(tr);
+    }
+    // A keyed pool lists the keys whose starts all wait up to a bound; the rest in one row.
+    if (pool.more_keys) {
+      const tr = row([pool.pool, pool.members.join(", "),
+                      "and " + pool.more_keys + " more keys waiting", "0", pool.more_queued],
+                     ["text", "text", "text", "inflight", "queued"]);
+      tr.dataset.pool = pool.pool;
       body.appendChild(tr);
     }
   }

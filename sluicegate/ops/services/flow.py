@@ -23,7 +23,9 @@ where it comes from (`services.paces`): `throttle 10/1m (override since ...; dec
 
 A pool's limit is shared by its members, so it has lines of its own after the workflows':
 `pool gpu (embed, summarize)  in_flight=7/10`, the runs of every member against the pool's
-limit (per key for a keyed pool).
+limit (per key for a keyed pool), and the starts waiting for its slots (`queued=`, from the
+ledger). A keyed pool lists every key with runs in flight, and the keys whose starts all
+wait too, the `POOL_WAITING_KEYS` with the most waiting, then how many more.
 
 `compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
 counts; `FlowReader` keeps the sources open, `read_flow` reads them once. The text
@@ -54,7 +56,7 @@ from sluicegate.ops.services.ledger import (
     ledger_consumer,
     refresh,
 )
-from sluicegate.ops.services.overrides import describe_override
+from sluicegate.ops.services.overrides import WAITING_SQL, describe_override
 from sluicegate.ops.services.paces import PaceLimit, of_workflow, pace_limits
 from sluicegate.ops.services.paces import with_overrides as paces_with_overrides
 from sluicegate.ops.services.runs import RunsTable
@@ -64,6 +66,8 @@ from sluicegate.topology.topics import Topics
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
 POOL = "pool:"  # a pool's budget: `pool:<name>`
+# A keyed pool's keys with no run in flight, only starts waiting, listed: the most waiting.
+POOL_WAITING_KEYS = 20
 
 # Per workflow and key, from the ledger. `run:` request ids are rows about runs (a lapsed
 # lease, timeouts.finish), not starts. A queued row's `decided_at - waited_ms` is when its
@@ -261,12 +265,19 @@ class PoolFlow:
     limit: int | None = None
     override: OverrideRow | None = None
     keys: tuple[KeyFlow, ...] = ()
+    queued: int = 0  # the starts waiting for its slots, every key's
+    # Keys with only starts waiting beyond the POOL_WAITING_KEYS listed, and their starts.
+    more_keys: int = 0
+    more_queued: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.pool, "members": list(self.members), "in_flight": self.in_flight,
                 "limit": self.limit, "override": override_json(self.override),
+                "queued": self.queued, "more_keys": self.more_keys,
+                "more_queued": self.more_queued,
                 "keys": [{"key": k.key, "in_flight": k.in_flight, "limit": k.limit,
-                          "limit_row": k.to_json()["limit_row"]} for k in self.keys]}
+                          "queued": k.queued, "limit_row": k.to_json()["limit_row"]}
+                         for k in self.keys]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,10 +365,14 @@ class FlowView:
             total = KeyFlow(None, in_flight=pool.in_flight, limit=pool.limit,
                             override=pool.override)
             lines.append(f"pool {pool.pool} ({', '.join(pool.members)})  "
-                         f"in_flight={pool.in_flight}{self._limit(total)}")
+                         f"{_queued(pool.queued)}in_flight={pool.in_flight}{self._limit(total)}")
             for key in pool.keys:
-                lines.append(f"  key={_key_text(key.key)}  "
+                lines.append(f"  key={_key_text(key.key)}  {_queued(key.queued)}"
                              f"in_flight={key.in_flight}{self._limit(key)}")
+            if pool.more_keys:
+                lines.append(f"  ... and {pool.more_keys} more key"
+                             f"{'s' if pool.more_keys > 1 else ''} with only starts waiting "
+                             f"({pool.more_queued} queued)")
         return "\n".join(lines)
 
     def _line(self, k: KeyFlow) -> str:
@@ -383,6 +398,11 @@ class FlowView:
         if k.limit_row is not None:
             return f"/{k.limit} (from {self.limits_topic}; declared {k.declared})"
         return f"/{k.limit}"
+
+
+def _queued(n: int) -> str:
+    """`queued=3 ` on a pool's line when starts wait for its slots."""
+    return f"queued={n} " if n else ""
 
 
 def _key_text(key: str | None) -> str:
@@ -421,22 +441,42 @@ def pool_in_flight(runs: Iterable[RunRow]) -> Counter[tuple[str, str]]:
     return counts
 
 
+def pool_waiting(db: LedgerDb) -> Counter[tuple[str, str]]:
+    """The starts waiting for a pool's slot per (pool, key), from the ledger: those whose
+    latest row is queued by the pool's limit (`concurrency pool:gpu`, `concurrency[1]
+    pool:gpu`), whichever member."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for _, control, key, n in db.query(WAITING_SQL, {"deferral": CONCURRENCY}).rows:
+        budget = str(control or "").partition(" ")[2]
+        if budget.startswith(POOL):
+            counts[(budget[len(POOL):], str(key))] += int(n)
+    return counts
+
+
 def _pools(pools: Mapping[str, SlotLimit], running: Mapping[tuple[str, str], int],
            rows: Mapping[tuple[str, str], LimitChange],
-           workflow: str | None) -> tuple[PoolFlow, ...]:
+           workflow: str | None,
+           waiting: Mapping[tuple[str, str], int] | None = None) -> tuple[PoolFlow, ...]:
     out = []
     for name, pool in sorted(pools.items()):
         if workflow is not None and workflow not in pool.members:
             continue
         held = {k: n for (p, k), n in running.items() if p == name}
+        queued = {k: n for (p, k), n in (waiting or {}).items() if p == name and n}
+        # Every key with runs in flight; of those whose starts all wait, the most waiting.
+        idle = sorted((k for k in queued if k not in held), key=lambda k: (-queued[k], k))
+        shown, rest = idle[:POOL_WAITING_KEYS], idle[POOL_WAITING_KEYS:]
         keys = []
-        for key in sorted(held) if pool.keyed else ():
+        for key in sorted({*held, *shown}) if pool.keyed else ():
             limit, row = pool.of_key(key, rows)
-            keys.append(KeyFlow(key, in_flight=held[key], limit=limit,
-                                override=pool.override, limit_row=row,
+            keys.append(KeyFlow(key, queued=queued.get(key, 0), in_flight=held.get(key, 0),
+                                limit=limit, override=pool.override, limit_row=row,
                                 declared=pool.limit if row is not None else None))
         out.append(PoolFlow(name, pool.members, sum(held.values()),
-                            None if pool.keyed else pool.limit, pool.override, tuple(keys)))
+                            None if pool.keyed else pool.limit, pool.override, tuple(keys),
+                            queued=sum(queued.values()),
+                            more_keys=len(rest) if pool.keyed else 0,
+                            more_queued=sum(queued[k] for k in rest) if pool.keyed else 0))
     return tuple(out)
 
 
@@ -457,12 +497,14 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
             limits_topic: str = "sg.limits",
             paired: Mapping[str, SlotLimit] | None = None,
-            paces: Mapping[str, PaceLimit] | None = None) -> FlowView:
+            paces: Mapping[str, PaceLimit] | None = None,
+            pool_queued: Mapping[tuple[str, str], int] | None = None) -> FlowView:
     """The view from its sources' figures. Every workflow any source names is listed
     (and each of `declared`, even with nothing to show), keys sorted by name; `limits`
     puts each workflow's concurrency limit beside its in_flight, `key_limits` (the
     limits table's rows) a key's own where its limit declares per_key; each of `pools`
-    is listed with its members' runs in flight (`pool_running`, per pool and key);
+    is listed with its members' runs in flight (`pool_running`, per pool and key) and the
+    starts waiting for its slots (`pool_queued`);
     `paired`, the own limits of workflows with two, are named on their workflows' lines;
     `paces`, the throttles and rateLimits in force, each on a line under its workflow's."""
     limits = limits or {}
@@ -500,7 +542,8 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             limits=tuple(lim for _, lim in sorted((paired or {}).items())
                          if name in lim.members), paces=own_paces))
     return FlowView(now_ms, tuple(flows),
-                    _pools(pools or {}, pool_running or {}, rows, workflow), limits_topic)
+                    _pools(pools or {}, pool_running or {}, rows, workflow, pool_queued),
+                    limits_topic)
 
 
 # -- the sources -----------------------------------------------------------------------
@@ -530,7 +573,7 @@ def flow_view(db: LedgerDb, runs: Iterable[RunRow], control: Mapping[str, Contro
                    workflow=workflow, declared={*declared, *ledger_workflows(db, workflow)},
                    limits=limits, pools=pools, pool_running=pool_in_flight(live),
                    key_limits=key_limits, limits_topic=limits_topic, paired=paired,
-                   paces=paces)
+                   paces=paces, pool_queued=pool_waiting(db) if pools else None)
 
 
 def now_ms() -> int:
