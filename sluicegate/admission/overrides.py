@@ -26,6 +26,12 @@ def target(control: str, budget: str) -> str:
     return f"{control}:{budget}"
 
 
+def nth_budget(workflow: str, index: int) -> str:
+    """The budget of a workflow's limit number `index` (from 0) of a control: the
+    workflow's name for its first, `<workflow>#<index>` for the others."""
+    return workflow if index == 0 else f"{workflow}#{index}"
+
+
 def override_key(control: str, budget: str) -> bytes:
     """Its key on the compacted control topic: the latest row per limit wins."""
     return f"{OVERRIDE_PREFIX}{target(control, budget)}".encode()
@@ -72,12 +78,12 @@ class Target:
     def describe(self) -> str:
         """`concurrency limit of pool:gpu`, `concurrency limit 2 of orders`, `rateLimit of
         alerts`."""
-        if self.control in (RATE_LIMIT, THROTTLE):
-            return f"{self.control} of {self.budget}"
-        if self.budget.startswith("pool:"):
-            return f"{self.control} limit of {self.budget}"
         workflow, _, index = self.budget.partition("#")
         nth = f" {int(index) + 1}" if index else ""
+        if self.control in (RATE_LIMIT, THROTTLE):
+            return f"{self.control}{nth} of {workflow}"
+        if self.budget.startswith("pool:"):
+            return f"{self.control} limit of {self.budget}"
         return f"{self.control} limit{nth} of {workflow}"
 
 
@@ -117,9 +123,12 @@ def concurrency_target(app: App, workflow: str | None = None, *, pool: str | Non
                             f"{option.pool!r}, shared with other workflows: name it with "
                             f"--pool {option.pool}")
     if option.shared_budget is not None:
-        raise OverrideError(f"workflow {workflow}'s concurrency limit {nth} is shared by its "
-                            f"scope ({option.scope!r}) with other workflows: an override of "
-                            "a scope's limit is not supported")
+        raise OverrideError(f"workflow {workflow}'s concurrency limit {nth} (scope="
+                            f"{option.scope!r}, key={option.key!r}) is shared with every "
+                            "workflow whose limit has that key at scope account or env, a "
+                            "budget with no name an override could keep: it is not "
+                            "overridable. Declare it as a pool (pool=NAME) to override it "
+                            "with --pool NAME, or change the declaration")
     budget = workflow if nth == 1 else f"{workflow}#{nth - 1}"
     return Target(control, budget, option.limit, (workflow,), per_key=option.per_key)
 
@@ -141,12 +150,16 @@ def rate_limit_target(app: App, workflow: str | None) -> Target:
                   wf.rate_limit.period_ms)
 
 
-def throttle_target(app: App, workflow: str | None, pool: str | None = None) -> Target:
-    """The throttle `workflow` declares, or a throttle pool (every member's pace). A
-    workflow with several throttles is refused (they are judged together elsewhere)."""
+def throttle_target(app: App, workflow: str | None, pool: str | None = None,
+                    nth: int = 1) -> Target:
+    """The throttle `workflow --nth N` declares (its first by default), or a throttle pool
+    (every member's pace). One of a workflow's several throttles has the budget
+    `<workflow>#<N-1>` (its first, the workflow's name), as its concurrency limits do."""
     if pool is not None:
         if workflow is not None:
             raise OverrideError("name a workflow or a pool, not both")
+        if nth != 1:
+            raise OverrideError("--nth names one of a workflow's throttles, not a pool's")
         members = [(wf.name, t) for wf in app.workflows.values() for t in wf.throttle
                    if t.pool == pool]
         if not members:
@@ -161,14 +174,16 @@ def throttle_target(app: App, workflow: str | None, pool: str | None = None) -> 
         raise OverrideError(f"workflow {workflow!r} is not declared")
     if not wf.throttle:
         raise OverrideError(f"workflow {workflow} declares no throttle")
-    if len(wf.throttle) > 1:
-        raise OverrideError(f"workflow {workflow} declares {len(wf.throttle)} throttles: an "
-                            "override of one of several is not supported")
-    option = wf.throttle[0]
+    if not 1 <= nth <= len(wf.throttle):
+        many = len(wf.throttle)
+        raise OverrideError(f"workflow {workflow} declares {many} throttle"
+                            f"{'s' if many > 1 else ''}: --nth must be between 1 and {many}")
+    option = wf.throttle[nth - 1]
     if option.pool is not None:
         raise OverrideError(f"workflow {workflow}'s throttle is pool {option.pool!r}, shared "
                             f"with other workflows: name it with --pool {option.pool}")
-    return Target(THROTTLE, workflow, option.limit, (workflow,), option.period_ms)
+    return Target(THROTTLE, nth_budget(workflow, nth - 1), option.limit, (workflow,),
+                  option.period_ms)
 
 
 def target_of(app: App, workflow: str | None, control: str = "concurrency", *,
@@ -176,9 +191,7 @@ def target_of(app: App, workflow: str | None, control: str = "concurrency", *,
     """The limit an override names: a concurrency limit (a workflow's nth, or a pool's),
     a throttle (a workflow's, or a pool's) or a workflow's rateLimit."""
     if control == THROTTLE:
-        if nth != 1:
-            raise OverrideError("--nth names a concurrency limit, not a throttle")
-        return throttle_target(app, workflow, pool)
+        return throttle_target(app, workflow, pool, nth)
     if control == RATE_LIMIT:
         if pool is not None or nth != 1:
             raise OverrideError("a rateLimit is a workflow's own: no --pool, no --nth")
@@ -192,8 +205,8 @@ def target_of(app: App, workflow: str | None, control: str = "concurrency", *,
 def targets(app: App) -> list[Target]:
     """Every limit of `app` an override may name, once each, by name: each workflow's own
     concurrency limits (its first, its second) and each pool's, each throttle (a
-    workflow's one, or a pool's) and each rateLimit. A scope's limit and one of several
-    throttles are not among them (no override names them)."""
+    workflow's first, its second, or a pool's) and each rateLimit. A scope's limit is not
+    among them (no override names it)."""
     found: dict[str, Target] = {}
     for wf in app.workflows.values():
         for nth, option in enumerate(wf.concurrency, 1):
@@ -201,9 +214,10 @@ def targets(app: App) -> list[Target]:
                 made = (concurrency_target(app, pool=option.pool) if option.pool is not None
                         else concurrency_target(app, wf.name, nth=nth))
                 found[made.name] = made
-        if len(wf.throttle) == 1:
-            pool = wf.throttle[0].pool
-            made = throttle_target(app, None if pool is not None else wf.name, pool)
+        for nth, throttle in enumerate(wf.throttle, 1):
+            pool = throttle.pool
+            made = (throttle_target(app, None, pool) if pool is not None
+                    else throttle_target(app, wf.name, nth=nth))
             found[made.name] = made
         if wf.rate_limit is not None:
             made = rate_limit_target(app, wf.name)

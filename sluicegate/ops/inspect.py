@@ -230,8 +230,9 @@ def check_limit(body: dict[str, Any]) -> LimitRequest:
             raise RequestError(f"give the {control}'s rate (LIMIT/PERIOD, as 10/1m), or "
                                "clear: true")
     nth = body.get("nth", 1)
-    if nth not in (1, 2):
-        raise RequestError("nth must be 1 or 2 (which of the workflow's limits)")
+    if isinstance(nth, bool) or not isinstance(nth, int) or nth < 1:
+        raise RequestError("nth must be a whole number from 1 (which of the workflow's "
+                           "concurrency limits or throttles)")
     return LimitRequest(text("workflow"), text("pool"), nth, concurrency, text("reason"),
                         text("by") or "dashboard", control, rate)
 

@@ -24,4 +24,21 @@ alert = Workflow(name="alert", payload=Alert, rate_limit=RateLimit(limit=2, peri
 # A partner that takes one call each ten seconds: the console's throttle override.
 slow_sync = Workflow(name="slowSync", payload=Call, throttle=Throttle(limit=1, period="10s"))
 
-app = App([partner_call, paced_sync, alert, slow_sync])
+
+class Tenanted(BaseModel):
+    tenant: str
+    n: int = 0
+
+
+# One call each two seconds per tenant, and one each two seconds in all: an override of
+# the second of a workflow's several throttles.
+two_paces = Workflow(name="twoPaces", payload=Tenanted, throttle=[
+    Throttle(limit=1, period="2s", key="tenant"), Throttle(limit=1, period="2s")])
+
+# A pool of one slot per tenant, then one run at a time of the workflow: a tenant's start
+# holding the pool's slot while it waits for the second, the tenant's next one waits at the
+# pool with no run of the tenant in flight.
+pooled_one = Workflow(name="pooledOne", payload=Tenanted, concurrency=[
+    Concurrency(limit=1, pool="tenants", key="tenant"), Concurrency(limit=1)])
+
+app = App([partner_call, paced_sync, alert, slow_sync, two_paces, pooled_one])

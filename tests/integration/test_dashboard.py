@@ -439,14 +439,16 @@ def test_the_console_overrides_a_throttle_and_shows_a_pools_and_a_keys_own_limit
                 assert page.texts("#pools-table tr[data-pool=openai] td")[:2] == [
                     "openai", "embed"]
 
-                # The form asks for a throttle's rate: the period field, not the nth.
+                # The form asks for a throttle's rate (the period field) and which of a
+                # workflow's throttles.
                 page.js("const c = document.getElementById('limit-control');"
                         "c.value = 'throttle'; c.dispatchEvent(new Event('change'));"
                         "document.getElementById('limit-workflow').value = 'slowSync';"
                         "document.getElementById('limit-value').value = '10';"
                         "document.getElementById('limit-period').value = '10s';"
                         "document.getElementById('limit-reason').value = 'quota raised';")
-                assert page.js("document.getElementById('limit-nth').disabled") is True
+                assert page.js("document.getElementById('limit-nth').disabled") is False
+                assert page.js("document.getElementById('limit-period').disabled") is False
                 page.js("document.getElementById('limit-preview').click()")
                 page.until("document.getElementById('limit-apply') !== null",
                            "the override's apply button")
@@ -460,6 +462,12 @@ def test_the_console_overrides_a_throttle_and_shows_a_pools_and_a_keys_own_limit
                 page.until("document.getElementById('limit-preview-text').textContent"
                            ".startsWith('throttle of slowSync: 1 per 10s -> 10 per 10s')",
                            "the override applied")
+                # The Paces table: the throttle in force, an override's, with the declared.
+                pace = "#paces-table tr[data-workflow=slowSync]"
+                page.until(f"(document.querySelector('{pace} td.pace') || {{}}).textContent "
+                           "=== '10/10s'", "slowSync's pace in force")
+                assert page.texts(f"{pace} td")[4].endswith(
+                    ": quota raised; declared 1/10s"), page.texts(f"{pace} td")
             finally:
                 page.close()
     (row,) = control.until(lambda rows: len(rows) >= 1, what="the override row")

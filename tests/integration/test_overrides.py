@@ -341,3 +341,60 @@ def test_a_throttle_and_a_rate_limit_overridden_from_the_command_line_judge_what
     assert times[1] - times[0] >= 1_999, times
     assert all(times[k] - times[1] >= (k - 1) * 200 - 1 for k in range(2, 6)), times
     assert times[-1] - times[1] < 2_000, times
+
+
+def test_one_of_several_throttles_overridden_and_a_pools_waiting_keys_show_in_the_flow_view(
+        settings: Settings, tmp_path: Path) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    admitted = TopicReader(settings, topics.admitted, AdmittedStart)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    control = TopicReader(settings, topics.control, OverrideRow)
+    db = str(tmp_path / "ledger.duckdb")
+    with WorkerThread(app, settings), Client(app=app, settings=settings,
+                                             replies=False) as client:
+        # Two throttles: one each 2 s per tenant, one each 2 s in all. Four tenants: the
+        # global one binds. Its override (the second) lets them go one each 200 ms.
+        for tenant in ("a", "b", "c", "d"):
+            client.submit("twoPaces", {"tenant": tenant})
+        client.flush()
+        admitted.until(lambda rows: any(a.workflow == "twoPaces" for a in rows),
+                       what="the first of the two-paced starts")
+        assert _cli(settings, "limit", "twoPaces", "--nth", "2", "--throttle", "10/2s",
+                    "--reason", "global quota raised", "--by", "ops", "--app", APP) == (
+            "throttle 2 of twoPaces: 1 per 2s -> 10 per 2s (declared 1 per 2s)\n")
+        paced = [a for a in admitted.until(
+            lambda rows: sum(a.workflow == "twoPaces" for a in rows) >= 4, timeout=20,
+            what="four two-paced starts") if a.workflow == "twoPaces"]
+        row = control.until(lambda rows: any(r.budget == "twoPaces#1" for r in rows),
+                            what="the second throttle's override row")[-1]
+        # A keyed pool: each tenant's first start holds its pool slot; one of them runs,
+        # the others wait for the workflow's own limit of one; each tenant's second start
+        # waits at the pool with no run of its tenant in flight.
+        for tenant in ("a", "b", "c"):
+            for n in range(2):
+                client.submit("pooledOne", {"tenant": tenant, "n": n})
+        client.flush()
+        ledger.until(lambda rows: sum(
+            r.outcome is Outcome.queued and r.control == "concurrency[0] pool:tenants"
+            for r in rows) == 3, what="three starts waiting at the pool")
+        flow = _cli(settings, "flow", "--app", APP, "--db", db)
+    times = sorted(a.admitted_at_ms for a in paced)
+    assert times[1] - times[0] >= 1_999, times
+    assert times[-1] - times[1] < 2_000, ("one each 200 ms after the turn due, not one "
+                                          f"each 2 s: {times}")
+    lines = flow.splitlines()
+    since = clock(row.at_ms, time.time_ns() // 1_000_000)
+    at = lines.index(next(line for line in lines if line.startswith("twoPaces  ")))
+    assert lines[at + 1:at + 3] == [
+        "  throttle[0] 1/2s per key",
+        f'  throttle[1] 10/2s (override since {since} by ops: "global quota raised"; '
+        "declared 1/2s)"], flow
+    assert "\n  throttle 1/2s\n" in flow, "pacedSync's declared pace"
+    assert "\n  rateLimit 2/1m\n" in flow, "alert's declared rateLimit"
+    pool = lines[lines.index("pool tenants (pooledOne)  queued=3 in_flight=1"):]
+    keys = sorted(line for line in pool[1:4] if line.startswith("  key="))
+    assert [k.split()[0] for k in keys] == ["key=a", "key=b", "key=c"], flow
+    assert all("queued=1 " in k for k in keys), flow
+    assert sorted(k.split()[-1] for k in keys) == [
+        "in_flight=0/1", "in_flight=0/1", "in_flight=1/1"], flow

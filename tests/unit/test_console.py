@@ -422,7 +422,56 @@ def test_the_overview_says_a_keys_limit_from_the_limits_table_and_lists_the_pool
     assert doc["limits_topic"] == "sg.limits"
     assert per_tenant["limits"] == [], "one limit: shown beside in flight"
     assert doc["pools"] == [{"pool": "gpu", "members": ["twoLimits"], "in_flight": 2,
-                             "limit": 3, "override": None, "keys": []}]
+                             "limit": 3, "override": None, "queued": 0, "more_keys": 0,
+                             "more_queued": 0, "keys": []}]
+
+
+def test_the_overview_gives_each_throttle_and_rate_limit_in_force() -> None:
+    from sluicegate.admission.limits import LimitChange
+    from sluicegate.declare import App, RateLimit, Throttle, Workflow
+    from sluicegate.ops.services.flow import compute
+    from sluicegate.ops.services.overview import overview
+    from sluicegate.ops.services.paces import pace_limits, with_overrides
+    from sluicegate.schemas.records import OverrideRow
+
+    class Job(BaseModel):
+        tenant: str = "t"
+
+    app = App([Workflow(name="sync", payload=Job, throttle=[
+                   Throttle(limit=1, period="10s", key="tenant"),
+                   Throttle(limit=100, period="1m")]),
+               Workflow(name="alert", payload=Job, rate_limit=RateLimit(
+                   limit=5, period="1m", key="tenant", per_key="tiers"))])
+    paces = with_overrides(pace_limits(app), {"throttle:sync#1": OverrideRow(
+        control="throttle", budget="sync#1", at_ms=T0, limit=10, period_ms=60_000,
+        declared=100, reason="partner 503s", by="ops")})
+    view = compute({}, {("alert", "acme"): 0}, {}, T0, declared=sorted(app.workflows),
+                   key_limits={("tiers", "acme"): LimitChange("tiers", "acme", 50)},
+                   paces=paces)
+    docs = {w["workflow"]: w for w in overview(LedgerDb(":memory:"), view)["workflows"]}
+    sync = docs["sync"]["paces"]
+    assert [(p["control"], p["limit"], p["period_ms"]) for p in sync] == [
+        ("throttle[0]", 1, 10_000), ("throttle[1]", 10, 60_000)]
+    assert sync[1]["override"] == {"limit": 10, "period_ms": 60_000, "at_ms": T0,
+                                   "by": "ops", "reason": "partner 503s"}
+    assert sync[1]["declared"] == 100 and sync[1]["declared_period_ms"] == 60_000
+    assert docs["alert"]["paces"][0]["per_key"] == "tiers"
+    assert docs["alert"]["pace_keys"] == [{
+        "key": "acme", "control": "rateLimit", "limit": 50, "period_ms": 60_000,
+        "declared": 5, "limit_row": {"name": "tiers", "key": "acme", "at_ms": 0, "by": None,
+                                     "reason": None}}]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the console's code")
+def test_the_console_says_a_pace_as_the_override_form_takes_it() -> None:
+    script = CONSOLE_JS.read_text(encoding="utf-8")
+    rate = re.search(r"^function rate\(limit, periodMs\) \{\n.*?^\}\n", script, re.S | re.M)
+    assert rate is not None, "console.js says a pace with rate(limit, periodMs)"
+    code = rate.group(0) + ("for (const [l, p] of [[10, 60000], [1, 10000], [5, 86400000], "
+                            "[3, 1500]]) console.log(rate(l, p));")
+    done = subprocess.run(["node", "-e", code], capture_output=True, text=True, check=True,
+                          timeout=30)
+    assert done.stdout.splitlines() == ["10/1m", "1/10s", "5/1d", "3/1500ms"]
 
 
 # -- one time zone ----------------------------------------------------------------------

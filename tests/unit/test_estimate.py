@@ -270,15 +270,23 @@ def test_a_throttle_slot_worked_out_before_its_pace_changed_is_said_to_be_stale(
               _row("p1", Outcome.queued, T0, key="acme", control="throttle pool:partner",
                    workflow="member", deferral="throttle", due_at_ms=T0 + 40 * S),
               _row("k1", Outcome.queued, T0, key="acme", control="throttle",
-                   workflow="tiered", deferral="throttle", due_at_ms=T0 + 50 * S)])
+                   workflow="tiered", deferral="throttle", due_at_ms=T0 + 50 * S),
+              _row("m1", Outcome.queued, T0, key="acme", control="throttle",
+                   workflow="many", deferral="throttle", due_at_ms=T0 + 60 * S)])
     app = App([Workflow(name="tiered", payload=Job, throttle=Throttle(
-        limit=1, period="10s", key="tenant", per_key="tiers"))])
+        limit=1, period="10s", key="tenant", per_key="tiers")),
+               Workflow(name="many", payload=Job, throttle=[
+                   Throttle(limit=1, period="10s", key="tenant"),
+                   Throttle(limit=1, period="10s")])])
     overrides = {
         "throttle:sync": OverrideRow(control="throttle", budget="sync", at_ms=T0 + 5 * S,
                                      limit=10, period_ms=10_000),
         # Cleared before the start queued: its slot time was worked out at the new pace.
         "throttle:pool:partner": OverrideRow(control="throttle", budget="pool:partner",
-                                             at_ms=T0 - S)}
+                                             at_ms=T0 - S),
+        # The second of a workflow's several throttles.
+        "throttle:many#1": OverrideRow(control="throttle", budget="many#1", at_ms=T0 + 8 * S,
+                                       limit=5, period_ms=10_000)}
     tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 5, T0 + 7 * S)}
     why = {w.request_id: w.why for w in waiting_starts(
         db, {}, app=app, overrides=overrides, key_limits=tiers, now_ms=T0 + 10 * S)}
@@ -288,6 +296,8 @@ def test_a_throttle_slot_worked_out_before_its_pace_changed_is_said_to_be_stale(
     assert why["p1"] == "throttle on key 'acme': its slot is at 00:00:40 UTC"
     assert why["k1"].endswith("the pace changed at 00:00:07 UTC (the key's row of the limits "
                               "table), so it may come sooner or later")
+    assert why["m1"].endswith("the pace changed at 00:00:08 UTC (an operator's override), "
+                              "so it may come sooner or later")
 
 
 @pytest.mark.parametrize("deferral", ["debounce", "batch", "delayed"])

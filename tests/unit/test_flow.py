@@ -139,7 +139,7 @@ def test_paused_comes_from_the_control_row_and_declared_workflows_are_listed() -
     assert per_tenant.to_json()["keys"] == [{
         "key": "acme", "queued": 0, "waiting": None, "waiting_ms": None,
         "oldest_queued_at_ms": None, "collapsed": 0, "dropped": 0, "expired": 0,
-        "in_flight": 3, "limit": None, "override": None, "limit_row": None}]
+        "in_flight": 3, "limit": None, "override": None, "limit_row": None, "paces": []}]
     assert "tour  PAUSED (deploying a fix)" in view.text()
     assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3" in view.text()
 
@@ -265,7 +265,8 @@ def test_a_pool_shows_every_members_runs_against_its_limit_and_its_override() ->
     assert view.to_json()["pools"][0] == {
         "pool": "gpu", "members": ["embed", "summarize"], "in_flight": 2, "limit": 8,
         "override": {"limit": 8, "declared": 3, "at_ms": T0 + 12 * MIN, "by": "ana",
-                     "reason": "new nodes"}, "keys": []}
+                     "reason": "new nodes"}, "queued": 0, "more_keys": 0, "more_queued": 0,
+        "keys": []}
     # A workflow's own view lists the pools it is a member of.
     assert [p.pool for p in view.only("embed").pools] == ["gpu"]
 
@@ -301,3 +302,131 @@ def test_a_workflow_with_two_limits_names_its_own_in_force_on_its_line() -> None
         "control": "concurrency[1]", "budget": "fetch#1", "limit": 1, "keyed": False,
         "per_key": None, "override": {"limit": 1, "declared": 2, "at_ms": T0 + 12 * MIN,
                                       "by": "ana", "reason": "partner 503s"}}
+
+
+def test_throttles_and_rate_limits_show_their_pace_in_force_and_where_it_comes_from() -> None:
+    from sluicegate.declare import App, RateLimit, Throttle, Workflow
+    from sluicegate.ops.services.paces import pace_limits
+    from sluicegate.ops.services.paces import with_overrides as paces_in_force
+
+    class Job(BaseModel):
+        tenant: str
+
+    app = App([
+        Workflow(name="sync", payload=Job, throttle=Throttle(limit=100, period="1m")),
+        Workflow(name="many", payload=Job, throttle=[
+            Throttle(limit=1, period="10s", key="tenant"), Throttle(limit=10, period="10s")]),
+        Workflow(name="alert", payload=Job, rate_limit=RateLimit(
+            limit=5, period="1m", key="tenant", per_key="tiers")),
+        Workflow(name="embed", payload=Job, throttle=Throttle(limit=30, period="1m",
+                                                              pool="partner")),
+        Workflow(name="plain", payload=Job)])
+    overrides = {
+        "throttle:sync": OverrideRow(control="throttle", budget="sync", at_ms=T0 + 12 * MIN,
+                                     limit=10, period_ms=MIN, declared=100,
+                                     reason="partner 503s", by="ops"),
+        "throttle:many#1": OverrideRow(control="throttle", budget="many#1", at_ms=T0,
+                                       limit=2, period_ms=10_000, declared=10, by="ana"),
+        # Cleared: the declared pace again.
+        "throttle:pool:partner": OverrideRow(control="throttle", budget="pool:partner",
+                                             at_ms=T0, declared=30)}
+    tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 50, T0, "enterprise", "billing")}
+    view = compute({}, {("alert", "acme"): 0, ("alert", "bolt"): 0}, {}, NOW,
+                   declared=sorted(app.workflows), key_limits=tiers,
+                   paces=paces_in_force(pace_limits(app), overrides))
+    text = view.text()
+    assert ('sync  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0\n'
+            '  throttle 10/1m (override since 00:12:00 UTC by ops: "partner 503s"; declared '
+            '100/1m)') in text
+    assert ("many  running  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0\n"
+            "  throttle[0] 1/10s per key\n"
+            "  throttle[1] 2/10s (override since 00:00:00 UTC by ana; declared 10/10s)") in text
+    assert "\n  throttle pool:partner 30/1m\n" in text, "a cleared override: the declared pace"
+    assert "\n  rateLimit 5/1m per key (or its row of tiers in sg.limits)\n" in text
+    assert ("  key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0  "
+            "rateLimit=50/1m (from sg.limits; declared 5/1m)") in text
+    assert "  key=bolt  queued=0 collapsed=0 dropped=0 expired=0 in_flight=0\n" in text
+    plain = text.split("plain  running")[1].split("\n")
+    assert len(plain) == 1 or not plain[1].startswith("  throttle"), "no pace, no line"
+    sync = view.get("sync")
+    assert sync is not None and sync.to_json()["paces"] == [{
+        "control": "throttle", "kind": "throttle", "budget": "sync", "limit": 10,
+        "period_ms": MIN, "keyed": False, "per_key": None, "members": ["sync"],
+        "declared": 100, "declared_period_ms": MIN, "override": {
+            "limit": 10, "period_ms": MIN, "at_ms": T0 + 12 * MIN, "by": "ops",
+            "reason": "partner 503s"}}]
+    alert = view.get("alert")
+    assert alert is not None and alert.to_json()["keys"][0]["paces"] == [{
+        "control": "rateLimit", "limit": 50, "period_ms": MIN, "declared": 5,
+        "limit_row": {"name": "tiers", "key": "acme", "at_ms": T0, "by": "billing",
+                      "reason": "enterprise"}}]
+    # An override is every key's pace, whatever the table gives a key.
+    view = compute({}, {("alert", "acme"): 0}, {}, NOW, key_limits=tiers,
+                   paces=paces_in_force(pace_limits(app), {"rateLimit:alert": OverrideRow(
+                       control="rateLimit", budget="alert", at_ms=T0, limit=1,
+                       period_ms=10_000, declared=5)}))
+    assert "\n  rateLimit 1/10s per key (override since 00:00:00 UTC; declared 5/1m)\n" in (
+        view.text() + "\n")
+    assert "from sg.limits" not in view.text()
+
+
+def test_a_keyed_pool_lists_the_keys_whose_starts_all_wait_the_most_waiting_first(
+        db: LedgerDb) -> None:
+    from sluicegate.declare import App, Concurrency, Workflow
+    from sluicegate.ops.services.flow import POOL_WAITING_KEYS, pool_limits, pool_waiting
+
+    class Job(BaseModel):
+        tenant: str
+
+    fair = Concurrency(limit=2, pool="tenants", key="tenant")
+    app = App([Workflow(name="fair", payload=Job, concurrency=fair),
+               Workflow(name="other", payload=Job, concurrency=[
+                   Concurrency(limit=5), Concurrency(limit=2, pool="tenants", key="tenant")]),
+               Workflow(name="solo", payload=Job, concurrency=Concurrency(limit=1, key="tenant"))])
+    many = POOL_WAITING_KEYS + 3
+    rows = [rec(f"w{i}-{n}", Outcome.queued, T0, workflow="fair", key=f"t{i:02}",
+                control="concurrency pool:tenants", deferral="concurrency")
+            # t00 has the most waiting, then t01, ...; the last three have one each.
+            for i in range(many) for n in range(max(1, many - i - 3))]
+    rows += [
+        # Another member's start waiting for the pool, by its second limit.
+        rec("o1", Outcome.queued, T0, workflow="other", key="acme",
+            control="concurrency[1] pool:tenants", deferral="concurrency"),
+        # Waiting at the workflow's own limit, not the pool's: not counted.
+        rec("o2", Outcome.queued, T0, workflow="other", key="",
+            control="concurrency[0]", deferral="concurrency"),
+        rec("s1", Outcome.queued, T0, workflow="solo", key="acme", control="concurrency",
+            deferral="concurrency"),
+        # Admitted since: no longer waiting.
+        rec("w-done", Outcome.queued, T0, workflow="fair", key="zed",
+            control="concurrency pool:tenants", deferral="concurrency"),
+        rec("w-done", Outcome.admitted, T0 + MIN, workflow="fair", key="zed",
+            control="concurrency pool:tenants", execution_id="e0")]
+    fill(db, rows)
+    waiting = pool_waiting(db)
+    assert waiting[("tenants", "acme")] == 1 and ("tenants", "zed") not in waiting
+    assert waiting[("tenants", "t00")] == many - 3
+    runs = [run("e1", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1facme")),
+            run("e2", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1facme"))]
+    from sluicegate.ops.services.flow import pool_in_flight
+
+    view = compute({}, in_flight(runs), {}, NOW, pools=pool_limits(app),
+                   pool_running=pool_in_flight(runs), pool_queued=waiting)
+    (pool,) = view.pools
+    total = sum(waiting.values())
+    assert pool.queued == total
+    shown = [k.key for k in pool.keys]
+    assert "acme" in shown, "a key with runs in flight is listed, whatever it waits"
+    idle = [k for k in shown if k != "acme"]
+    assert len(idle) == POOL_WAITING_KEYS
+    assert idle == [f"t{i:02}" for i in range(POOL_WAITING_KEYS)], "the most waiting"
+    assert pool.more_keys == 3 and pool.more_queued == 3
+    lines = view.text().splitlines()
+    lines = lines[lines.index(f"pool tenants (fair, other)  queued={total} in_flight=2"):]
+    assert "  key=acme  queued=1 in_flight=2/2" in lines
+    assert f"  key=t00  queued={many - 3} in_flight=0/2" in lines
+    assert lines[-1] == "  ... and 3 more keys with only starts waiting (3 queued)"
+    doc = view.to_json()["pools"][0]
+    assert (doc["queued"], doc["more_keys"], doc["more_queued"]) == (total, 3, 3)
+    assert {"key": "t00", "in_flight": 0, "limit": 2, "queued": many - 3,
+            "limit_row": None} in doc["keys"]

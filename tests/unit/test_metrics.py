@@ -180,7 +180,7 @@ def test_every_limit_an_override_may_name_is_a_gauge_of_the_limit_in_force() -> 
     ])
     assert [t.name for t in targets(app)] == [
         "concurrency:perTenant", "concurrency:pool:gpu", "rateLimit:alert",
-        "throttle:pool:partner"]
+        "throttle:pool:partner", "throttle:sync", "throttle:sync#1"]
     rows = {"concurrency:pool:gpu": OverrideRow(control="concurrency", budget="pool:gpu",
                                                 at_ms=1, limit=2, declared=8),
             "rateLimit:alert": OverrideRow(control="rateLimit", budget="alert", at_ms=1,
@@ -197,3 +197,4 @@ def test_every_limit_an_override_may_name_is_a_gauge_of_the_limit_in_force() -> 
     assert gauge("sluicegate_limit_in_force_period_seconds", "throttle", "pool:partner") == 60
     assert gauge("sluicegate_limit_in_force", "rateLimit", "alert") == 5
     assert gauge("sluicegate_limit_in_force_period_seconds", "rateLimit", "alert") == 10
+    assert gauge("sluicegate_limit_in_force", "throttle", "sync#1") == 9, "several throttles"

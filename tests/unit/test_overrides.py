@@ -361,7 +361,8 @@ def test_the_console_asks_for_any_limit_the_command_line_changes() -> None:
      "give the rateLimit's rate"),
     ({"control": "pause", "workflow": "w"}, "control must be one of concurrency, throttle, "
                                             "rateLimit"),
-    ({"workflow": "w", "concurrency": 2, "nth": 3}, "nth must be 1 or 2"),
+    ({"workflow": "w", "concurrency": 2, "nth": 0}, "nth must be a whole number from 1"),
+    ({"workflow": "w", "concurrency": 2, "nth": "2"}, "nth must be a whole number from 1"),
 ])
 def test_the_console_refuses_a_request_that_names_no_change(body: dict[str, Any],
                                                             says: str) -> None:
@@ -459,8 +460,8 @@ def test_a_throttle_override_paces_the_turns_after_the_one_already_due(make: Any
     assert len(d.admitted) == 6, "then one each 10s"
 
 
-def test_a_throttle_pool_is_overridden_as_a_pool_and_several_throttles_are_refused() -> None:
-    from sluicegate.admission.overrides import target_of
+def test_a_throttle_pool_is_overridden_as_a_pool_and_one_of_several_throttles_by_nth() -> None:
+    from sluicegate.admission.overrides import target_of, targets
     from sluicegate.declare import Throttle
 
     pace = Throttle(limit=60, period="1m", pool="partner")
@@ -473,8 +474,92 @@ def test_a_throttle_pool_is_overridden_as_a_pool_and_several_throttles_are_refus
         "throttle", "pool:partner", 60, ("a", "b"), 60_000)
     with pytest.raises(OverrideError, match="name it with --pool partner"):
         target_of(app, "a", "throttle")
-    with pytest.raises(OverrideError, match="declares 2 throttles"):
-        target_of(app, "c", "throttle")
+    assert target_of(app, "c", "throttle") == Target("throttle", "c", 1, ("c",), 1_000)
+    second = target_of(app, "c", "throttle", nth=2)
+    assert second == Target("throttle", "c#1", 10, ("c",), 1_000)
+    assert second.describe() == "throttle 2 of c"
+    with pytest.raises(OverrideError, match="declares 2 throttles: --nth must be between 1 "
+                                            "and 2"):
+        target_of(app, "c", "throttle", nth=3)
+    one = App([Workflow(name="d", payload=Job, throttle=Throttle(limit=1, period="1s"))])
+    with pytest.raises(OverrideError, match="declares 1 throttle: --nth"):
+        target_of(one, "d", "throttle", nth=2)
+    with pytest.raises(OverrideError, match="not a pool's"):
+        target_of(app, None, "throttle", pool="partner", nth=2)
+    assert {t.name for t in targets(app)} >= {"throttle:c", "throttle:c#1",
+                                             "throttle:pool:partner"}
+
+
+def test_a_scope_shared_limit_is_refused_naming_the_workflow_the_option_and_why() -> None:
+    app = App([Workflow(name="w", payload=Job, concurrency=Concurrency(
+        limit=3, key="event.data.tenant", scope="account"))])
+    with pytest.raises(OverrideError) as refused:
+        concurrency_target(app, "w")
+    said = str(refused.value)
+    assert "workflow w's concurrency limit 1 (scope='account'" in said
+    assert "not overridable" in said and "Declare it as a pool" in said
+
+
+def test_an_override_of_one_of_several_throttles_paces_that_one_alone(make: Any) -> None:
+    from sluicegate.declare import Throttle
+
+    d = make(Workflow(name="c", payload=Job, throttle=[
+        Throttle(limit=1, period="10s", key="tenant"), Throttle(limit=1, period="10s")]))
+    first = starts(d, "c", 1, "a") + starts(d, "c", 1, "b")
+    assert admitted(d) == first[:1], "b waits for the global turn"
+    d.limit("c", throttle=(10, 10_000), nth=1, reason="partner raised tenant quotas")
+    d.advance(9_999)
+    assert admitted(d) == first[:1], "the tenants' pace is not the global one's"
+    d.advance(1)
+    assert admitted(d) == first
+    later = [starts(d, "c", 1, tenant)[0] for tenant in ("c", "e", "f", "g")]
+    d.limit("c", throttle=(10, 10_000), nth=2, reason="and the global quota")
+    d.advance(9_999)
+    assert admitted(d) == first, "the global turn already due (at 20s) stands"
+    d.advance(1)
+    assert admitted(d) == [*first, later[0]]
+    d.advance(3_000)
+    assert admitted(d) == [*first, *later], "then one a second"
+    assert {"throttle:c", "throttle:c#1"} <= set(d.control.overrides)
+
+
+def test_an_override_of_the_keyed_one_of_several_throttles_paces_each_key(make: Any) -> None:
+    from sluicegate.declare import Throttle
+
+    d = make(Workflow(name="c", payload=Job, throttle=[
+        Throttle(limit=1, period="10s", key="tenant"), Throttle(limit=100, period="10s")]))
+    ids = starts(d, "c", 3, "a")
+    assert admitted(d) == ids[:1]
+    d.limit("c", throttle=(10, 10_000), nth=1, reason="tenant quota raised")
+    d.advance(9_999)
+    assert admitted(d) == ids[:1], "the turn already due stands"
+    d.advance(1)
+    assert admitted(d) == ids[:2]
+    d.advance(1_000)
+    assert admitted(d) == ids, "then one a second"
+    d.limit("c", control="throttle", nth=1, reason="back to the declared pace")
+    more = starts(d, "c", 2, "a")
+    d.advance(1_000)
+    assert admitted(d) == [*ids, more[0]], "the turn due under the override stands"
+    d.advance(9_999)
+    assert admitted(d) == [*ids, more[0]]
+    d.advance(1)
+    assert admitted(d) == [*ids, *more], "then one each 10s, as declared"
+
+
+def test_one_of_several_throttles_overridden_while_the_partition_was_away_is_in_force_at_restore(
+        make: Any) -> None:
+    from sluicegate.declare import Throttle
+
+    d = make(Workflow(name="c", payload=Job, throttle=[
+        Throttle(limit=100, period="10s", key="tenant"), Throttle(limit=1, period="10s")]))
+    starts(d, "c", 4)
+    d.commit()
+    d.control.overrides["throttle:c#1"] = OverrideRow(
+        control="throttle", budget="c#1", at_ms=d.now_ms, limit=10, period_ms=10_000)
+    d.restart()
+    d.advance(12_000)
+    assert len(d.admitted) == 4, "the global turn due at 10s, then one a second"
 
 
 def test_a_throttle_overridden_while_the_partition_was_away_paces_it_at_restore(

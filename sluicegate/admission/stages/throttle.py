@@ -224,6 +224,8 @@ class ThrottleStage(QueueStage):
                         continue
                     queue = PendingQueue(ctx.store, key)
                     self._settle(ctx, key, self._drain(ctx, key, keyed, queue), queue)
+                # One of a workflow's several throttles (`<workflow>#<index>`).
+                self.many.overridden(ctx, row.budget.partition("#")[0])
             return
         if table != key_limits.LIMITS_TABLE or not isinstance(row, key_limits.LimitChange):
             return

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sluicegate.admission import overrides
 from sluicegate.admission.pending import Parked, PendingQueue, priority_mode, rank_key
 from sluicegate.admission.routing import REMOVED, Router
 from sluicegate.admission.rows import legacy, optional_int
@@ -128,6 +129,31 @@ class Throttles:
     def __init__(self, router: Router) -> None:
         self.router = router
 
+    def _rate(self, wf: Workflow, index: int) -> Rate:
+        """The pace in force for `wf`'s throttle `index`: an operator's override of that
+        throttle (`workflows limit NAME --throttle L/P --nth N`, budget `<workflow>` for
+        the first, `<workflow>#<index>` for the others) while one is set, else the
+        declared one (docs/decisions/limit-overrides.md)."""
+        declared = Rate.of(wf.throttle[index])
+        control = self.router.control
+        if control is None or not control.overrides:
+            return declared
+        row = control.override("throttle", overrides.nth_budget(wf.name, index))
+        if row is None:
+            return declared
+        return Rate(overrides.effective(declared.limit, row),
+                    overrides.effective_period(declared.period_ms, row), declared.burst)
+
+    def overridden(self, ctx: StageContext, workflow: str) -> None:
+        """An override of one of `workflow`'s throttles was set or cleared: its starts
+        waiting on this partition are judged again at the paces now in force."""
+        for key, row in list(ctx.table("several").items()):
+            wf = self.router.workflow(row.workflow)
+            if row.workflow != workflow or not several(wf) or wf is None or (
+                    row.shape != shape(wf)):
+                continue
+            self._settle(ctx, key, wf, self._drain(ctx, key, wf, row))
+
     # -- keys --------------------------------------------------------------------------
 
     def _texts(self, wf: Workflow, start: PendingStart) -> list[str]:
@@ -183,10 +209,10 @@ class Throttles:
 
     def _count(self, ctx: StageContext, key: bytes, wf: Workflow, texts: list[str],
                step: int) -> None:
-        for index, (throttle, text) in enumerate(zip(wf.throttle, texts, strict=True)):
+        for index, text in enumerate(texts):
             old = self._pace(ctx, key, index, text)
             new = PaceRow(old.pace, old.waiting + step, old.idle_at)
-            self._put_pace(ctx, key, index, text, old, new, Rate.of(throttle))
+            self._put_pace(ctx, key, index, text, old, new, self._rate(wf, index))
 
     def _ready(self, ctx: StageContext, key: bytes, wf: Workflow, texts: list[str],
                *, gates: bool) -> int:
@@ -199,7 +225,7 @@ class Throttles:
                 continue
             pace = self._pace(ctx, key, index, text).pace
             if pace.tat is not None:
-                ready = max(ready, due_ms(pace, Rate.of(throttle)))
+                ready = max(ready, due_ms(pace, self._rate(wf, index)))
         return ready
 
     def _take(self, ctx: StageContext, key: bytes, wf: Workflow, texts: list[str],
@@ -208,8 +234,8 @@ class Throttles:
         waiting, and no longer is)."""
         now = ctx.now_ms
         taken: list[tuple[int, str, PaceRow, PaceRow, Rate]] = []
-        for index, (throttle, text) in enumerate(zip(wf.throttle, texts, strict=True)):
-            rate = Rate.of(throttle)
+        for index, text in enumerate(texts):
+            rate = self._rate(wf, index)
             old = self._pace(ctx, key, index, text)
             pace = take(old.pace, rate, now)
             if pace is None:
@@ -306,7 +332,7 @@ class Throttles:
             waiting = self._pace(ctx, key, index, text).waiting
             if cap is not None and waiting >= cap:
                 pace = self._pace(ctx, key, index, text).pace
-                retry_after = max(0, due_ms(pace, Rate.of(throttle)) - now) if (
+                retry_after = max(0, due_ms(pace, self._rate(wf, index)) - now) if (
                     pace.tat is not None) else 0
                 which = f"key {text!r}" if text or not throttle.key_expr.is_constant else (
                     "the workflow")
@@ -337,7 +363,7 @@ class Throttles:
             pace = self._pace(ctx, key, index, text).pace
             if pace.tat is not None:
                 deep = ahead if throttle.key_expr.is_constant else position
-                due = max(due, due_ms(pace, Rate.of(throttle), deep))
+                due = max(due, due_ms(pace, self._rate(wf, index), deep))
         return due
 
     # -- turns ---------------------------------------------------------------------
@@ -559,8 +585,18 @@ class Throttles:
         """Workflows removed, or whose throttles were redeclared, in the declarations this
         worker loaded get their sweep now (it decides in the cycle's timer pass)."""
         rows = ctx.table("several")
+        control = self.router.control
+        paced = {r.budget.partition("#")[0] for r in control.overrides.values()
+                 if r.control == "throttle"} if control is not None else set()
         for key, row in list(rows.items()):
             wf = self.router.workflow(row.workflow)
             if several(wf) and wf is not None and row.shape == shape(wf):
+                if row.workflow in paced and row.waiting:
+                    # A pace may have been overridden while another worker had the
+                    # partition: its lanes are judged again now, at the paces in force.
+                    if row.turn_ms is not None:
+                        ctx.timers.cancel(row.turn_ms, TURN + key)
+                    ctx.timers.schedule(ctx.now_ms, TURN + key)
+                    rows.put(key, replace(row, turn_ms=ctx.now_ms))
                 continue
             rows.put(key, self._move_sweep(ctx, key, row, ctx.now_ms))

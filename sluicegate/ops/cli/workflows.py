@@ -133,7 +133,8 @@ def limit(
         help="A concurrency (or, with --throttle, throttle) pool: the override applies to "
              "every member.")] = None,
     nth: Annotated[int, typer.Option(
-        min=1, max=2, help="Which of the workflow's concurrency limits (1 or 2).")] = 1,
+        min=1, help="Which of the workflow's concurrency limits (1 or 2), or with "
+                    "--throttle which of its throttles (1 for its first).")] = 1,
     reason: Annotated[str, typer.Option(help="Why (on the row and the ledger).")] = "",
     by: By = None,
     app_spec: Annotated[str, typer.Option(

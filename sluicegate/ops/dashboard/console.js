@@ -275,20 +275,76 @@ function renderPools(doc) {
   $("pools-table").hidden = !doc.pools || doc.pools.length === 0;
   for (const pool of doc.pools || []) {
     const lines = pool.keys.length === 0
-        ? [{key: null, in_flight: pool.in_flight, limit: pool.limit}]
+        ? [{key: null, in_flight: pool.in_flight, limit: pool.limit, queued: pool.queued}]
         : pool.keys.map((k) => ({key: k.key === "" ? "(one key)" : k.key,
-                                 in_flight: k.in_flight, limit: k.limit,
+                                 in_flight: k.in_flight, limit: k.limit, queued: k.queued,
                                  declared: k.limit_row ? k.limit_row.declared : null}));
     for (const line of lines) {
       const tr = row([pool.pool, pool.members.join(", "), line.key || "",
                       line.in_flight + (line.limit !== null ? " / " + line.limit : "") +
-                      fromTable(line, doc.limits_topic) + (pool.override ? " (override)" : "")],
-                     ["text", "text", "text", "inflight"]);
+                      fromTable(line, doc.limits_topic) + (pool.override ? " (override)" : ""),
+                      line.queued || 0],
+                     ["text", "text", "text", "inflight", "queued"]);
       tr.dataset.pool = pool.pool;
       if (pool.override) tr.querySelector("td.inflight").title = overrideTitle(pool.override);
       body.appendChild(tr);
     }
+    // A keyed pool lists the keys whose starts all wait up to a bound; the rest in one row.
+    if (pool.more_keys) {
+      const tr = row([pool.pool, pool.members.join(", "),
+                      "and " + pool.more_keys + " more keys waiting", "0", pool.more_queued],
+                     ["text", "text", "text", "inflight", "queued"]);
+      tr.dataset.pool = pool.pool;
+      body.appendChild(tr);
+    }
   }
+}
+
+function rate(limit, periodMs) {
+  // `10/1m`, as the override form and `--throttle` take it.
+  const units = [[86400000, "d"], [3600000, "h"], [60000, "m"], [1000, "s"]];
+  for (const [ms, unit] of units) {
+    if (periodMs % ms === 0) return limit + "/" + periodMs / ms + unit;
+  }
+  return limit + "/" + periodMs + "ms";
+}
+
+function renderPaces(doc) {
+  // Each throttle and rateLimit in force: an override's (who, when, why, the declared
+  // pace), or as declared; a key whose own pace is its row of the limits table.
+  const body = $("paces-table").querySelector("tbody");
+  body.replaceChildren();
+  let any = false;
+  for (const wf of doc.workflows) {
+    for (const pace of wf.paces || []) {
+      any = true;
+      const declared = rate(pace.declared, pace.declared_period_ms);
+      const from = pace.override
+          ? "override since " + utc(pace.override.at_ms) +
+            (pace.override.by ? " by " + pace.override.by : "") +
+            (pace.override.reason ? ": " + pace.override.reason : "") + "; declared " + declared
+          : pace.per_key ? "declared, or a key's row of " + pace.per_key + " in " +
+                           doc.limits_topic
+          : "declared";
+      const tr = row([wf.workflow, pace.control, pace.keyed ? "per key" : "",
+                      rate(pace.limit, pace.period_ms), from],
+                     ["text", "text", "text", "pace", "text"]);
+      tr.dataset.workflow = wf.workflow;
+      tr.dataset.control = pace.control;
+      body.appendChild(tr);
+    }
+    for (const key of wf.pace_keys || []) {
+      const tr = row([wf.workflow, key.control, key.key === "" ? "(one key)" : key.key,
+                      rate(key.limit, key.period_ms),
+                      "from " + doc.limits_topic + ", declared " +
+                      rate(key.declared, key.period_ms)],
+                     ["text", "text", "text", "pace", "text"]);
+      tr.dataset.workflow = wf.workflow;
+      tr.dataset.control = key.control;
+      body.appendChild(tr);
+    }
+  }
+  $("paces-table").hidden = !any;
 }
 
 async function setPaused(workflow, paused) {
@@ -496,8 +552,9 @@ function limitRequest() {
     control: control,
     workflow: $("limit-workflow").value.trim() || null,
     pool: $("limit-pool").value.trim() || null,
-    // Which of a workflow's two limits: a concurrency limit's only.
-    nth: control === "concurrency" ? parseInt($("limit-nth").value, 10) : 1,
+    // Which of a workflow's limits: a concurrency limit's or a throttle's (a rateLimit
+    // is one).
+    nth: control === "rateLimit" ? 1 : parseInt($("limit-nth").value, 10),
     clear: clear,
     reason: $("limit-reason").value.trim() || null,
   };
@@ -513,7 +570,7 @@ function limitRequest() {
 
 function limitControlChanged() {
   const concurrency = $("limit-control").value === "concurrency";
-  $("limit-nth").disabled = !concurrency;
+  $("limit-nth").disabled = $("limit-control").value === "rateLimit";
   $("limit-period").disabled = concurrency;
   dropLimitApply();
 }
@@ -598,6 +655,7 @@ async function refresh() {
       const doc = await call("GET", "/inspect/overview");
       renderOverview(doc);
       renderPools(doc);
+      renderPaces(doc);
     } else if (tab === "waiting") {
       renderWaiting(await call("GET", "/inspect/waiting" + query({
         workflow: $("waiting-workflow").value.trim(), key: $("waiting-key").value})));

@@ -17,9 +17,15 @@ Its sources, each read the way its owner writes it:
   (`LimitsTable`): a key's own limit, shown beside its in_flight as `3/20 (from
   sg.limits; declared 2)` while no override is set.
 
+A workflow's throttles and rateLimit each have a line under it, with the pace in force and
+where it comes from (`services.paces`): `throttle 10/1m (override since ...; declared
+100/1m)`; a key whose own pace comes from the limits table says so on its line.
+
 A pool's limit is shared by its members, so it has lines of its own after the workflows':
 `pool gpu (embed, summarize)  in_flight=7/10`, the runs of every member against the pool's
-limit (per key for a keyed pool).
+limit (per key for a keyed pool), and the starts waiting for its slots (`queued=`, from the
+ledger). A keyed pool lists every key with runs in flight, and the keys whose starts all
+wait too, the `POOL_WAITING_KEYS` with the most waiting, then how many more.
 
 `compute` is the pure part (counts in, view out); `flow_view` asks the ledger for the
 counts; `FlowReader` keeps the sources open, `read_flow` reads them once. The text
@@ -50,7 +56,9 @@ from sluicegate.ops.services.ledger import (
     ledger_consumer,
     refresh,
 )
-from sluicegate.ops.services.overrides import describe_override
+from sluicegate.ops.services.overrides import WAITING_SQL, describe_override
+from sluicegate.ops.services.paces import PaceLimit, of_workflow, pace_limits
+from sluicegate.ops.services.paces import with_overrides as paces_with_overrides
 from sluicegate.ops.services.runs import RunsTable
 from sluicegate.schemas.records import ENDED, ControlRow, OverrideRow, RunRow
 from sluicegate.topology.keys import ControlKey, key_text
@@ -58,6 +66,8 @@ from sluicegate.topology.topics import Topics
 
 FlowKey = tuple[str, str | None]  # (workflow, key as the ledger shows it)
 POOL = "pool:"  # a pool's budget: `pool:<name>`
+# A keyed pool's keys with no run in flight, only starts waiting, listed: the most waiting.
+POOL_WAITING_KEYS = 20
 
 # Per workflow and key, from the ledger. `run:` request ids are rows about runs (a lapsed
 # lease, timeouts.finish), not starts. A queued row's `decided_at - waited_ms` is when its
@@ -208,6 +218,8 @@ class KeyFlow:
     # The limits table's row that limit is, if any, and the declared one it stands in for.
     limit_row: LimitChange | None = None
     declared: int | None = None
+    # The key's own pace of a throttle or rateLimit declared per_key, from its table row.
+    pace_rows: tuple[tuple[PaceLimit, LimitChange], ...] = ()
 
     @property
     def waiting(self) -> str | None:
@@ -226,7 +238,13 @@ class KeyFlow:
                     "name": self.limit_row.name, "key": self.limit_row.key,
                     "limit": self.limit_row.limit, "declared": self.declared,
                     "at_ms": self.limit_row.at_ms, "by": self.limit_row.by,
-                    "reason": self.limit_row.reason}}
+                    "reason": self.limit_row.reason},
+                "paces": [{"control": pace.control, "limit": row.limit,
+                           "period_ms": pace.period_ms, "declared": pace.declared,
+                           "limit_row": {"name": row.name, "key": row.key,
+                                         "at_ms": row.at_ms, "by": row.by,
+                                         "reason": row.reason}}
+                          for pace, row in self.pace_rows]}
 
 
 def override_json(row: OverrideRow | None) -> dict[str, Any] | None:
@@ -247,12 +265,19 @@ class PoolFlow:
     limit: int | None = None
     override: OverrideRow | None = None
     keys: tuple[KeyFlow, ...] = ()
+    queued: int = 0  # the starts waiting for its slots, every key's
+    # Keys with only starts waiting beyond the POOL_WAITING_KEYS listed, and their starts.
+    more_keys: int = 0
+    more_queued: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.pool, "members": list(self.members), "in_flight": self.in_flight,
                 "limit": self.limit, "override": override_json(self.override),
+                "queued": self.queued, "more_keys": self.more_keys,
+                "more_queued": self.more_queued,
                 "keys": [{"key": k.key, "in_flight": k.in_flight, "limit": k.limit,
-                          "limit_row": k.to_json()["limit_row"]} for k in self.keys]}
+                          "queued": k.queued, "limit_row": k.to_json()["limit_row"]}
+                         for k in self.keys]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +291,8 @@ class WorkflowFlow:
     override: OverrideRow | None = None
     # A workflow with two limits: its own ones, in force, each named (`paired_limits`).
     limits: tuple[SlotLimit, ...] = ()
+    # Its throttles and rateLimit, in force (`services.paces`).
+    paces: tuple[PaceLimit, ...] = ()
 
     def total(self) -> KeyFlow:
         """The workflow as one line: sums, and the oldest wait of any key."""
@@ -292,7 +319,8 @@ class WorkflowFlow:
                 "limits": [{"control": lim.control, "budget": lim.budget, "limit": lim.limit,
                             "keyed": lim.keyed, "per_key": lim.per_key,
                             "override": override_json(lim.override)}
-                           for lim in self.limits]}
+                           for lim in self.limits],
+                "paces": [pace.to_json() for pace in self.paces]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,16 +355,24 @@ class FlowView:
             named = ", ".join(self._named(lim) for lim in wf.limits)
             lines.append(f"{wf.workflow}  {state}  {self._line(wf.total())}"
                          + (f"  limits: {named}" if named else ""))
+            for pace in wf.paces:
+                lines.append(f"  {pace.text(self.now_ms, self.limits_topic)}")
             for key in wf.keys:
-                lines.append(f"  key={_key_text(key.key)}  {self._line(key)}")
+                paced = "".join(f"  {pace.key_text(row, self.limits_topic)}"
+                                for pace, row in key.pace_rows)
+                lines.append(f"  key={_key_text(key.key)}  {self._line(key)}{paced}")
         for pool in self.pools:
             total = KeyFlow(None, in_flight=pool.in_flight, limit=pool.limit,
                             override=pool.override)
             lines.append(f"pool {pool.pool} ({', '.join(pool.members)})  "
-                         f"in_flight={pool.in_flight}{self._limit(total)}")
+                         f"{_queued(pool.queued)}in_flight={pool.in_flight}{self._limit(total)}")
             for key in pool.keys:
-                lines.append(f"  key={_key_text(key.key)}  "
+                lines.append(f"  key={_key_text(key.key)}  {_queued(key.queued)}"
                              f"in_flight={key.in_flight}{self._limit(key)}")
+            if pool.more_keys:
+                lines.append(f"  ... and {pool.more_keys} more key"
+                             f"{'s' if pool.more_keys > 1 else ''} with only starts waiting "
+                             f"({pool.more_queued} queued)")
         return "\n".join(lines)
 
     def _line(self, k: KeyFlow) -> str:
@@ -362,6 +398,11 @@ class FlowView:
         if k.limit_row is not None:
             return f"/{k.limit} (from {self.limits_topic}; declared {k.declared})"
         return f"/{k.limit}"
+
+
+def _queued(n: int) -> str:
+    """`queued=3 ` on a pool's line when starts wait for its slots."""
+    return f"queued={n} " if n else ""
 
 
 def _key_text(key: str | None) -> str:
@@ -400,23 +441,51 @@ def pool_in_flight(runs: Iterable[RunRow]) -> Counter[tuple[str, str]]:
     return counts
 
 
+def pool_waiting(db: LedgerDb) -> Counter[tuple[str, str]]:
+    """The starts waiting for a pool's slot per (pool, key), from the ledger: those whose
+    latest row is queued by the pool's limit (`concurrency pool:gpu`, `concurrency[1]
+    pool:gpu`), whichever member."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for _, control, key, n in db.query(WAITING_SQL, {"deferral": CONCURRENCY}).rows:
+        budget = str(control or "").partition(" ")[2]
+        if budget.startswith(POOL):
+            counts[(budget[len(POOL):], str(key))] += int(n)
+    return counts
+
+
 def _pools(pools: Mapping[str, SlotLimit], running: Mapping[tuple[str, str], int],
            rows: Mapping[tuple[str, str], LimitChange],
-           workflow: str | None) -> tuple[PoolFlow, ...]:
+           workflow: str | None,
+           waiting: Mapping[tuple[str, str], int] | None = None) -> tuple[PoolFlow, ...]:
     out = []
     for name, pool in sorted(pools.items()):
         if workflow is not None and workflow not in pool.members:
             continue
         held = {k: n for (p, k), n in running.items() if p == name}
+        queued = {k: n for (p, k), n in (waiting or {}).items() if p == name and n}
+        # Every key with runs in flight; of those whose starts all wait, the most waiting.
+        idle = sorted((k for k in queued if k not in held), key=lambda k: (-queued[k], k))
+        shown, rest = idle[:POOL_WAITING_KEYS], idle[POOL_WAITING_KEYS:]
         keys = []
-        for key in sorted(held) if pool.keyed else ():
+        for key in sorted({*held, *shown}) if pool.keyed else ():
             limit, row = pool.of_key(key, rows)
-            keys.append(KeyFlow(key, in_flight=held[key], limit=limit,
-                                override=pool.override, limit_row=row,
+            keys.append(KeyFlow(key, queued=queued.get(key, 0), in_flight=held.get(key, 0),
+                                limit=limit, override=pool.override, limit_row=row,
                                 declared=pool.limit if row is not None else None))
         out.append(PoolFlow(name, pool.members, sum(held.values()),
-                            None if pool.keyed else pool.limit, pool.override, tuple(keys)))
+                            None if pool.keyed else pool.limit, pool.override, tuple(keys),
+                            queued=sum(queued.values()),
+                            more_keys=len(rest) if pool.keyed else 0,
+                            more_queued=sum(queued[k] for k in rest) if pool.keyed else 0))
     return tuple(out)
+
+
+def _pace_rows(paces: Iterable[PaceLimit], key: str | None,
+               rows: Mapping[tuple[str, str], LimitChange],
+               ) -> tuple[tuple[PaceLimit, LimitChange], ...]:
+    """The paces of `paces` whose limit for `key` is its row of the limits table."""
+    found = ((pace, pace.of_key(key, rows)) for pace in paces)
+    return tuple((pace, row) for pace, row in found if row is not None)
 
 
 def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, int],
@@ -427,13 +496,17 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             pool_running: Mapping[tuple[str, str], int] | None = None,
             key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
             limits_topic: str = "sg.limits",
-            paired: Mapping[str, SlotLimit] | None = None) -> FlowView:
+            paired: Mapping[str, SlotLimit] | None = None,
+            paces: Mapping[str, PaceLimit] | None = None,
+            pool_queued: Mapping[tuple[str, str], int] | None = None) -> FlowView:
     """The view from its sources' figures. Every workflow any source names is listed
     (and each of `declared`, even with nothing to show), keys sorted by name; `limits`
     puts each workflow's concurrency limit beside its in_flight, `key_limits` (the
     limits table's rows) a key's own where its limit declares per_key; each of `pools`
-    is listed with its members' runs in flight (`pool_running`, per pool and key);
-    `paired`, the own limits of workflows with two, are named on their workflows' lines."""
+    is listed with its members' runs in flight (`pool_running`, per pool and key) and the
+    starts waiting for its slots (`pool_queued`);
+    `paired`, the own limits of workflows with two, are named on their workflows' lines;
+    `paces`, the throttles and rateLimits in force, each on a line under its workflow's."""
     limits = limits or {}
     rows = key_limits or {}
     names = {w for w, _ in ledger} | {w for w, _ in running} | set(control) | set(declared)
@@ -445,6 +518,7 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
                       key=lambda k: (k is not None, k or ""))
         lines = []
         slot_limit = limits.get(name)
+        own_paces = of_workflow(paces or {}, name)
         for key in keys:
             counts = ledger.get((name, key), LedgerCounts())
             oldest = counts.oldest_queued_ms
@@ -457,7 +531,8 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
                 in_flight=running.get((name, key), 0), limit=limit,
                 override=slot_limit.override if slot_limit is not None else None,
                 limit_row=limit_row,
-                declared=slot_limit.limit if limit_row is not None and slot_limit else None))
+                declared=slot_limit.limit if limit_row is not None and slot_limit else None,
+                pace_rows=_pace_rows(own_paces, key, rows)))
         row = control.get(name)
         flows.append(WorkflowFlow(
             name, paused=row is not None and row.paused, pause=row, keys=tuple(lines),
@@ -465,9 +540,10 @@ def compute(ledger: Mapping[FlowKey, LedgerCounts], running: Mapping[FlowKey, in
             else None,
             override=slot_limit.override if slot_limit is not None else None,
             limits=tuple(lim for _, lim in sorted((paired or {}).items())
-                         if name in lim.members)))
+                         if name in lim.members), paces=own_paces))
     return FlowView(now_ms, tuple(flows),
-                    _pools(pools or {}, pool_running or {}, rows, workflow), limits_topic)
+                    _pools(pools or {}, pool_running or {}, rows, workflow, pool_queued),
+                    limits_topic)
 
 
 # -- the sources -----------------------------------------------------------------------
@@ -490,12 +566,14 @@ def flow_view(db: LedgerDb, runs: Iterable[RunRow], control: Mapping[str, Contro
               pools: Mapping[str, SlotLimit] | None = None,
               key_limits: Mapping[tuple[str, str], LimitChange] | None = None,
               limits_topic: str = "sg.limits",
-              paired: Mapping[str, SlotLimit] | None = None) -> FlowView:
+              paired: Mapping[str, SlotLimit] | None = None,
+              paces: Mapping[str, PaceLimit] | None = None) -> FlowView:
     live = list(runs)
     return compute(ledger_counts(db, workflow), in_flight(live), control, now_ms,
                    workflow=workflow, declared={*declared, *ledger_workflows(db, workflow)},
                    limits=limits, pools=pools, pool_running=pool_in_flight(live),
-                   key_limits=key_limits, limits_topic=limits_topic, paired=paired)
+                   key_limits=key_limits, limits_topic=limits_topic, paired=paired,
+                   paces=paces, pool_queued=pool_waiting(db) if pools else None)
 
 
 def now_ms() -> int:
@@ -513,6 +591,7 @@ class FlowReader:
                  limits: Mapping[str, SlotLimit] | None = None,
                  pools: Mapping[str, SlotLimit] | None = None,
                  paired: Mapping[str, SlotLimit] | None = None,
+                 paces: Mapping[str, PaceLimit] | None = None,
                  per_key: bool = False) -> None:
         self.settings = settings
         self.db = db
@@ -520,6 +599,7 @@ class FlowReader:
         self.limits = dict(limits or {})
         self.pools = dict(pools or {})
         self.paired = dict(paired or {})
+        self.paces = dict(paces or {})
         self.runs = RunsTable(settings)
         self.control = ControlTable(settings)
         self.key_limits = LimitsTable(settings) if per_key else None
@@ -532,7 +612,7 @@ class FlowReader:
         """A reader showing the limits `app` declares (none without declarations)."""
         return cls(settings, db, declared, limits=concurrency_limits(app),
                    pools=pool_limits(app), paired=paired_limits(app),
-                   per_key=app is not None and declares_per_key(app))
+                   paces=pace_limits(app), per_key=app is not None and declares_per_key(app))
 
     def view(self, workflow: str | None = None, timeout_s: float = 10.0) -> FlowView:
         refresh(self.db, self.settings, consumer=self._ledger_consumer, timeout_s=timeout_s)
@@ -553,7 +633,8 @@ class FlowReader:
                          pools=with_overrides(self.pools, overrides),
                          key_limits=self.key_limits.rows if self.key_limits else None,
                          limits_topic=Topics(self.settings).limits,
-                         paired=with_overrides(self.paired, overrides))
+                         paired=with_overrides(self.paired, overrides),
+                         paces=paces_with_overrides(self.paces, overrides))
 
     def close(self) -> None:
         self.runs.close()

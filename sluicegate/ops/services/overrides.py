@@ -194,11 +194,15 @@ def waiting_by_key(target: Target, app: App, db: LedgerDb) -> dict[str, int]:
     at a rateLimit."""
     if target.control == RATE_LIMIT:
         return {}
+    # A workflow's several throttles are one hop, its name's: an override of any of them
+    # counts the starts waiting there.
+    budget = (target.budget.partition("#")[0] if target.control == "throttle"
+              else target.budget)
     names = set()
     for workflow in target.workflows:
         wf = app.workflows[workflow]
         for hop in route_for(wf).hops:
-            if hop.stage == target.control and hop.budget == target.budget:
+            if hop.stage == target.control and hop.budget == budget:
                 names.add((workflow, control_name(wf, hop)))
     waiting: dict[str, int] = {}
     for workflow, control, key, n in db.query(WAITING_SQL, {"deferral": target.control}).rows:

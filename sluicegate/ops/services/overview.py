@@ -86,7 +86,8 @@ def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
 def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> dict[str, Any]:
     """Per workflow: decisions by outcome, per minute over the last hour, queued and in
     flight beside the limit(s), the queue's depth and oldest wait per minute over the last
-    hour, and the pause; per pool, its members' runs in flight beside its limit.
+    hour, the pause, and its throttles' and rateLimit's paces in force; per pool, its
+    members' runs in flight beside its limit.
     `declared`: the declared workflows, each listed (and marked)."""
     totals: dict[str, dict[str, int]] = {}
     for wf, outcome, n in db.query(OVERVIEW_SQL).rows:
@@ -122,6 +123,11 @@ def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> di
             "override": override_json(flow.override if flow is not None else None),
             # A workflow with two limits: its own ones in force, each with its override.
             "limits": flow.to_json()["limits"] if flow is not None else [],
+            # Its throttles and rateLimit in force, each with its override, and the keys
+            # whose own pace comes from the limits table.
+            "paces": flow.to_json()["paces"] if flow is not None else [],
+            "pace_keys": [{"key": k.key, **pace} for k in (flow.keys if flow else ())
+                          for pace in k.to_json()["paces"]],
             "paused": bool(flow and flow.paused),
             "pause": None if pause is None else {
                 "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sluicegate.admission.limits import LimitChange
-from sluicegate.admission.overrides import effective, in_force
+from sluicegate.admission.overrides import effective, in_force, nth_budget
 from sluicegate.admission.overrides import target as override_name
 from sluicegate.declare import App
 from sluicegate.ops.services.estimate import Estimate, Line, no_estimate, read_line
@@ -142,11 +142,15 @@ def _repaced(app: App | None, workflow: str, control: str | None, key: str | Non
     budget = (control.split(" ", 1)[1] if control and control.startswith("throttle ")
               else workflow)
     changes = []
-    row = (overrides or {}).get(override_name("throttle", budget))
-    if row is not None and row.at_ms > queued_ms:
-        changes.append((row.at_ms, "an operator's override" if row.limit is not None
-                        else "an operator's override cleared"))
     wf = app.get(workflow) if app is not None else None
+    # A workflow's several throttles each have their own (`<workflow>#<index>`); a start
+    # waits on all of them.
+    many = len(wf.throttle) if wf is not None and len(wf.throttle) > 1 else 1
+    for index in range(many):
+        row = (overrides or {}).get(override_name("throttle", nth_budget(budget, index)))
+        if row is not None and row.at_ms > queued_ms:
+            changes.append((row.at_ms, "an operator's override" if row.limit is not None
+                            else "an operator's override cleared"))
     per_key = wf.throttle[0].per_key if wf is not None and len(wf.throttle) == 1 else None
     table = (key_limits or {}).get((per_key, key or "")) if per_key is not None else None
     if table is not None and table.at_ms > queued_ms:
