@@ -16,6 +16,9 @@ from typing import Self
 from sortedcontainers import SortedList
 
 _NO_OFFSET = -1
+# Keys written since the last ordered read that a write lets wait at most, for a store
+# that is seldom read in order, before it merges them into the order (MemoryStore).
+_MERGE_AT = 4096
 
 
 class LogOffsets:
@@ -51,8 +54,10 @@ class MemoryStore(LogOffsets):
         self._rows: dict[bytes, bytes] = {}
         # The keys in order, for reads by prefix (queues, timers), but for the keys written
         # since the last ordered read: those wait in `_unsorted` and join it at the next
-        # one, all at once (a restore writes a million keys before its first ordered read:
-        # one sort, not a million inserts).
+        # one, or once they are a quarter as many as the keys in order, all at once (a
+        # restore writes a million keys before its first ordered read: a few merges of
+        # sorted runs, not a million inserts; a store read only by key, a debounce's,
+        # keeps at most a quarter of its keys in the set).
         self._keys = SortedList()
         self._unsorted: set[bytes] = set()
         self._offset = _NO_OFFSET
@@ -131,6 +136,8 @@ class MemoryStore(LogOffsets):
                 if key not in rows:
                     unsorted.add(key)
                 rows[key] = value
+        if len(unsorted) > _MERGE_AT and len(unsorted) * 4 >= len(self._keys):
+            self._sorted()
         if changelog_offset is not None:
             self._offset = changelog_offset
         if tables:
