@@ -266,24 +266,27 @@ class ConcurrencyStage(QueueStage):
         rows.update(HELD.row(key, n) for key, n in held.items())
         if self.floors:
             rows.update(floors.derive(store, holding))
-        parked = list(self._parked(store, rows))
-        rows.update(self.sweeps.rows(parked))
+        # Only the starts of workflows that declare cancelOn are listed for its index:
+        # a million waiting starts make no million (workflow, where) pairs besides.
+        rows.update(self.sweeps.rows(self._parked(store, rows, self.sweeps.workflows)))
         return rows
 
     @staticmethod
-    def _parked(store: StoreReader,
-                rows: dict[bytes, bytes] | None = None) -> Iterator[tuple[str, bytes]]:
-        """(workflow, key + execution id) of every start waiting, and its waiting index
-        into `rows` when given."""
+    def _parked(store: StoreReader, rows: dict[bytes, bytes] | None = None,
+                workflows: frozenset[str] | None = None) -> Iterator[tuple[str, bytes]]:
+        """(workflow, key + execution id) of every start waiting (of `workflows` only,
+        when given), and the waiting index of every one into `rows` when given."""
         header = codec.default().header_of(PendingStart)
+        join = b"".join
         for budget in pending.fair_budgets(store):
             key = _prefixed(budget.decode())
             for _lane, row, value in pending.lane_rows(store, budget):
                 execution_id, workflow = waiter(value, header)
-                where = key + execution_id
                 if rows is not None:
-                    rows[_WAITING + where] = row  # WAITING's row (Where: the row alone)
-                yield workflow, where
+                    # WAITING's row (Where: the queue row alone), its key made at once.
+                    rows[join((_WAITING, key, execution_id))] = row
+                if workflows is None or workflow in workflows:
+                    yield workflow, key + execution_id
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)
