@@ -202,6 +202,19 @@ def queue_rows(store: StoreReader, name: bytes) -> Iterator[tuple[bytes, bytes]]
     return store.items(_QUEUE + _name(name))
 
 
+# Where the queues' rows begin, and a queue's name as its rows' keys hold it (for tests).
+ROW_PREFIX = _QUEUE
+
+
+def queue_name(name: bytes) -> bytes:
+    return _name(name)
+
+
+def is_row(raw: bytes) -> bool:
+    """Whether `raw` is a queue row's key (what `Parked.row` holds)."""
+    return raw.startswith(_QUEUE)
+
+
 def queue_of(row: bytes) -> bytes:
     """The name of the queue a row (`Parked.row`) belongs to."""
     (size,) = struct.unpack_from(">H", row, len(_QUEUE))

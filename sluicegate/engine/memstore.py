@@ -16,6 +16,9 @@ from typing import Self
 from sortedcontainers import SortedList
 
 _NO_OFFSET = -1
+# Keys written since the last ordered read that a write lets wait at most, for a store
+# that is seldom read in order, before it merges them into the order (MemoryStore).
+_MERGE_AT = 4096
 
 
 class LogOffsets:
@@ -49,8 +52,14 @@ class MemoryStore(LogOffsets):
 
     def __init__(self) -> None:
         self._rows: dict[bytes, bytes] = {}
-        # The keys in order, for reads by prefix (queues, timers).
+        # The keys in order, for reads by prefix (queues, timers), but for the keys written
+        # since the last ordered read: those wait in `_unsorted` and join it at the next
+        # one, or once they are a quarter as many as the keys in order, all at once (a
+        # restore writes a million keys before its first ordered read: a few merges of
+        # sorted runs, not a million inserts; a store read only by key, a debounce's,
+        # keeps at most a quarter of its keys in the set).
         self._keys = SortedList()
+        self._unsorted: set[bytes] = set()
         self._offset = _NO_OFFSET
         self._tables: dict[str, int] = {}
         self._closed = False
@@ -81,9 +90,16 @@ class MemoryStore(LogOffsets):
         from_key = prefix if start is None or start < prefix else start
         return self._walk(prefix, from_key)
 
+    def _sorted(self) -> SortedList:
+        """The keys in order, the keys written since the last ordered read included."""
+        if self._unsorted:
+            self._keys.update(self._unsorted)
+            self._unsorted = set()
+        return self._keys
+
     def _walk(self, prefix: bytes, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
         revision = self.revision
-        keys = self._keys.irange(from_key)
+        keys = self._sorted().irange(from_key)
         while True:
             key = next(keys, None)
             if key is None or not key.startswith(prefix):
@@ -92,7 +108,7 @@ class MemoryStore(LogOffsets):
             if self.revision != revision:
                 # Written meanwhile: the index changed under the iterator.
                 revision = self.revision
-                keys = self._keys.irange(key, inclusive=(False, True))
+                keys = self._sorted().irange(key, inclusive=(False, True))
 
     def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int | None,
               tables: Mapping[str, int] | None = None, synced: bool = False) -> None:
@@ -108,15 +124,20 @@ class MemoryStore(LogOffsets):
                                  f"{self.table_offset(table)}; refusing to move it back to "
                                  f"{offset}")
         rows = self._rows
-        keys = self._keys
+        unsorted = self._unsorted
         for key, value in changes.items():
             if value is None:
                 if rows.pop(key, None) is not None:
-                    keys.remove(key)
+                    if key in unsorted:
+                        unsorted.discard(key)
+                    else:
+                        self._keys.remove(key)
             else:
                 if key not in rows:
-                    keys.add(key)
+                    unsorted.add(key)
                 rows[key] = value
+        if len(unsorted) > _MERGE_AT and len(unsorted) * 4 >= len(self._keys):
+            self._sorted()
         if changelog_offset is not None:
             self._offset = changelog_offset
         if tables:
@@ -126,6 +147,7 @@ class MemoryStore(LogOffsets):
     def wipe(self) -> None:
         self._rows = {}
         self._keys = SortedList()
+        self._unsorted = set()
         self._offset = _NO_OFFSET
         self._tables = {}
         self.revision += 1
@@ -134,6 +156,7 @@ class MemoryStore(LogOffsets):
         """Drop the rows: the next owner of the partition replays its logs."""
         self._rows = {}
         self._keys = SortedList()
+        self._unsorted = set()
         self._closed = True
 
     def __enter__(self) -> Self:

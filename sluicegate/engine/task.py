@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sluicegate.engine.stage import Send, Stage, StageContext
 from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable, open_store
@@ -121,9 +121,12 @@ class Task:
             assert store is not None
             if not stage.derived or (chosen is not None and id(store) not in chosen):
                 continue
-            rows: dict[bytes, bytes | None] = {
-                key: None for prefix in stage.derived for key, _ in store.items(prefix)}
-            rows.update(stage.derive(store))
+            # The rows made, then a delete for every row held that they do not replace
+            # (not a dict of the deletes updated with them: a copy of a million rows).
+            rows = cast(dict[bytes, bytes | None], stage.derive(store))
+            for prefix in stage.derived:
+                for key, _ in store.items(prefix):
+                    rows.setdefault(key, None)
             if rows:
                 store.write(rows, None)
                 written += len(rows)

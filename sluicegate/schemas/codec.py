@@ -758,6 +758,10 @@ class Codec:
     def framing(self) -> Framing:
         return self._framing
 
+    def header_of(self, cls: type[Record]) -> bytes:
+        """What every `cls` record this codec writes begins with (its framing, its schema)."""
+        return self._headers[cls]
+
     def encode(self, record: Record) -> bytes:
         fast = self._fast.get(record.__class__)
         if fast is not None:

@@ -8,6 +8,7 @@ import itertools
 import json
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -21,14 +22,17 @@ from sluicegate.admission.pending import COUNTED
 from sluicegate.admission.stages.concurrency import (
     NAME,
     REMOVED,
+    WAITING,
     ConcurrencyStage,
     Limit,
     Occupancy,
     Verdict,
+    Where,
     arrive,
     expires_at,
     frees,
     lane_hop,
+    waiter,
 )
 from sluicegate.config import Settings
 from sluicegate.declare import (
@@ -82,6 +86,32 @@ def _pending(kind: AdmittedKind = AdmittedKind.start, arrived: int = 1000) -> Pe
 
 
 # -- the pure core -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("execution_id,workflow", [
+    ("e", "w"), ("x" * 63, "w"), ("x" * 64, "wf"), ("é" * 300, "wörk\x1fflow"), ("", "")])
+def test_a_waiting_starts_id_and_workflow_read_in_place_are_what_a_decode_gives(
+        execution_id: str, workflow: str) -> None:
+    value = codec.encode(replace(_pending(), execution_id=execution_id, workflow=workflow))
+    header = codec.default().header_of(PendingStart)
+    assert waiter(value, header) == (execution_id.encode(), workflow)
+    # Not this release's layout (another header): decoded whole, the same answer.
+    assert waiter(value, b"\xc3\x01" + b"\x00" * 8) == (execution_id.encode(), workflow)
+    # Cut short, it is not read in place: the decode says what is wrong.
+    with pytest.raises(codec.DecodeError):
+        waiter(value[:len(header) + 1], header)
+
+
+def test_the_waiting_index_keeps_the_queue_row_and_reads_the_layout_before_too() -> None:
+    key, lane = "pool\x1ftenant\x1fa", "w\x1fb"  # 0x1f in both
+    row = pending.ROW_PREFIX + pending.queue_name(f"{key}\x1f{lane}".encode()) + b"\x00" * 16
+    where = Where()
+    assert where.encode((lane, row)) is row  # no copy: the queue's own key
+    assert where.decode(row) == (None, row)
+    assert Where.lane(key, row) == lane
+    before = where.legacy_encode((lane, row))
+    assert before == len(lane).to_bytes(4, "big") + lane.encode() + row
+    assert where.decode(before) == (lane, row)
 
 
 def test_a_start_takes_a_free_slot_when_nobody_waits() -> None:
@@ -798,3 +828,31 @@ def test_the_gates_counters_reach_its_changelog_only_while_rolling_from_a_releas
         d.restart()
         assert holders(d, "w\x1fa") == [d.admitted[-1].execution_id]
         assert_derived_rows_follow(d)
+
+
+@pytest.mark.parametrize("log_derived", [0, 1])
+def test_a_waiting_starts_index_row_is_its_queue_row_unless_rolling_from_a_release_before(
+        log_derived: int) -> None:
+    wf = Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, key="tenant"))
+    with TestDriver(App([wf]), Settings(partitions=1, log_derived=log_derived),
+                    start_ms=T0) as d:
+        start(d, "w", {"tenant": "a"})
+        waits = start(d, "w", {"tenant": "a"})
+        d.commit()
+        for restarted in (False, True):
+            store = d.tasks[0].states[NAME].store
+            assert store is not None
+            ((row, _),) = list(store.items(pending.ROW_PREFIX))
+            (index,) = [value for _, value in store.items(WAITING.prefix)]
+            if log_derived:
+                assert index == len("w").to_bytes(4, "big") + b"w" + row
+            else:
+                assert index == row
+                if not store.persistent:
+                    # In memory the index holds the queue's own row, not a copy of it
+                    # (made again at a restart, it is still the store's own).
+                    assert index is row
+            assert d.stage(NAME)._waiting(d.context(NAME), "w\x1fa",  # type: ignore[attr-defined]
+                                          waits) is not None
+            if not restarted:
+                d.restart()

@@ -94,6 +94,23 @@ def test_items_of_a_memory_store_go_on_from_their_last_row_after_a_write() -> No
     assert list(rows) == [(b"b", b"2"), (b"d", b"4")]
 
 
+def test_a_memory_store_orders_the_keys_written_since_its_last_ordered_read_when_read() -> None:
+    store = MemoryStore()
+    store.write({b"p3": b"3", b"p1": b"1"}, 0)
+    assert list(store.items(b"p")) == [(b"p1", b"1"), (b"p3", b"3")]
+    # Written and deleted between two ordered reads, a key is never in the order; one
+    # deleted after it joined the order leaves it.
+    store.write({b"p2": b"2", b"p0": b"0", b"p1": None}, 1)
+    store.write({b"p0": None}, 2)
+    assert list(store.items(b"p")) == [(b"p2", b"2"), (b"p3", b"3")]
+    # Keys written while an ordered read goes on join it ahead of where it is.
+    rows = store.items(b"p")
+    assert next(rows) == (b"p2", b"2")
+    store.write({b"p25": b"x", b"p4": b"4", b"p1": b"1"}, 3)
+    assert list(rows) == [(b"p25", b"x"), (b"p3", b"3"), (b"p4", b"4")]
+    assert len(store) == 5
+
+
 def test_items_of_a_rocksdb_store_see_it_as_of_the_call(tmp_path: Path) -> None:
     store = PartitionStore(tmp_path / "s")
     store.write({b"a": b"1", b"c": b"3"}, 0)

@@ -43,7 +43,6 @@ from sluicegate.admission.stages.queueing import QueueStage
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.tables import (
-    RAW,
     SIZED,
     SIZED_TEXT,
     Decimal,
@@ -86,7 +85,40 @@ _WAITING = STATE_PREFIX + b"W"
 HOLDERS = TableSpec("holders", _HOLDER, SIZED, legacy(
     Fields(Holder), lambda t: Holder(t[0], int(t[1])), lambda h: (h.workflow, h.index)))
 HELD = TableSpec("held", STATE_PREFIX + b"C", SIZED_TEXT, Decimal(1), derived=True)
-WAITING = TableSpec("waiting", _WAITING, SIZED, RAW, derived=True)
+
+
+class Where:
+    """A waiting start's place, (lane, queue row): the waiting index's value. Kept as the
+    queue row alone, the very bytes object the queue's table keys the start by, so a
+    million waiting starts hold no second copy of their rows; the lane is in the row's
+    queue name, after the key and 0x1f (`lane`). The layout before, the lane (its length
+    first) then the row, is read too (a store kept from it, a changelog that logged it),
+    and written while a deployment rolls from a release that reads only it
+    (SLUICEGATE_LOG_DERIVED: `legacy_encode`). The two cannot be confused: a queue row
+    begins with the queue table's prefix, 0x00 'S' 'Q', which as a length would be a lane
+    of 5 MB (docs/decisions/compact-waiting-index.md)."""
+
+    def encode(self, value: tuple[str | None, bytes]) -> bytes:
+        return value[1]
+
+    def legacy_encode(self, value: tuple[str | None, bytes]) -> bytes:
+        lane, row = value
+        assert lane is not None
+        return SIZED.head(lane) + row
+
+    def decode(self, raw: bytes) -> tuple[str | None, bytes]:
+        """(lane, row); the lane None when the row alone was kept."""
+        if pending.is_row(raw):
+            return None, raw
+        return _unprefix(raw)
+
+    @staticmethod
+    def lane(key: str, row: bytes) -> str:
+        """The lane of the queue row `row` of `key`'s fair queue."""
+        return pending.queue_of(row)[len(key.encode()) + 1:].decode()
+
+
+WAITING = TableSpec("waiting", _WAITING, SIZED, Where(), derived=True)
 # Timers.
 _EXPIRE = b"X"                  # + key + execution id: its timeouts.start
 _SWEEP = b"R"                   # after a restore: removed workflows, raised limits
@@ -181,6 +213,38 @@ def _unprefix(raw: bytes) -> tuple[str, bytes]:
     return raw[4:4 + size].decode(), raw[4 + size:]
 
 
+def waiter(value: bytes, header: bytes) -> tuple[bytes, str]:
+    """(execution id as bytes, workflow) of a queued start's Avro record. A record in this
+    release's layout (it begins with `header`, its type's current one) has them as its
+    first two fields, read in place; any other is decoded whole. A restore reads every
+    waiting start for them: a whole decode is most of its time at a million."""
+    if value.startswith(header):
+        at = len(header)
+        first, at = _length(value, at)
+        execution_id = value[at:at + first]
+        second, at = _length(value, at + first)
+        if 0 <= first == len(execution_id) and second >= 0 and at + second <= len(value):
+            try:
+                return execution_id, value[at:at + second].decode()
+            except UnicodeDecodeError:
+                pass
+    start = codec.decode(PendingStart, value)
+    return start.execution_id.encode(), start.workflow
+
+
+def _length(data: bytes, at: int) -> tuple[int, int]:
+    """An Avro long (zigzag, base 128) at `at`, and where it ends; -1 when cut short."""
+    shift = n = 0
+    while at < len(data) and shift < 64:
+        byte = data[at]
+        at += 1
+        n |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (n >> 1) ^ -(n & 1), at
+        shift += 7
+    return -1, at
+
+
 class ConcurrencyStage(QueueStage):
     name = NAME
     carries = (PendingStart, Release, CancelSweep)
@@ -202,23 +266,27 @@ class ConcurrencyStage(QueueStage):
         rows.update(HELD.row(key, n) for key, n in held.items())
         if self.floors:
             rows.update(floors.derive(store, holding))
-        parked = list(self._parked(store, rows))
-        rows.update(self.sweeps.rows(parked))
+        # Only the starts of workflows that declare cancelOn are listed for its index:
+        # a million waiting starts make no million (workflow, where) pairs besides.
+        rows.update(self.sweeps.rows(self._parked(store, rows, self.sweeps.workflows)))
         return rows
 
     @staticmethod
-    def _parked(store: StoreReader,
-                rows: dict[bytes, bytes] | None = None) -> Iterator[tuple[str, bytes]]:
-        """(workflow, key + execution id) of every start waiting, and its waiting index
-        into `rows` when given."""
+    def _parked(store: StoreReader, rows: dict[bytes, bytes] | None = None,
+                workflows: frozenset[str] | None = None) -> Iterator[tuple[str, bytes]]:
+        """(workflow, key + execution id) of every start waiting (of `workflows` only,
+        when given), and the waiting index of every one into `rows` when given."""
+        header = codec.default().header_of(PendingStart)
+        join = b"".join
         for budget in pending.fair_budgets(store):
             key = _prefixed(budget.decode())
-            for lane, row, value in pending.lane_rows(store, budget):
-                start = codec.decode(PendingStart, value)
-                where = key + start.execution_id.encode()
+            for _lane, row, value in pending.lane_rows(store, budget):
+                execution_id, workflow = waiter(value, header)
                 if rows is not None:
-                    rows[_WAITING + where] = _prefixed(lane) + row  # WAITING's row
-                yield start.workflow, where
+                    # WAITING's row (Where: the queue row alone), its key made at once.
+                    rows[join((_WAITING, key, execution_id))] = row
+                if workflows is None or workflow in workflows:
+                    yield workflow, key + execution_id
 
     def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
         super().__init__(app, router)
@@ -379,10 +447,12 @@ class ConcurrencyStage(QueueStage):
         return [execution_id for (_, execution_id) in ctx.table("holders").keys(SIZED.head(key))]
 
     def _waiting(self, ctx: StageContext, key: str, execution_id: str) -> tuple[str, Parked] | None:
-        raw = ctx.table("waiting").get((key, execution_id))
-        if raw is None:
+        found = ctx.table("waiting").get((key, execution_id))
+        if found is None:
             return None
-        lane, row = _unprefix(raw)
+        lane, row = found
+        if lane is None:
+            lane = Where.lane(key, row)
         parked = self.queue(ctx, key).lane(lane).at(row)
         return None if parked is None else (lane, parked)
 
@@ -466,7 +536,7 @@ class ConcurrencyStage(QueueStage):
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
         where = SIZED.encode((key, start.execution_id))
-        ctx.table("waiting").put((key, start.execution_id), SIZED.head(lane) + parked.row)
+        ctx.table("waiting").put((key, start.execution_id), (lane, parked.row))
         self.sweeps.add(ctx, start.workflow, where)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
         due = expires_at(start, timeout)
