@@ -62,6 +62,8 @@ class Target:
     declared: int
     workflows: tuple[str, ...]
     declared_period_ms: int | None = None  # a rateLimit's
+    # The limits table's rows its keys take their limits from while no override is set.
+    per_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -96,7 +98,8 @@ def concurrency_target(app: App, workflow: str | None = None, *, pool: str | Non
             raise OverrideError(f"no workflow declares a concurrency limit in pool {pool!r} "
                                 f"(pools declared: {', '.join(pools) or 'none'})")
         return Target(control, f"pool:{pool}", members[0][1].limit,
-                      tuple(sorted({name for name, _ in members})))
+                      tuple(sorted({name for name, _ in members})),
+                      per_key=members[0][1].per_key)
     if workflow is None:
         raise OverrideError("name a workflow, or a pool with --pool")
     wf = app.get(workflow)
@@ -118,7 +121,7 @@ def concurrency_target(app: App, workflow: str | None = None, *, pool: str | Non
                             f"scope ({option.scope!r}) with other workflows: an override of "
                             "a scope's limit is not supported")
     budget = workflow if nth == 1 else f"{workflow}#{nth - 1}"
-    return Target(control, budget, option.limit, (workflow,))
+    return Target(control, budget, option.limit, (workflow,), per_key=option.per_key)
 
 
 RATE_LIMIT = "rateLimit"
@@ -184,6 +187,28 @@ def target_of(app: App, workflow: str | None, control: str = "concurrency", *,
         raise OverrideError(f"no override of {control!r}: concurrency, throttle or "
                             "rateLimit")
     return concurrency_target(app, workflow, pool=pool, nth=nth)
+
+
+def targets(app: App) -> list[Target]:
+    """Every limit of `app` an override may name, once each, by name: each workflow's own
+    concurrency limits (its first, its second) and each pool's, each throttle (a
+    workflow's one, or a pool's) and each rateLimit. A scope's limit and one of several
+    throttles are not among them (no override names them)."""
+    found: dict[str, Target] = {}
+    for wf in app.workflows.values():
+        for nth, option in enumerate(wf.concurrency, 1):
+            if option.pool is not None or option.shared_budget is None:
+                made = (concurrency_target(app, pool=option.pool) if option.pool is not None
+                        else concurrency_target(app, wf.name, nth=nth))
+                found[made.name] = made
+        if len(wf.throttle) == 1:
+            pool = wf.throttle[0].pool
+            made = throttle_target(app, None if pool is not None else wf.name, pool)
+            found[made.name] = made
+        if wf.rate_limit is not None:
+            made = rate_limit_target(app, wf.name)
+            found[made.name] = made
+    return [found[name] for name in sorted(found)]
 
 
 def override_row(target: Target, at_ms: int, limit: int | None, period_ms: int | None = None,

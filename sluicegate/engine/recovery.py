@@ -49,13 +49,20 @@ class Restoration:
     long changelog does not hold up the ones already restored).
 
     The ends of all the task's logs are asked for at once when it begins. A log's end is
-    its last stable offset (read_committed): a transaction still open on it (a worker that
-    lost the partition and has not yet been fenced) can commit nothing there any more once
-    the caller has read the partition's committed offsets, which wait for it to end
-    (KIP-447). `step` raises RestoreError (or a KafkaException) when a log cannot be read
-    or stops short of its end for `timeout_s`, and `Stopping` as soon as `stopping()` says
-    so; the restore consumer is then left unassigned, and a new Restoration goes on from
-    what the stores hold."""
+    its high watermark, which every record written to it so far is below, and the replay
+    (read_committed) reaches it only once each transaction among them has ended: its
+    records then replayed if it committed, skipped if it aborted. Not its last stable
+    offset: a transaction that has committed may not have its marker on the log yet (the
+    coordinator writes the markers after it answers the commit, and the marker on the
+    offsets topic, which the caller's read of the committed offsets waits for, can come
+    first), and a replay to the last stable offset would leave out what that transaction
+    wrote while its offsets say its records were processed
+    (docs/decisions/restore-to-the-high-watermark.md). Nothing new is written to these
+    logs meanwhile: the task's previous owner has committed or been fenced, and this
+    worker writes them only once the task processes. `step` raises RestoreError (or a
+    KafkaException) when a log cannot be read or stops short of its end for `timeout_s`,
+    and `Stopping` as soon as `stopping()` says so; the restore consumer is then left
+    unassigned, and a new Restoration goes on from what the stores hold."""
 
     def __init__(self, task: Task, consumer: Consumer, admin: AdminClient,
                  stopping: Callable[[], bool] = lambda: False,
@@ -171,7 +178,6 @@ class Restoration:
         messages = [] if first is None else [first, *consumer.consume(_BATCH - 1, timeout=0)]
         changes: dict[bytes, bytes | None] = {}
         last = -1
-        done = False
         for msg in messages:
             # One consumer restores every store in turn: an end-of-partition event or a
             # record fetched for the log before this one may still arrive, and must not
@@ -181,7 +187,6 @@ class Restoration:
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    done = True
                     continue
                 raise RestoreError(f"restoring {tp.topic}[{tp.partition}]: {error}")
             key = msg.key()
@@ -197,7 +202,9 @@ class Restoration:
         # Transaction markers occupy offsets too, so the last data record sits below
         # `high - 1`; the position moves past them, and says at once that the replay is
         # done, where the end-of-partition event would come only after an empty fetch.
-        return done or consumer.position([tp])[0].offset >= high
+        # That event alone is not the end: read_committed, it comes at the last stable
+        # offset, below a transaction whose marker is still to come.
+        return consumer.position([tp])[0].offset >= high
 
 
 def write_replayed(store: Store, changes: dict[bytes, bytes | None], last: int,
@@ -266,13 +273,15 @@ def delete_retention(admin: AdminClient, topics: list[str],
 
 def log_ranges(admin: AdminClient, tps: list[TopicPartition],
                timeout_s: float = 10.0) -> dict[tuple[str, int], tuple[int, int]]:
-    """(first offset, last stable offset) of each partition, asked for all at once: two
+    """(first offset, high watermark) of each partition, asked for all at once: two
     requests for a task's every log, where a watermark query per log costs a round trip
-    each (a restored task has one log per stateful stage, and more for its tables)."""
+    each (a restored task has one log per stateful stage, and more for its tables). The
+    high watermark, not the last stable offset: a reader that must have read every
+    committed record written so far reads to it (see `Restoration`)."""
     ends: list[dict[tuple[str, int], int]] = []
     for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
         futures = admin.list_offsets({tp: spec for tp in tps},
-                                     isolation_level=IsolationLevel.READ_COMMITTED,
+                                     isolation_level=IsolationLevel.READ_UNCOMMITTED,
                                      request_timeout=timeout_s)
         ends.append({(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
                      for tp, future in futures.items()})

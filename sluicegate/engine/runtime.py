@@ -633,9 +633,10 @@ class Worker:
                                    for tp in self.consumer.position(waiting)})
 
     def _learn_ends(self) -> None:
-        """No task is left restoring: each catching partition's end is its last stable
-        offset now, which holds whatever the joined tasks' inputs' previous owners
-        committed (a restoration waits for their transactions to end); asked for all at
+        """No task is left restoring: each catching partition's end is its high watermark
+        now, below which is whatever the joined tasks' inputs' previous owners wrote (the
+        consumer reads past it once their transactions have ended, committed or not; the
+        last stable offset could still be short of one that committed); asked for all at
         once. Where the broker does not answer, asked again a few seconds later, the
         records meanwhile going through the topics at each commit."""
         if time.monotonic() < self._ends_asked_after:

@@ -16,7 +16,8 @@ A Starlette application under uvicorn, thin over `sluicegate.ops.services`
 - `GET /inspect/deadletters[?limit=N]`: recent dead letters with their reasons.
 - `GET /inspect/decisions[?workflow=W&limit=N]`: the newest ledger rows (the live tail).
 - `POST /inspect/workflows/<W>/pause|unpause`, `POST /inspect/bulk/preview|apply`,
-  `POST /inspect/limits/preview|apply` (an override of a concurrency limit; with --app).
+  `POST /inspect/limits/preview|apply` (an override of a concurrency limit, a throttle or
+  a rateLimit; with --app).
 - `GET /metrics`: Prometheus (sluicegate.ops.services.metrics.FlowCollector).
 
 Safety: it listens on 127.0.0.1 unless told otherwise; it answers only requests whose
@@ -183,35 +184,56 @@ def _status(request: dict[str, Any]) -> Any:
         raise RequestError(f"status must be one of {', '.join(RunStatus)}") from exc
 
 
+# The controls an override changes, as a console's request names them.
+LIMIT_CONTROLS = ("concurrency", "throttle", "rateLimit")
+
+
 @dataclass(frozen=True, slots=True)
 class LimitRequest:
-    """A console's override of a concurrency limit, as `workflows limit` takes it."""
+    """A console's override, as `workflows limit` takes it: of a concurrency limit
+    (`concurrency`), a throttle or a rateLimit (`rate`: `LIMIT/PERIOD`, as 10/1m)."""
 
     workflow: str | None
     pool: str | None
     nth: int
-    concurrency: int | None  # None: clear
+    concurrency: int | None  # None: clear (or a rate)
     reason: str | None
     by: str
+    control: str = "concurrency"
+    rate: str | None = None  # None: clear (or a concurrency limit)
 
 
 def check_limit(body: dict[str, Any]) -> LimitRequest:
-    """A workflow or a pool, a positive limit or `clear`, as the command line asks."""
+    """A workflow or a pool, a positive limit (a rate for a throttle or a rateLimit) or
+    `clear`, as the command line asks."""
     def text(name: str) -> str | None:
         value = body.get(name)
         return str(value).strip() or None if value is not None else None
 
-    concurrency, clear = body.get("concurrency"), bool(body.get("clear"))
-    if clear == (concurrency is not None):
-        raise RequestError("give concurrency (a positive number), or clear: true")
-    if concurrency is not None and (not isinstance(concurrency, int)
-                                    or isinstance(concurrency, bool) or concurrency < 1):
-        raise RequestError("concurrency must be a positive number")
+    control = body.get("control") or "concurrency"
+    if control not in LIMIT_CONTROLS:
+        raise RequestError(f"control must be one of {', '.join(LIMIT_CONTROLS)}")
+    concurrency, rate, clear = body.get("concurrency"), text("rate"), bool(body.get("clear"))
+    if control == "concurrency":
+        if rate is not None:
+            raise RequestError("a concurrency limit is a number (concurrency), not a rate")
+        if clear == (concurrency is not None):
+            raise RequestError("give concurrency (a positive number), or clear: true")
+        if concurrency is not None and (not isinstance(concurrency, int)
+                                        or isinstance(concurrency, bool) or concurrency < 1):
+            raise RequestError("concurrency must be a positive number")
+    else:
+        if concurrency is not None:
+            raise RequestError(f"a {control} is a rate (rate: LIMIT/PERIOD, as 10/1m), not "
+                               "concurrency")
+        if clear == (rate is not None):
+            raise RequestError(f"give the {control}'s rate (LIMIT/PERIOD, as 10/1m), or "
+                               "clear: true")
     nth = body.get("nth", 1)
     if nth not in (1, 2):
         raise RequestError("nth must be 1 or 2 (which of the workflow's limits)")
     return LimitRequest(text("workflow"), text("pool"), nth, concurrency, text("reason"),
-                        text("by") or "dashboard")
+                        text("by") or "dashboard", control, rate)
 
 
 def check_bulk(request: dict[str, Any]) -> dict[str, Any]:
@@ -418,6 +440,7 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
     from starlette.routing import Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
+    from sluicegate.admission.overrides import targets
     from sluicegate.ops.services import overrides
     from sluicegate.ops.services import runs as runs_mod
     from sluicegate.ops.services.control import set_paused as write_pause
@@ -438,7 +461,8 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         lambda: sources.reader.view(None), decided, declared=sources.declared,
         outcomes=OUTCOMES, bounds=wait_bounds(sources.app),
         dead_letters=sources.dead_letters, inputs=sources.input_offsets,
-        overrides=lambda: sources.reader.control.overrides))
+        overrides=lambda: sources.reader.control.overrides,
+        limits=targets(sources.app) if sources.app is not None else ()))
 
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer"}
@@ -511,7 +535,9 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
             app=sources.app, deployment_cap=sources.settings.deployment_cap,
             workflow=name, key=key, limit=_int(request.query_params.get("limit"), 500, 1,
                                                 5000), now_ms=view.now_ms,
-            overrides=sources.reader.control.overrides)
+            overrides=sources.reader.control.overrides,
+            key_limits=(sources.reader.key_limits.rows
+                        if sources.reader.key_limits is not None else None))
         return {"now_ms": view.now_ms, "waiting": [w.to_json() for w in starts]}
 
     def run_doc(request: Request) -> Any:
@@ -565,23 +591,34 @@ def build_app(sources: Sources, bulk: BulkOps, token: str,
         with sources.reading():
             sources.reader.view(None)
             try:
-                target = overrides.target_of(sources.app, asked.workflow,
+                rate = None if asked.rate is None else overrides.parse_rate(asked.rate)
+                limit = asked.concurrency if rate is None else rate[0]
+                target = overrides.target_of(sources.app, asked.workflow, asked.control,
                                              pool=asked.pool, nth=asked.nth)
                 current = sources.reader.control.overrides
                 if op == "preview":
+                    held = (overrides.held_by_key(target, sources.reader.runs.live.values())
+                            if asked.control == "concurrency" else {})
+                    table = sources.reader.key_limits
+                    own = ({key: row.limit for (name, key), row in table.rows.items()
+                            if name == target.per_key and row.limit is not None}
+                           if table is not None and target.per_key is not None else {})
                     return overrides.preview(
-                        target, current, asked.concurrency,
-                        overrides.held_by_key(target, sources.reader.runs.live.values()),
+                        target, current, limit, held,
                         overrides.waiting_by_key(target, sources.app, sources.reader.db),
-                    ).to_json()
+                        period_ms=None if rate is None else rate[1],
+                        key_limits=own).to_json()
                 change = overrides.change_limit(
                     sources.settings, sources.app, asked.workflow,
-                    concurrency=asked.concurrency, pool=asked.pool, nth=asked.nth,
+                    concurrency=asked.concurrency,
+                    rate_limit=rate if asked.control == "rateLimit" else None,
+                    throttle=rate if asked.control == "throttle" else None,
+                    control=asked.control, pool=asked.pool, nth=asked.nth,
                     reason=asked.reason or "", by=asked.by, current=current)
             except overrides.OverrideError as exc:
                 raise RequestError(str(exc)) from None
         return {"done": change.text(), "before": change.before, "after": change.after,
-                "written": change.row is not None}
+                "old": change.old, "new": change.new, "written": change.row is not None}
 
     def bulk_op(request: Request, body: dict[str, Any]) -> Any:
         request_doc = check_bulk(body)
@@ -738,12 +775,12 @@ def open_server(settings: Settings, *, db: Path | str = ":memory:",
     """A server on `settings`' topics; `db` is the ledger copy (in memory by default, so
     the server never holds the file `sluicegate ledger` uses). `app` (or just `declared`
     names) are the declarations: names are checked against them, limits shown."""
-    from sluicegate.ops.services.flow import FlowReader, concurrency_limits
+    from sluicegate.ops.services.flow import FlowReader
     from sluicegate.ops.services.ledger import LedgerDb
     from sluicegate.ops.services.runs import RunsIndex
 
     names = tuple(declared or (sorted(app.workflows) if app is not None else ()))
-    reader = FlowReader(settings, LedgerDb(db), names, limits=concurrency_limits(app))
+    reader = FlowReader.of(settings, LedgerDb(db), app, names)
     # The lookups read the flow view's runs table: one reader of sg.runs per server.
     sources = Sources(settings, reader, RunsIndex(settings, reader.runs), app, names,
                       app_spec)

@@ -21,4 +21,7 @@ class Alert(BaseModel):
 paced_sync = Workflow(name="pacedSync", payload=Call, throttle=Throttle(limit=1, period="2s"))
 alert = Workflow(name="alert", payload=Alert, rate_limit=RateLimit(limit=2, period="1m"))
 
-app = App([partner_call, paced_sync, alert])
+# A partner that takes one call each ten seconds: the console's throttle override.
+slow_sync = Workflow(name="slowSync", payload=Call, throttle=Throttle(limit=1, period="10s"))
+
+app = App([partner_call, paced_sync, alert, slow_sync])

@@ -2,8 +2,9 @@
 broker with a worker: the overview's counts beside the limit, a pause (with the token the
 page carries) and a forged one from another site (refused), an error that outlives the
 refreshes, why each start waits, a bulk preview listing its runs then applied, a run
-looked up, dead letters, the live tail, and the page with Kafka unreachable. Each page is
-saved to docs/console/ as the screenshot docs/operations.md shows."""
+looked up, dead letters, the live tail, and the page with Kafka unreachable (each page is
+saved to docs/console/ as the screenshot docs/operations.md shows); and the override form
+for a throttle, a pool's line, and a key's own limit from the limits table."""
 
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.ops.inspect import ModuleBulkOps, open_server
-from sluicegate.ops.services import bulk
+from sluicegate.ops.services import bulk, limits
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     LedgerRecord,
     Origin,
     Outcome,
+    OverrideRow,
     RunEvent,
     RunEventKind,
     RunRow,
@@ -44,8 +46,10 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.apps.concurrency import per_tenant
+from tests.apps.concurrency import embed, per_tenant
 from tests.apps.defer import tour
+from tests.apps.limits import tiered
+from tests.apps.overrides import slow_sync
 from tests.integration.kafka_helpers import TopicReader, WorkerThread
 
 pytestmark = pytest.mark.broker
@@ -398,3 +402,67 @@ def test_with_kafka_unreachable_the_console_says_so(tmp_path: Path, chromium: in
             page.screenshot("broker-down")
         finally:
             page.close()
+
+
+LIMITS_APP = App([slow_sync, tiered, embed])
+
+
+def test_the_console_overrides_a_throttle_and_shows_a_pools_and_a_keys_own_limit(
+        settings: Settings, chromium: int) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    ledger = TopicReader(settings, topics.ledger, LedgerRecord)
+    control = TopicReader(settings, topics.control, OverrideRow)
+    limits.set_limit(settings, "tiers", "acme", 3, reason="enterprise", by="billing")
+    with WorkerThread(LIMITS_APP, settings), Client(app=LIMITS_APP, settings=settings,
+                                                    replies=False) as client:
+        for n in range(3):  # three of acme: its own limit is 3, the declared one 2
+            client.submit("tiered", {"tenant": "acme", "n": n})
+        client.submit("embed", {"tenant": "acme", "n": 0})  # one of the pool's 3 slots
+        for n in range(4):  # one each 10 s: one goes, three wait
+            client.submit("slowSync", {"n": n})
+        client.flush()
+        ledger.until(lambda rows: _count(rows, Outcome.admitted, "tiered") == 3
+                     and _count(rows, Outcome.admitted, "embed") == 1
+                     and _count(rows, Outcome.queued, "slowSync") == 3,
+                     what="three tiered and one pooled admitted, three slow ones queued")
+        with open_server(settings, port=0, app=LIMITS_APP) as server:
+            page = _open_tab(chromium, server.url + "/#overview")
+            try:
+                tiered_cell = "#overview-table tr[data-workflow=tiered] td.inflight"
+                page.until(f"(document.querySelector('{tiered_cell}') || {{}}).textContent "
+                           f"=== '3 (acme: 3/3 from {topics.limits}, declared 2)'",
+                           "acme's own limit from the limits table")
+                pool_cell = "#pools-table tr[data-pool=openai] td.inflight"
+                page.until(f"(document.querySelector('{pool_cell}') || {{}}).textContent "
+                           "=== '1 / 3'", "the pool's line")
+                assert page.texts("#pools-table tr[data-pool=openai] td")[:2] == [
+                    "openai", "embed"]
+
+                # The form asks for a throttle's rate: the period field, not the nth.
+                page.js("const c = document.getElementById('limit-control');"
+                        "c.value = 'throttle'; c.dispatchEvent(new Event('change'));"
+                        "document.getElementById('limit-workflow').value = 'slowSync';"
+                        "document.getElementById('limit-value').value = '10';"
+                        "document.getElementById('limit-period').value = '10s';"
+                        "document.getElementById('limit-reason').value = 'quota raised';")
+                assert page.js("document.getElementById('limit-nth').disabled") is True
+                page.js("document.getElementById('limit-preview').click()")
+                page.until("document.getElementById('limit-apply') !== null",
+                           "the override's apply button")
+                said = page.text("#limit-preview-text")
+                assert said.startswith(
+                    "throttle of slowSync: 1 per 10s -> 10 per 10s (declared 1 per 10s). "
+                    "each key's turn already due stands; the turns after it come one each "
+                    "1s instead of one each 10s; "), said
+                assert page.text("#limit-apply") == "Apply: 1 per 10s -> 10 per 10s"
+                page.js("document.getElementById('limit-apply').click()")
+                page.until("document.getElementById('limit-preview-text').textContent"
+                           ".startsWith('throttle of slowSync: 1 per 10s -> 10 per 10s')",
+                           "the override applied")
+            finally:
+                page.close()
+    (row,) = control.until(lambda rows: len(rows) >= 1, what="the override row")
+    assert (row.control, row.budget, row.limit, row.period_ms, row.by, row.reason) == (
+        "throttle", "slowSync", 10, 10_000, "dashboard", "quota raised")
+    ledger.close()

@@ -1,13 +1,15 @@
 """Per-key limits from the limits table on the real broker: a tenant's limit raised while
 its starts wait admits them at once, lowered it cancels nothing and the key drains down
-to it, every worker reads the table, and a bad row is dead-lettered once (the limit held
-at every moment by the engine's clock: admissions and completions)."""
+to it, every worker reads the table, the flow view shows a key's limit from it, and a bad
+row is dead-lettered once (the limit held at every moment by the engine's clock:
+admissions and completions)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -57,7 +59,7 @@ def in_flight_at_admissions(admitted: Iterable[AdmittedStart], events: Iterable[
 
 
 def test_a_tenants_limit_from_the_table_changes_while_its_starts_wait(
-        settings: Settings) -> None:
+        settings: Settings, tmp_path: Path) -> None:
     app = load_app(APP)
     create_topics(settings)
     topics = Topics(settings)
@@ -92,6 +94,14 @@ def test_a_tenants_limit_from_the_table_changes_while_its_starts_wait(
             take(3)
             assert [_tenant(r) for r in running[4:]] == ["acme"] * 3
             engine.nothing_admitted(1.0)
+            # The flow view shows the key's limit from the table, and the declared one.
+            flow = cli.on(settings, "workflows", "flow", "--workflow", "tiered", "--app", APP,
+                          "--db", str(tmp_path / "ledger.duckdb"))
+            assert flow.code == 0, flow.stderr
+            lines = {line.split()[0]: line for line in flow.stdout.splitlines()}
+            assert lines["key=acme"].endswith(
+                f"in_flight=5/5 (from {topics.limits}; declared 2)"), flow.stdout
+            assert lines["key=free"].endswith("in_flight=2/2"), flow.stdout
 
             # Lowered: no run is cancelled. It applies once a fresh start is judged by it.
             limits.set_limit(settings, "tiers", "acme", 1, reason="unpaid", by="billing")

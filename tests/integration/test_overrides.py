@@ -1,7 +1,8 @@
 """An operator's override of a concurrency limit, end to end on the real broker: raised,
 lowered and cleared from the command line under traffic, the limit held at every moment
 by the engine's clock, a ledger row per change, and the flow view showing it; the
-console's preview and apply, with its token, and the gauges on /metrics."""
+console's preview and apply, with its token, of a concurrency limit, a throttle and a
+rateLimit, and the gauges on /metrics."""
 
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def _post(url: str, body: dict[str, object], token: str | None) -> tuple[int, An
         return exc.code, json.loads(exc.read())
 
 
-def test_the_console_previews_what_an_override_admits_then_applies_it_with_its_token(
+def test_the_console_previews_then_applies_an_override_of_any_limit_with_its_token(
         settings: Settings) -> None:
     create_topics(settings)
     topics = Topics(settings)
@@ -218,9 +219,10 @@ def test_the_console_previews_what_an_override_admits_then_applies_it_with_its_t
         raise_to_7 = {"workflow": "partnerCall", "concurrency": 7, "reason": "more capacity"}
         status, doc = _post(limits + "preview", raise_to_7, token)
         assert (status, doc) == (200, {
-            "limit": "concurrency limit of partnerCall", "budget": "partnerCall",
-            "declared": 4, "before": 4, "after": 7, "waiting": 6, "admitted_now": 3,
-            "draining": 0})
+            "control": "concurrency", "limit": "concurrency limit of partnerCall",
+            "budget": "partnerCall", "declared": 4, "declared_text": "4", "before": 4,
+            "after": 7, "old": "4", "new": "7", "waiting": 6, "admitted_now": 3,
+            "draining": 0, "note": None})
         assert _post(limits + "apply", raise_to_7, None)[0] == 401
         status, doc = _post(limits + "apply", {**raise_to_7, "reason": ""}, token)
         assert status == 400 and "needs a reason" in doc["error"]
@@ -238,7 +240,56 @@ def test_the_console_previews_what_an_override_admits_then_applies_it_with_its_t
         assert ('sluicegate_limit_override{budget="partnerCall",control="concurrency"} 7.0'
                 in metrics)
         assert 'sluicegate_concurrency_limit{workflow="partnerCall"} 7.0' in metrics
-    assert len(admitted.settle(0.5)) == 7
+        assert len(admitted.settle(0.5)) == 7
+
+        # A throttle, as the command line's --throttle: one each 10 s declared, three wait.
+        with Client(app=app, settings=settings, replies=False) as client:
+            for n in range(4):
+                client.submit("slowSync", {"n": n})
+        ledger.until(lambda rows: sum(r.outcome is Outcome.queued
+                                      and r.workflow == "slowSync" for r in rows) >= 3,
+                     what="three slow starts queued")
+        faster = {"control": "throttle", "workflow": "slowSync", "rate": "10/10s",
+                  "reason": "partner raised our quota"}
+        status, doc = _post(limits + "preview", faster, token)
+        assert (status, doc["old"], doc["new"], doc["admitted_now"]) == (
+            200, "1 per 10s", "10 per 10s", 0), doc
+        assert doc["waiting"] >= 2, doc  # the next goes 10 s after the first
+        assert doc["note"] == ("each key's turn already due stands; the turns after it come "
+                               "one each 1s instead of one each 10s")
+        status, doc = _post(limits + "apply", {**faster, "rate": "ten/10s"}, token)
+        assert status == 400 and "a rate is LIMIT/PERIOD" in doc["error"]
+        status, doc = _post(limits + "apply", faster, token)
+        assert (status, doc["done"]) == (200, "throttle of slowSync: 1 per 10s -> 10 per 10s "
+                                              "(declared 1 per 10s)"), doc
+        slow = admitted.until(lambda rows: sum(a.workflow == "slowSync" for a in rows) >= 4,
+                              timeout=30, what="the slow starts admitted")
+        times = sorted(a.admitted_at_ms for a in slow if a.workflow == "slowSync")
+        # The turn already due (10 s after the first) stands; the two after it a second
+        # apart, not 10 s (declared, the last would go 30 s after the first; the change
+        # may come after the second turn on a slow machine, so 25 s at most).
+        assert times[1] - times[0] >= 9_999 and times[3] - times[0] < 25_000, times
+        # A rateLimit, as --rate-limit, and its clearing.
+        storm = {"control": "rateLimit", "workflow": "alert", "rate": "5/1m",
+                 "reason": "alert storm is real"}
+        status, doc = _post(limits + "preview", storm, token)
+        assert (doc["old"], doc["new"], doc["admitted_now"]) == ("2 per 1m", "5 per 1m", 0)
+        status, doc = _post(limits + "apply", storm, token)
+        assert doc["done"] == "rateLimit of alert: 2 per 1m -> 5 per 1m (declared 2 per 1m)"
+        status, doc = _post(limits + "apply", {"control": "rateLimit", "workflow": "alert",
+                                               "clear": True, "reason": "over"}, token)
+        assert doc["done"] == ("cleared the override of the rateLimit of alert: 5 per 1m -> "
+                               "2 per 1m (the declared limit)")
+    reasons = [r.reason for r in ledger.until(
+        lambda rows: sum(r.outcome is Outcome.overridden for r in rows) >= 4,
+        what="four override rows") if r.outcome is Outcome.overridden]
+    assert reasons[1:] == [
+        "override of the throttle of slowSync: 1 per 10s -> 10 per 10s (declared 1 per 10s) "
+        "by dashboard: partner raised our quota",
+        "override of the rateLimit of alert: 2 per 1m -> 5 per 1m (declared 2 per 1m) by "
+        "dashboard: alert storm is real",
+        "override of the rateLimit of alert: 5 per 1m -> 2 per 1m (cleared, the declared "
+        "limit again) by dashboard: over"]
 
 
 def test_a_throttle_and_a_rate_limit_overridden_from_the_command_line_judge_what_follows(

@@ -1,8 +1,9 @@
 """The alert rules of deploy/prometheus run by a real Prometheus server (Debian's
 `prometheus` binary) scraping a worker's metrics endpoint and the inspect server: a dead
 letter makes SluicegateDeadLetters fire, a tenant at its concurrency limit shows as a key
-at its limit, the worker's commit time is recorded and the group's offsets arrive. Every
-name the rules and the dashboard read is checked against what the server scraped. And the
+at its limit, the worker's commit time is recorded and the group's offsets arrive, and an
+operator's override is a gauge. Every name the rules and the dashboard read is checked
+against what the server scraped. And the
 inspect server alone: start requests no worker ever committed on count as lag."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sluicegate.client import Client
 from sluicegate.config import Settings
 from sluicegate.declare import App, Concurrency, Timeouts, Workflow
 from sluicegate.ops.inspect import open_server
+from sluicegate.ops.services import overrides
 from sluicegate.ops.services.metrics import serve_worker_metrics
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import LedgerRecord, Origin, Outcome, StartRequest
@@ -226,6 +228,16 @@ def test_a_dead_letter_fires_its_alert_and_a_full_tenant_shows_at_its_limit(
         f'sum(sluicegate_workers_lag{{topic="{topics.starts}"}}) == 0'),
         what="no lag on the start requests")
     assert prometheus.firing("SluicegateWorkerNotCommitting") == []
+
+    # An operator's override: its gauge, and the limit in force, as SluicegateLimitOverrideInForce
+    # reads them.
+    overrides.change_limit(settings, APP, "perTenant", concurrency=6, reason="one more",
+                           by="ops")
+    prometheus.until(lambda: prometheus.query(
+        'sluicegate_limit_override{control="concurrency",budget="perTenant"} == 6'),
+        what="the override's gauge")
+    assert prometheus.query(
+        'sluicegate_limit_in_force{control="concurrency",budget="perTenant"} == 6')
 
     # Every sluicegate metric the server holds is one the code exports, and every name the
     # rules and the dashboard read is among those the server scraped, but for awaited ones.

@@ -159,3 +159,41 @@ def test_a_long_changelog_is_restored_a_step_at_a_time_and_goes_on_after_a_stop(
             task.close()
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_a_restore_reads_past_a_transaction_that_is_still_ending(settings: Settings,
+                                                                 outcome: str) -> None:
+    """A transaction whose records are on a changelog but whose end is not (still open,
+    or committed with its marker still to come): the restore waits for it, and replays its
+    rows if it committed, not if it aborted. Stopping at the last stable offset, it was
+    done at once without them, and a commit that had happened was lost from the store
+    while its offsets said its records were processed."""
+    create_topics(settings)
+    topics = Topics(settings)
+    stage = STATEFUL_STAGES[0]
+    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}o"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topics.changelog(stage), b"1", b"k", 0)
+    producer.flush(30)
+    worker = Worker(_kept(settings, (stage,)), settings)
+    task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0,
+                backend=settings.state_backend)
+    try:
+        restoration = Restoration(task, worker.restorer, worker.admin)
+        for _ in range(5):
+            assert not restoration.step(0.05), "done before the transaction ended"
+        if outcome == "commit":
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+        deadline = time.monotonic() + 30
+        while not restoration.step(0.1):
+            assert time.monotonic() < deadline, "the restore did not end with the transaction"
+        store = task.states[stage].store
+        assert store is not None
+        assert dict(store.items(b"")) == ({b"k": b"1"} if outcome == "commit" else {})
+    finally:
+        task.close()
+        worker.close()

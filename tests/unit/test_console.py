@@ -170,6 +170,30 @@ def test_a_start_waits_behind_the_limit_in_force_an_override_where_one_is_set() 
     assert limits == {"a1": 1, "g1": 9, "t1": 7}
 
 
+def test_a_start_waits_behind_its_keys_limit_from_the_limits_table_said_so() -> None:
+    from sluicegate.admission.limits import LimitChange
+    from sluicegate.schemas.records import OverrideRow
+
+    app = App([Workflow(name="tiered", payload=Job, concurrency=Concurrency(
+        limit=2, key="tenant", per_key="tiers"))])
+    db = LedgerDb(":memory:")
+    fill(db, [queued("a1", T0, "tiered", "concurrency", "acme"),
+              queued("b1", T0, "tiered", "concurrency", "bolt")])
+    tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 20)}
+    why = {w.request_id: w for w in waiting_starts(db, {}, app=app, key_limits=tiers)}
+    assert (why["a1"].limit, why["b1"].limit) == (20, 2)
+    assert why["a1"].why == ("concurrency on key 'acme': position 1 of 1 behind a limit of 20 "
+                             "(the key's, from the limits table; declared 2)" + NO_ESTIMATE)
+    assert why["b1"].why == ("concurrency on key 'bolt': position 1 of 1 behind a limit of 2"
+                             + NO_ESTIMATE)
+    # An override is every key's limit while it is set.
+    overrides = {"concurrency:tiered": OverrideRow(control="concurrency", budget="tiered",
+                                                   at_ms=T0, limit=1)}
+    (a1, _) = waiting_starts(db, {}, app=app, key_limits=tiers, overrides=overrides)
+    assert a1.why.startswith("concurrency on key 'acme': position 1 of 1 behind a limit of 1 "
+                             "(an override; declared 2)")
+
+
 def test_waiting_is_filtered_by_workflow_and_key() -> None:
     db = LedgerDb(":memory:")
     fill(db, [queued("a1", T0, "perTenant", "concurrency", "acme"),
@@ -372,6 +396,33 @@ def test_the_overview_counts_requests_by_outcome_and_per_minute() -> None:
     # The chart's hour begins 59 minutes before the minute the overview was made in.
     assert doc["since_ms"] in (minute - 59 * 60_000, minute - 58 * 60_000)
     assert stock["counts"]["admitted"] == 0 and stock["per_minute"] == []
+
+
+def test_the_overview_says_a_keys_limit_from_the_limits_table_and_lists_the_pools() -> None:
+    from sluicegate.admission.limits import LimitChange
+    from sluicegate.ops.services.flow import SlotLimit, compute
+    from sluicegate.ops.services.overview import overview
+
+    view = compute({}, {("perTenant", "acme"): 3, ("perTenant", "bolt"): 1}, {}, T0,
+                   limits={"perTenant": SlotLimit(2, keyed=True, per_key="tiers")},
+                   pools={"gpu": SlotLimit(3, keyed=False, budget="pool:gpu",
+                                           members=("twoLimits",))},
+                   pool_running={("gpu", ""): 2},
+                   key_limits={("tiers", "acme"): LimitChange("tiers", "acme", 20)},
+                   limits_topic="sg.limits")
+    doc = overview(LedgerDb(":memory:"), view)
+    (per_tenant,) = doc["workflows"]
+    assert per_tenant["fullest_key"] == {"key": "bolt", "in_flight": 1, "limit": 2}
+    view = compute({}, {("perTenant", "acme"): 20}, {}, T0,
+                   limits={"perTenant": SlotLimit(2, keyed=True, per_key="tiers")},
+                   key_limits={("tiers", "acme"): LimitChange("tiers", "acme", 20)})
+    (per_tenant,) = overview(LedgerDb(":memory:"), view)["workflows"]
+    assert per_tenant["fullest_key"] == {"key": "acme", "in_flight": 20, "limit": 20,
+                                         "declared": 2}
+    assert doc["limits_topic"] == "sg.limits"
+    assert per_tenant["limits"] == [], "one limit: shown beside in flight"
+    assert doc["pools"] == [{"pool": "gpu", "members": ["twoLimits"], "in_flight": 2,
+                             "limit": 3, "override": None, "keys": []}]
 
 
 # -- one time zone ----------------------------------------------------------------------

@@ -16,18 +16,19 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluicegate.ops.services.flow import FlowView, KeyFlow, WorkflowFlow
+from sluicegate.admission.limits import LimitChange
+from sluicegate.admission.overrides import Target
+from sluicegate.ops.services.flow import FlowView, KeyFlow, PoolFlow, WorkflowFlow
 from sluicegate.ops.services.metrics import FlowCollector, InputOffsets, WaitBounds, WorkerMetrics
 from sluicegate.ops.services.overview import OUTCOMES
+from sluicegate.schemas.records import OverrideRow
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "sluicegate.rules.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "sluicegate.json"
 
 # Metrics a rule is written against before the code exports them: the name and why.
-AWAITED = {
-    "sluicegate_limit_override": "issue 35: an operator's limit override, 1 while in force",
-}
+AWAITED: dict[str, str] = {}
 # Series Prometheus itself makes.
 PROMETHEUS_OWN = {"up", "ALERTS"}
 
@@ -42,14 +43,21 @@ def exported_names() -> set[str]:
     worker = WorkerMetrics()
     worker.commit_seconds.observe(0.01)
     worker.lag.labels("sg.starts", "0").set(0)
+    tiers = LimitChange("tiers", "k", 3)
     view = FlowView(now_ms=0, workflows=(WorkflowFlow(
         workflow="w", paused=True, limit=1,
-        keys=(KeyFlow(key="k", queued=1, waiting_ms=1000, in_flight=1, limit=1),)),))
+        keys=(KeyFlow(key="k", queued=1, waiting_ms=1000, in_flight=3, limit=3,
+                      limit_row=tiers, declared=1),)),),
+        pools=(PoolFlow("gpu", ("w",), in_flight=1, limit=2),))
+    override = OverrideRow(control="throttle", budget="w", at_ms=0, limit=2,
+                           period_ms=1000, declared=1)
     registry = CollectorRegistry()
     registry.register(FlowCollector(
         lambda: view, lambda: [("w", "admitted", 1)], declared=["w"], outcomes=OUTCOMES,
         bounds={"w": WaitBounds(start_timeout_s=60, period_s=10)}, dead_letters=lambda: 0,
-        inputs=lambda: [InputOffsets("sg.starts", 0, committed=1, end=2)]))
+        inputs=lambda: [InputOffsets("sg.starts", 0, committed=1, end=2)],
+        overrides=lambda: {"throttle:w": override},
+        limits=[Target("throttle", "w", 1, ("w",), 1000)]))
     names = set()
     for reg in (worker.registry, registry):
         for family in text_string_to_metric_families(generate_latest(reg).decode()):

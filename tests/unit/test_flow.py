@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel
 
+from sluicegate.admission.limits import LimitChange
 from sluicegate.ops.services.flow import (
     SlotLimit,
     compute,
@@ -137,7 +139,7 @@ def test_paused_comes_from_the_control_row_and_declared_workflows_are_listed() -
     assert per_tenant.to_json()["keys"] == [{
         "key": "acme", "queued": 0, "waiting": None, "waiting_ms": None,
         "oldest_queued_at_ms": None, "collapsed": 0, "dropped": 0, "expired": 0,
-        "in_flight": 3, "limit": None, "override": None}]
+        "in_flight": 3, "limit": None, "override": None, "limit_row": None}]
     assert "tour  PAUSED (deploying a fix)" in view.text()
     assert "key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3" in view.text()
 
@@ -205,3 +207,97 @@ def test_a_workflow_whose_starts_were_all_admitted_is_listed(db: LedgerDb) -> No
               rec("a2", Outcome.existing, T0, workflow="sendReceipt", key="o1")])
     view = flow_view(db, [], {}, NOW)
     assert [w.workflow for w in view.workflows] == ["sendReceipt"]
+
+
+def test_a_key_with_a_row_in_the_limits_table_shows_that_limit_and_the_declared_one() -> None:
+    tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 20, T0, "enterprise", "billing")}
+    limits = {"perTenant": SlotLimit(2, keyed=True, per_key="tiers")}
+    view = compute({}, {("perTenant", "acme"): 3, ("perTenant", "bolt"): 1}, {}, NOW,
+                   limits=limits, key_limits=tiers, limits_topic="sg.limits")
+    assert "  key=acme  queued=0 collapsed=0 dropped=0 expired=0 in_flight=3/20 (from " \
+           "sg.limits; declared 2)" in view.text()
+    assert "  key=bolt  queued=0 collapsed=0 dropped=0 expired=0 in_flight=1/2\n" in (
+        view.text() + "\n"), "a key the table does not name has the declared limit"
+    flow = view.get("perTenant")
+    assert flow is not None
+    assert flow.to_json()["keys"][0]["limit_row"] == {
+        "name": "tiers", "key": "acme", "limit": 20, "declared": 2, "at_ms": T0,
+        "by": "billing", "reason": "enterprise"}
+    # An override is every key's limit, whatever the table gives a key.
+    overridden = with_overrides(limits, {"concurrency:perTenant": OverrideRow(
+        control="concurrency", budget="perTenant", at_ms=T0, limit=1, declared=2)})
+    view = compute({}, {("perTenant", "acme"): 3}, {}, NOW, limits=overridden,
+                   key_limits=tiers)
+    assert "in_flight=3/1 (override since" in view.text()
+
+
+def test_a_pool_shows_every_members_runs_against_its_limit_and_its_override() -> None:
+    from sluicegate.declare import App, Concurrency, Workflow
+    from sluicegate.ops.services.flow import pool_in_flight, pool_limits
+
+    class Job(BaseModel):
+        tenant: str
+
+    app = App([Workflow(name="embed", payload=Job, concurrency=Concurrency(limit=3, pool="gpu")),
+               Workflow(name="summarize", payload=Job, concurrency=[
+                   Concurrency(limit=5, key="tenant"), Concurrency(limit=3, pool="gpu")]),
+               Workflow(name="fair", payload=Job, concurrency=Concurrency(
+                   limit=2, pool="tenants", key="tenant", per_key="tiers"))])
+    pools = with_overrides(pool_limits(app), {"concurrency:pool:gpu": OverrideRow(
+        control="concurrency", budget="pool:gpu", at_ms=T0 + 12 * MIN, limit=8, declared=3,
+        reason="new nodes", by="ana")})
+    runs = [run("e1", "embed", RunStatus.running, Slot("concurrency", "pool:gpu\x1f")),
+            run("e2", "summarize", RunStatus.running, Slot("concurrency", "summarize\x1fa"),
+                Slot("concurrency", "pool:gpu\x1f")),
+            run("e3", "summarize", RunStatus.completed, Slot("concurrency", "pool:gpu\x1f")),
+            run("e4", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1facme")),
+            run("e5", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1facme")),
+            run("e6", "fair", RunStatus.running, Slot("concurrency", "pool:tenants\x1fbolt"))]
+    tiers = {("tiers", "acme"): LimitChange("tiers", "acme", 4)}
+    view = compute({}, in_flight(runs), {}, NOW, declared=sorted(app.workflows),
+                   pools=pools, pool_running=pool_in_flight(runs), key_limits=tiers)
+    lines = view.text().splitlines()
+    assert ('pool gpu (embed, summarize)  in_flight=2/8 (override since 00:12:00 UTC by ana: '
+            '"new nodes"; declared 3)') in lines
+    assert lines[-3:] == ["pool tenants (fair)  in_flight=3",
+                          "  key=acme  in_flight=2/4 (from sg.limits; declared 2)",
+                          "  key=bolt  in_flight=1/2"]
+    assert view.to_json()["pools"][0] == {
+        "pool": "gpu", "members": ["embed", "summarize"], "in_flight": 2, "limit": 8,
+        "override": {"limit": 8, "declared": 3, "at_ms": T0 + 12 * MIN, "by": "ana",
+                     "reason": "new nodes"}, "keys": []}
+    # A workflow's own view lists the pools it is a member of.
+    assert [p.pool for p in view.only("embed").pools] == ["gpu"]
+
+
+def test_a_workflow_with_two_limits_names_its_own_in_force_on_its_line() -> None:
+    from sluicegate.declare import App, Concurrency, Workflow
+    from sluicegate.ops.services.flow import paired_limits
+
+    class Job(BaseModel):
+        tenant: str
+
+    app = App([Workflow(name="fetch", payload=Job, concurrency=[
+                   Concurrency(limit=5, key="tenant", per_key="tiers"),
+                   Concurrency(limit=2)]),
+               Workflow(name="fair", payload=Job, concurrency=[
+                   Concurrency(limit=9, key="tenant"), Concurrency(limit=4, pool="gpu")]),
+               Workflow(name="one", payload=Job, concurrency=3)])
+    paired = with_overrides(paired_limits(app), {"concurrency:fetch#1": OverrideRow(
+        control="concurrency", budget="fetch#1", at_ms=T0 + 12 * MIN, limit=1, declared=2,
+        reason="partner 503s", by="ana")})
+    assert sorted(paired) == ["fair", "fetch", "fetch#1"], "a pool's has lines of its own"
+    view = compute({}, {("fetch", "acme"): 2, ("fetch", ""): 2}, {}, NOW,
+                   declared=sorted(app.workflows), paired=paired)
+    lines = {line.split()[0]: line for line in view.text().splitlines()}
+    assert lines["fetch"].endswith(
+        "in_flight=4  limits: concurrency[0]=5 per key (or its row of tiers in sg.limits), "
+        'concurrency[1]=1 (override since 00:12:00 UTC by ana: "partner 503s"; declared 2)'
+    ), lines
+    assert lines["fair"].endswith("in_flight=0  limits: concurrency[0]=9 per key")
+    assert "limits:" not in lines["one"]
+    fetch = view.get("fetch")
+    assert fetch is not None and fetch.to_json()["limits"][1] == {
+        "control": "concurrency[1]", "budget": "fetch#1", "limit": 1, "keyed": False,
+        "per_key": None, "override": {"limit": 1, "declared": 2, "at_ms": T0 + 12 * MIN,
+                                      "by": "ana", "reason": "partner 503s"}}

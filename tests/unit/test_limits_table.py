@@ -186,6 +186,10 @@ def test_a_tenant_the_table_names_gets_its_limit_and_the_others_the_default(
     queued = [r for r in d.ledger if r.outcome is Outcome.queued]
     assert "concurrency: 5 of 5 slots of workflow w key 'enterprise' in use" in queued[0].reason
     assert "concurrency: 2 of 2 slots of workflow w key 'free' in use" in queued[-1].reason
+    # `ledger ask why` says where a key's limit comes from when it is not the declared one.
+    assert "in use (the key's, from the limits table; declared 2); number 1" in (
+        queued[0].reason)
+    assert "in use; number 1" in queued[-1].reason
 
 
 def test_a_raised_limit_admits_waiting_starts_at_once_and_a_lowered_one_cancels_nothing(

@@ -136,3 +136,64 @@ def test_an_override_in_force_is_a_gauge_of_its_limit_beside_the_declared_one() 
                                      {"control": "concurrency", "budget": "report"}) is None
     assert registry.get_sample_value("sluicegate_limit_override_period_seconds",
                                      {"control": "throttle", "budget": "sync"}) == 60
+
+
+def test_a_pools_limit_in_force_and_a_keys_limit_from_the_limits_table_are_gauges() -> None:
+    from sluicegate.admission.limits import LimitChange
+    from sluicegate.ops.services.flow import PoolFlow
+
+    tiers = LimitChange("tiers", "acme", 20)
+    view = FlowView(now_ms=0, workflows=(WorkflowFlow("perTenant", keys=(
+        KeyFlow("acme", in_flight=3, limit=20, limit_row=tiers, declared=2),
+        KeyFlow("bolt", in_flight=1, limit=2))),), pools=(
+        PoolFlow("gpu", ("embed", "summarize"), in_flight=7, limit=8),
+        PoolFlow("tenants", ("fair",), in_flight=3, keys=(
+            KeyFlow("acme", in_flight=2, limit=4, limit_row=tiers, declared=2),))))
+    registry = _registry(FlowCollector(lambda: view, lambda: []))
+    assert registry.get_sample_value("sluicegate_pool_concurrency_limit", {"pool": "gpu"}) == 8
+    assert registry.get_sample_value("sluicegate_pool_in_flight", {"pool": "gpu"}) == 7
+    assert registry.get_sample_value("sluicegate_pool_concurrency_limit",
+                                     {"pool": "tenants"}) is None, "keyed: per key"
+    assert registry.get_sample_value("sluicegate_key_concurrency_limit",
+                                     {"budget": "perTenant", "key": "acme"}) == 20
+    assert registry.get_sample_value("sluicegate_key_concurrency_limit",
+                                     {"budget": "perTenant", "key": "bolt"}) is None
+    assert registry.get_sample_value("sluicegate_key_concurrency_limit",
+                                     {"budget": "pool:tenants", "key": "acme"}) == 4
+
+
+def test_every_limit_an_override_may_name_is_a_gauge_of_the_limit_in_force() -> None:
+    from sluicegate.admission.overrides import targets
+    from sluicegate.declare import RateLimit
+    from sluicegate.schemas.records import OverrideRow
+
+    app = App([
+        Workflow(name="perTenant", payload=Job, concurrency=[
+            Concurrency(limit=5, key="tenant"), Concurrency(limit=8, pool="gpu")]),
+        Workflow(name="embed", payload=Job, concurrency=Concurrency(limit=8, pool="gpu"),
+                 throttle=Throttle(limit=30, period="1m", pool="partner")),
+        Workflow(name="alert", payload=Job, rate_limit=RateLimit(limit=2, period="1m")),
+        Workflow(name="sync", payload=Job, throttle=[
+            Throttle(limit=1, period="1s", key="tenant"), Throttle(limit=9, period="1s")]),
+        Workflow(name="scoped", payload=Job, concurrency=Concurrency(
+            limit=3, key="tenant", scope="account")),
+    ])
+    assert [t.name for t in targets(app)] == [
+        "concurrency:perTenant", "concurrency:pool:gpu", "rateLimit:alert",
+        "throttle:pool:partner"]
+    rows = {"concurrency:pool:gpu": OverrideRow(control="concurrency", budget="pool:gpu",
+                                                at_ms=1, limit=2, declared=8),
+            "rateLimit:alert": OverrideRow(control="rateLimit", budget="alert", at_ms=1,
+                                           limit=5, period_ms=10_000, declared=2)}
+    registry = _registry(FlowCollector(lambda: FlowView(now_ms=0), lambda: [],
+                                       overrides=lambda: rows, limits=targets(app)))
+
+    def gauge(name: str, control: str, budget: str) -> float | None:
+        return registry.get_sample_value(name, {"control": control, "budget": budget})
+
+    assert gauge("sluicegate_limit_in_force", "concurrency", "perTenant") == 5
+    assert gauge("sluicegate_limit_in_force", "concurrency", "pool:gpu") == 2
+    assert gauge("sluicegate_limit_in_force", "throttle", "pool:partner") == 30
+    assert gauge("sluicegate_limit_in_force_period_seconds", "throttle", "pool:partner") == 60
+    assert gauge("sluicegate_limit_in_force", "rateLimit", "alert") == 5
+    assert gauge("sluicegate_limit_in_force_period_seconds", "rateLimit", "alert") == 10

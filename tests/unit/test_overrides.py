@@ -3,6 +3,7 @@ lowered, cleared, a pool's, the nth limit of a workflow with two, and what is re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -134,6 +135,7 @@ def test_a_start_arriving_under_a_lowered_override_waits_for_the_override(make: 
     assert admitted(d) == [first]
     queued = next(r for r in d.ledger if r.outcome is Outcome.queued)
     assert queued.reason is not None and "1 of 1 slots of workflow w key 't'" in queued.reason
+    assert "in use (an operator's override; declared 3);" in queued.reason
     complete(d, first)
     assert admitted(d) == [first, second]
 
@@ -238,6 +240,20 @@ def test_a_preview_counts_the_starts_a_raise_admits_at_once_and_the_runs_a_lower
     assert (cleared.before, cleared.after, cleared.admitted_now) == (2, 4, 2)
 
 
+def test_a_cleared_override_of_a_per_key_limit_previews_each_key_back_at_its_own_limit(
+) -> None:
+    from sluicegate.ops.services.overrides import preview
+
+    target = Target("concurrency", "w", 2, ("w",), per_key="tiers")
+    now = {"concurrency:w": OverrideRow(control="concurrency", budget="w", at_ms=1, limit=1)}
+    held, waiting = {"acme": 1, "free": 1}, {"acme": 9, "free": 9}
+    # acme's row says 20: it admits 9 at once; free has none, so the declared 2: one more.
+    cleared = preview(target, now, None, held, waiting, key_limits={"acme": 20})
+    assert (cleared.before, cleared.after, cleared.admitted_now) == (1, 2, 10)
+    # An override is every key's limit, whatever its row.
+    assert preview(target, {}, 3, held, waiting, key_limits={"acme": 20}).admitted_now == 4
+
+
 def test_the_starts_waiting_for_a_pool_are_counted_per_key_across_its_members() -> None:
     from sluicegate.ops.services.ledger import LedgerDb, fill
     from sluicegate.ops.services.overrides import waiting_by_key
@@ -261,6 +277,98 @@ def test_the_starts_waiting_for_a_pool_are_counted_per_key_across_its_members() 
               queued("3", "a", "concurrency[0]", "t1")])  # waits for its tenant's limit
     assert waiting_by_key(concurrency_target(app, pool="gpu"), app, db) == {"": 2}
     assert waiting_by_key(concurrency_target(app, "a"), app, db) == {"t1": 1}
+
+
+def test_a_throttle_preview_keeps_the_turns_due_and_says_the_pace_after_them() -> None:
+    from sluicegate.ops.services.overrides import preview
+
+    target = Target("throttle", "pool:partner", 1, ("a", "b"), 2_000)
+    doc = preview(target, {}, 10, {}, {"t1": 4, "t2": 2}, period_ms=2_000).to_json()
+    assert doc == {
+        "control": "throttle", "limit": "throttle of pool:partner", "budget": "pool:partner",
+        "declared": 1, "declared_text": "1 per 2s", "before": 1, "after": 10,
+        "old": "1 per 2s", "new": "10 per 2s", "waiting": 6, "admitted_now": 0,
+        "draining": 0, "note": "each key's turn already due stands; the turns after it come "
+                               "one each 200ms instead of one each 2s"}
+    now = {"throttle:pool:partner": OverrideRow(control="throttle", budget="pool:partner",
+                                                at_ms=1, limit=10, period_ms=2_000)}
+    cleared = preview(target, now, None, {}, {}).to_json()
+    assert (cleared["old"], cleared["new"]) == ("10 per 2s", "1 per 2s")
+
+
+def test_a_rate_limit_preview_says_nothing_waits_there() -> None:
+    from sluicegate.ops.services.ledger import LedgerDb
+    from sluicegate.ops.services.overrides import preview, waiting_by_key
+
+    target = Target("rateLimit", "alert", 2, ("alert",), 60_000)
+    assert waiting_by_key(target, App([]), LedgerDb(":memory:")) == {}
+    doc = preview(target, {}, 5, {}, {}, period_ms=60_000).to_json()
+    assert (doc["old"], doc["new"], doc["waiting"], doc["admitted_now"]) == (
+        "2 per 1m", "5 per 1m", 0, 0)
+    assert doc["note"] == ("nothing waits at a rateLimit: the change decides the starts that "
+                           "arrive after it")
+
+
+def test_the_starts_waiting_for_a_throttles_turn_are_counted_per_key() -> None:
+    from sluicegate.admission.overrides import target_of
+    from sluicegate.declare import Throttle
+    from sluicegate.ops.services.ledger import LedgerDb, fill
+    from sluicegate.ops.services.overrides import waiting_by_key
+    from sluicegate.schemas.records import LedgerRecord
+
+    pace = Throttle(limit=1, period="2s", key="tenant", pool="partner")
+    app = App([Workflow(name="a", payload=Job, throttle=pace, concurrency=3),
+               Workflow(name="b", payload=Job, throttle=pace)])
+
+    def queued(request_id: str, workflow: str, deferral: str, control: str) -> Any:
+        return LedgerRecord(request_id=request_id, workflow=workflow, outcome=Outcome.queued,
+                            requested_at_ms=1, decided_at_ms=1, key="t1", deferral=deferral,
+                            control=control)
+
+    db = LedgerDb(":memory:")
+    fill(db, [queued("1", "a", "throttle", "throttle pool:partner"),
+              queued("2", "b", "throttle", "throttle pool:partner"),
+              queued("3", "a", "concurrency", "concurrency")])
+    assert waiting_by_key(target_of(app, None, "throttle", pool="partner"), app, db) == {
+        "t1": 2}
+
+
+# -- the console's request -----------------------------------------------------------------
+
+
+def test_the_console_asks_for_any_limit_the_command_line_changes() -> None:
+    from sluicegate.ops.inspect import LimitRequest, check_limit
+
+    assert check_limit({"workflow": "w", "concurrency": 3, "reason": " why "}) == LimitRequest(
+        "w", None, 1, 3, "why", "dashboard")
+    assert check_limit({"pool": "gpu", "nth": 1, "clear": True, "by": "ana"}) == LimitRequest(
+        None, "gpu", 1, None, None, "ana")
+    assert check_limit({"workflow": "w", "nth": 2, "concurrency": 9}).nth == 2
+    assert check_limit({"control": "throttle", "pool": "partner", "rate": "30/1m"}) == (
+        LimitRequest(None, "partner", 1, None, None, "dashboard", "throttle", "30/1m"))
+    assert check_limit({"control": "rateLimit", "workflow": "alert", "clear": True}) == (
+        LimitRequest("alert", None, 1, None, None, "dashboard", "rateLimit", None))
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"workflow": "w"}, "give concurrency (a positive number), or clear: true"),
+    ({"workflow": "w", "concurrency": 0}, "concurrency must be a positive number"),
+    ({"workflow": "w", "concurrency": 2, "clear": True}, "give concurrency"),
+    ({"workflow": "w", "rate": "2/1m"}, "a concurrency limit is a number"),
+    ({"control": "throttle", "workflow": "w"}, "give the throttle's rate (LIMIT/PERIOD"),
+    ({"control": "rateLimit", "workflow": "w", "concurrency": 3}, "a rateLimit is a rate"),
+    ({"control": "rateLimit", "workflow": "w", "rate": "2/1m", "clear": True},
+     "give the rateLimit's rate"),
+    ({"control": "pause", "workflow": "w"}, "control must be one of concurrency, throttle, "
+                                            "rateLimit"),
+    ({"workflow": "w", "concurrency": 2, "nth": 3}, "nth must be 1 or 2"),
+])
+def test_the_console_refuses_a_request_that_names_no_change(body: dict[str, Any],
+                                                            says: str) -> None:
+    from sluicegate.ops.inspect import RequestError, check_limit
+
+    with pytest.raises(RequestError, match=re.escape(says)):
+        check_limit(body)
 
 
 # -- a rateLimit ---------------------------------------------------------------------------

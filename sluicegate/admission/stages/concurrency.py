@@ -311,6 +311,18 @@ class ConcurrencyStage(QueueStage):
         found = key_limits.key_limit(self.router.limits, per_key, key_text(key), made.limit)
         return made if found == made.limit else replace(made, limit=found)
 
+    def _whence(self, wf: Workflow, hop: Hop, limit: Limit) -> str:
+        """Where a key's limit comes from when it is not the declared one, as a queued
+        row says it (`ledger ask why`): an operator's override, or the limits table."""
+        if hop.index < 0:
+            return ""
+        declared = wf.concurrency[hop.index].limit
+        if self._override(hop.budget) is not None:
+            return f" (an operator's override; declared {declared})"
+        if limit.limit != declared:
+            return f" (the key's, from the limits table; declared {declared})"
+        return ""
+
     def table_changed(self, ctx: StageContext, table: str, row: object) -> None:
         """A row of the limits table: a key whose limit rose admits its waiting starts at
         once (a lowered one admits none until it drains below it; no run is cancelled);
@@ -430,7 +442,8 @@ class ConcurrencyStage(QueueStage):
             self.router.give_back(ctx, start, reason)
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue, headers,
-                       waits_for=f"{occupancy.held} of {limit.limit} slots")
+                       waits_for=f"{occupancy.held} of {limit.limit} slots",
+                       whence=self._whence(wf, hop, limit))
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
                 self._drain(ctx, key)
@@ -448,7 +461,8 @@ class ConcurrencyStage(QueueStage):
         self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
-              queue: FairQueue, headers: Headers | None, *, waits_for: str) -> None:
+              queue: FairQueue, headers: Headers | None, *, waits_for: str,
+              whence: str = "") -> None:
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers)
         where = SIZED.encode((key, start.execution_id))
@@ -464,8 +478,8 @@ class ConcurrencyStage(QueueStage):
                      else f"more than {COUNTED} ahead of it in line")
             self.router.queued(
                 ctx, start, deferral=NAME, key=key_text(key), position=position,
-                reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use; "
-                       f"{place} for the next free one", headers=headers)
+                reason=f"concurrency: {waits_for} of {self._described(key, wf)} in use"
+                       f"{whence}; {place} for the next free one", headers=headers)
 
     def _lane(self, wf: Workflow, start: PendingStart) -> str:
         """The lane `start` waits in at its hop: the value of the limit's fairness key

@@ -229,7 +229,7 @@ function renderOverview(doc) {
     const full = wf.fullest_key;
     const limit = wf.limit !== null ? " / " + wf.limit
         : full ? " (" + (full.key === null ? "(one key)" : full.key) + ": " + full.in_flight +
-                 "/" + full.limit + ")" : "";
+                 "/" + full.limit + fromTable(full, doc.limits_topic) + ")" : "";
     const tr = row([wf.workflow, state, ...OUTCOMES.map((o) => wf.counts[o]), wf.queued,
                     wf.waiting || "", wf.in_flight + limit, lastHour(wf, doc.since_ms), button],
                    ["", wf.paused ? "text state paused"
@@ -239,16 +239,55 @@ function renderOverview(doc) {
     if (wf.override) {
       const cell = tr.querySelector("td.inflight");
       cell.textContent += " (override)";
-      cell.title = "override since " + utc(wf.override.at_ms) +
-          (wf.override.by ? " by " + wf.override.by : "") +
-          (wf.override.reason ? ": " + wf.override.reason : "") +
-          "; declared " + wf.override.declared;
+      cell.title = overrideTitle(wf.override);
+    }
+    // A workflow with two limits: an override of either is named.
+    const overridden = (wf.limits || []).filter((l) => l.override);
+    if (overridden.length) {
+      const cell = tr.querySelector("td.inflight");
+      cell.textContent += " (override of " + overridden.map((l) => l.control).join(", ") + ")";
+      cell.title = overridden.map((l) => l.control + ": " + l.limit + ", " +
+                                        overrideTitle(l.override)).join("\n");
     }
     if (wf.pause) {
       tr.querySelector("td.state").title = (wf.paused ? "paused" : "unpaused") + " at " +
           utc(wf.pause.at_ms) + (wf.pause.by ? " by " + wf.pause.by : "");
     }
     body.appendChild(tr);
+  }
+}
+
+function fromTable(key, topic) {
+  // A key whose own limit comes from the limits table rather than the declaration.
+  return key.declared !== undefined && key.declared !== null
+      ? " from " + topic + ", declared " + key.declared : "";
+}
+
+function overrideTitle(override) {
+  return "override since " + utc(override.at_ms) +
+      (override.by ? " by " + override.by : "") +
+      (override.reason ? ": " + override.reason : "") + "; declared " + override.declared;
+}
+
+function renderPools(doc) {
+  const body = $("pools-table").querySelector("tbody");
+  body.replaceChildren();
+  $("pools-table").hidden = !doc.pools || doc.pools.length === 0;
+  for (const pool of doc.pools || []) {
+    const lines = pool.keys.length === 0
+        ? [{key: null, in_flight: pool.in_flight, limit: pool.limit}]
+        : pool.keys.map((k) => ({key: k.key === "" ? "(one key)" : k.key,
+                                 in_flight: k.in_flight, limit: k.limit,
+                                 declared: k.limit_row ? k.limit_row.declared : null}));
+    for (const line of lines) {
+      const tr = row([pool.pool, pool.members.join(", "), line.key || "",
+                      line.in_flight + (line.limit !== null ? " / " + line.limit : "") +
+                      fromTable(line, doc.limits_topic) + (pool.override ? " (override)" : "")],
+                     ["text", "text", "text", "inflight"]);
+      tr.dataset.pool = pool.pool;
+      if (pool.override) tr.querySelector("td.inflight").title = overrideTitle(pool.override);
+      body.appendChild(tr);
+    }
   }
 }
 
@@ -450,16 +489,33 @@ async function applyBulk(request) {
 // -- limit overrides --------------------------------------------------------------------
 
 function limitRequest() {
+  const control = $("limit-control").value;
   const value = parseInt($("limit-value").value, 10);
   const clear = $("limit-clear").checked;
-  return {
+  const request = {
+    control: control,
     workflow: $("limit-workflow").value.trim() || null,
     pool: $("limit-pool").value.trim() || null,
-    nth: parseInt($("limit-nth").value, 10),
-    concurrency: clear || Number.isNaN(value) ? null : value,
+    // Which of a workflow's two limits: a concurrency limit's only.
+    nth: control === "concurrency" ? parseInt($("limit-nth").value, 10) : 1,
     clear: clear,
     reason: $("limit-reason").value.trim() || null,
   };
+  // A concurrency limit is a number of slots; a throttle's or a rateLimit's, LIMIT/PERIOD.
+  if (control === "concurrency") {
+    request.concurrency = clear || Number.isNaN(value) ? null : value;
+  } else {
+    request.rate = clear || Number.isNaN(value) ? null
+        : value + "/" + $("limit-period").value.trim();
+  }
+  return request;
+}
+
+function limitControlChanged() {
+  const concurrency = $("limit-control").value === "concurrency";
+  $("limit-nth").disabled = !concurrency;
+  $("limit-period").disabled = concurrency;
+  dropLimitApply();
 }
 
 function dropLimitApply() {
@@ -483,12 +539,14 @@ async function previewLimit() {
     $("limit-error").textContent = "The preview returned no number of starts.";
     return;
   }
-  $("limit-preview-text").textContent = doc.limit + ": " + doc.before + " -> " + doc.after +
-      " (declared " + doc.declared + "). " + doc.admitted_now + " of the " + doc.waiting +
-      " waiting starts would be admitted now" +
-      (doc.draining ? "; " + doc.draining + " runs over the new limit keep running and drain" : "") +
-      ".";
-  const apply = el("button", "Apply: " + doc.before + " -> " + doc.after);
+  const what = doc.note
+      ? doc.note + "; " + doc.waiting + " starts wait there now, none is admitted at once"
+      : doc.admitted_now + " of the " + doc.waiting + " waiting starts would be admitted now" +
+        (doc.draining ? "; " + doc.draining + " runs over the new limit keep running and drain"
+                      : "");
+  $("limit-preview-text").textContent = doc.limit + ": " + doc.old + " -> " + doc.new +
+      " (declared " + doc.declared_text + "). " + what + ".";
+  const apply = el("button", "Apply: " + doc.old + " -> " + doc.new);
   apply.type = "button";
   apply.id = "limit-apply";
   apply.onclick = () => applyLimit(request);
@@ -537,7 +595,9 @@ async function refresh() {
   const tab = currentTab();
   try {
     if (tab === "overview") {
-      renderOverview(await call("GET", "/inspect/overview"));
+      const doc = await call("GET", "/inspect/overview");
+      renderOverview(doc);
+      renderPools(doc);
     } else if (tab === "waiting") {
       renderWaiting(await call("GET", "/inspect/waiting" + query({
         workflow: $("waiting-workflow").value.trim(), key: $("waiting-key").value})));
@@ -565,6 +625,7 @@ async function refresh() {
 $("bulk-preview").onclick = preview;
 $("limit-preview").onclick = previewLimit;
 for (const e of $("limit-form").querySelectorAll("input, select")) e.oninput = dropLimitApply;
+$("limit-control").onchange = limitControlChanged;
 for (const e of $("bulk-form").querySelectorAll("input, select")) e.oninput = dropApply;
 $("run-form").onsubmit = (ev) => {
   ev.preventDefault();

@@ -6,11 +6,11 @@
 - `sluicegate inspect serve` (`GET /metrics`) knows the fleet-wide picture it already
   reads for the flow view: decisions by outcome (from the ledger), queue depths, the
   oldest wait, slots in use and pauses, per workflow; keys at their limit; the limits
-  operators override; with the declarations, the limits in force and the bounds a wait
-  is judged by; dead letters; and how far the workers'
-  group has committed on each input partition, read from the broker, so that a worker
-  that stopped committing shows even when its own endpoint is stale or gone. Computed
-  when scraped.
+  operators override; with the declarations, the limits in force (a workflow's, a
+  pool's, a key's from the limits table) and the bounds a wait is judged by; dead
+  letters; and how far the workers' group has committed on each input partition, read
+  from the broker, so that a worker that stopped committing shows even when its own
+  endpoint is stale or gone. Computed when scraped.
 
 The alert rules and the dashboard built on these names are in `deploy/` (docs/operations.md).
 
@@ -20,7 +20,7 @@ Each process uses a registry of its own, so two workers in one test process neve
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.admission.overrides import Target, effective, effective_period, in_force
 from sluicegate.config import Settings
 from sluicegate.topology.topics import Topics
 
@@ -145,7 +146,8 @@ class FlowCollector(Collector):
     from the declarations (`wait_bounds`); `dead_letters` counts the dead letters so far
     (None while it does not know yet: then the metric is left out);
     `inputs` reads the workers' group's offsets from the broker; `overrides` gives the
-    control table's override rows."""
+    control table's override rows; `limits`, the declared limits an override may name
+    (`overrides.targets`), each given as the limit in force."""
 
     def __init__(self, view: Callable[[], FlowView],
                  decisions: Callable[[], list[tuple[str, str, int]]], *,
@@ -153,7 +155,8 @@ class FlowCollector(Collector):
                  bounds: Mapping[str, WaitBounds] | None = None,
                  dead_letters: Callable[[], int | None] | None = None,
                  inputs: Callable[[], list[InputOffsets]] | None = None,
-                 overrides: Callable[[], Mapping[str, OverrideRow]] | None = None) -> None:
+                 overrides: Callable[[], Mapping[str, OverrideRow]] | None = None,
+                 limits: Sequence[Target] = ()) -> None:
         self._view = view
         self._decisions = decisions
         self._declared = tuple(declared)
@@ -162,13 +165,17 @@ class FlowCollector(Collector):
         self._dead_letters = dead_letters
         self._inputs = inputs
         self._overrides = overrides
+        self._limits = tuple(limits)
 
     def collect(self) -> Iterator[Metric]:
         yield self._decided()
         yield from self._flow()
         yield from self._declared_bounds()
+        rows = self._overrides() if self._overrides is not None else {}
         if self._overrides is not None:
-            yield from self._overridden(self._overrides())
+            yield from self._overridden(rows)
+        if self._limits:
+            yield from self._in_force(self._limits, rows)
         dead_letters = self._dead_letters() if self._dead_letters is not None else None
         if dead_letters is not None:
             dead = CounterMetricFamily("sluicegate_dead_letters", "Records written to the "
@@ -207,7 +214,19 @@ class FlowCollector(Collector):
             labels=["workflow", "key"])
         paused = GaugeMetricFamily("sluicegate_paused", "1 while the workflow is paused",
                                    labels=["workflow"])
-        for wf in self._view().workflows:
+        pool_limit = GaugeMetricFamily(
+            "sluicegate_pool_concurrency_limit", "A concurrency pool's unkeyed limit in force "
+            "(with the declarations; an operator's override while one is set)",
+            labels=["pool"])
+        pool_slots = GaugeMetricFamily("sluicegate_pool_in_flight", "Live runs of every member "
+                                       "of a concurrency pool (per slot held)", labels=["pool"])
+        key_limit = GaugeMetricFamily(
+            "sluicegate_key_concurrency_limit", "The concurrency limit in force of a key whose "
+            "limit comes from the limits table (per_key), for the keys with runs in flight or "
+            "starts waiting; budget: the workflow or `pool:<name>`",
+            labels=["budget", "key"])
+        view = self._view()
+        for wf in view.workflows:
             total = wf.total()
             queued.add_metric([wf.workflow], total.queued)
             oldest.add_metric([wf.workflow], (total.waiting_ms or 0) / 1000)
@@ -220,7 +239,18 @@ class FlowCollector(Collector):
             for key in full[:KEYS_AT_LIMIT_LISTED]:
                 key_at_limit.add_metric([wf.workflow, key], 1)
             paused.add_metric([wf.workflow], 1 if wf.paused else 0)
-        yield from (queued, oldest, slots, limit, at_limit, key_at_limit, paused)
+            for k in wf.keys:
+                if k.limit_row is not None and k.limit is not None:
+                    key_limit.add_metric([wf.workflow, k.key or ""], k.limit)
+        for pool in view.pools:
+            pool_slots.add_metric([pool.pool], pool.in_flight)
+            if pool.limit is not None:
+                pool_limit.add_metric([pool.pool], pool.limit)
+            for k in pool.keys:
+                if k.limit_row is not None and k.limit is not None:
+                    key_limit.add_metric([f"pool:{pool.pool}", k.key or ""], k.limit)
+        yield from (queued, oldest, slots, limit, at_limit, key_at_limit, paused, pool_limit,
+                    pool_slots, key_limit)
 
     @staticmethod
     def _overridden(rows: Mapping[str, OverrideRow]) -> Iterator[Metric]:
@@ -242,6 +272,26 @@ class FlowCollector(Collector):
             if row.period_ms is not None:
                 period.add_metric([row.control, row.budget], row.period_ms / 1000)
         yield from (limit, declared, period)
+
+    @staticmethod
+    def _in_force(limits: Sequence[Target], rows: Mapping[str, OverrideRow],
+                  ) -> Iterator[Metric]:
+        limit = GaugeMetricFamily(
+            "sluicegate_limit_in_force", "Each declared limit an override may name, as in "
+            "force: the override's while one is set, else the declared one; the default "
+            "of every key of a keyed limit (a key's own from the limits table is "
+            "sluicegate_key_concurrency_limit)", labels=["control", "budget"])
+        period = GaugeMetricFamily("sluicegate_limit_in_force_period_seconds", "The period "
+                                   "in force of a throttle or a rateLimit",
+                                   labels=["control", "budget"])
+        for target in limits:
+            row = in_force(rows, target.control, target.budget)
+            labels = [target.control, target.budget]
+            limit.add_metric(labels, effective(target.declared, row))
+            if target.declared_period_ms is not None:
+                period.add_metric(labels, effective_period(target.declared_period_ms,
+                                                           row) / 1000)
+        yield from (limit, period)
 
     def _declared_bounds(self) -> Iterator[Metric]:
         timeout = GaugeMetricFamily("sluicegate_start_timeout_seconds", "The workflow's "

@@ -7,8 +7,8 @@ limit (not a tombstone: the workers are told, and the row keeps who cleared it).
 change is also a ledger row per workflow the limit judges (outcome `overridden`, control
 `override`), with the old and the new limit, who and why, written in the same Kafka
 transaction as the control row. What a change does to runs and waiting starts is the
-stages' business (docs/decisions/limit-overrides.md). `preview` says what a change of a
-concurrency limit would admit now, for the console.
+stages' business (docs/decisions/limit-overrides.md). `preview` says what a change would
+admit now, for the console.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def _rate(limit: int, period_ms: int | None) -> str:
 @dataclass(frozen=True, slots=True)
 class Preview:
     """What a change would do now: the limit before and after, and per the budget's keys,
-    the waiting starts it admits at once and the runs over it that drain."""
+    the waiting starts it admits at once and the runs over it that drain. A throttle's or
+    rateLimit's also has its periods, and `note` says what it does to what waits."""
 
     target: Target
     before: int
@@ -106,27 +107,63 @@ class Preview:
     waiting: int
     admitted_now: int
     draining: int
+    before_period_ms: int | None = None
+    after_period_ms: int | None = None
+    note: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"limit": self.target.describe(), "budget": self.target.budget,
-                "declared": self.target.declared, "before": self.before,
-                "after": self.after, "waiting": self.waiting,
-                "admitted_now": self.admitted_now, "draining": self.draining}
+        return {"control": self.target.control, "limit": self.target.describe(),
+                "budget": self.target.budget, "declared": self.target.declared,
+                "declared_text": _rate(self.target.declared, self.target.declared_period_ms),
+                "before": self.before, "after": self.after,
+                "old": _rate(self.before, self.before_period_ms),
+                "new": _rate(self.after, self.after_period_ms),
+                "waiting": self.waiting, "admitted_now": self.admitted_now,
+                "draining": self.draining, "note": self.note}
 
 
 def preview(target: Target, current: Mapping[str, OverrideRow], limit: int | None,
-            held: Mapping[str, int], waiting: Mapping[str, int]) -> Preview:
+            held: Mapping[str, int], waiting: Mapping[str, int],
+            period_ms: int | None = None, key_limits: Mapping[str, int] | None = None,
+            ) -> Preview:
     """What setting `limit` (None: clearing) on `target` would do, from the slots held
     and the starts waiting per key of its budget: each key admits its waiting starts up to
-    the new limit at once; a key holding more than it keeps its runs, which drain."""
-    before = effective(target.declared, in_force(current, target.control, target.budget))
+    the new limit at once; a key holding more than it keeps its runs, which drain. A
+    cleared override returns each key to its own limit (`key_limits`: the limits table's,
+    for a limit declared per_key), else to the declared one. A
+    throttle or a rateLimit (`period_ms`: its new period) admits none at once: a throttle
+    keeps each key's turn already due and paces the ones after it, and nothing waits at a
+    rateLimit (docs/decisions/limit-overrides.md)."""
+    row = in_force(current, target.control, target.budget)
+    before = effective(target.declared, row)
     after = target.declared if limit is None else limit
+    if target.control in (RATE_LIMIT, THROTTLE):
+        declared_ms = target.declared_period_ms or 0
+        before_ms = effective_period(declared_ms, row)
+        after_ms = declared_ms if limit is None or period_ms is None else period_ms
+        if target.control == RATE_LIMIT:
+            note = ("nothing waits at a rateLimit: the change decides the starts that arrive "
+                    "after it")
+        else:
+            note = (f"each key's turn already due stands; the turns after it come one each "
+                    f"{_every(after, after_ms)} instead of one each {_every(before, before_ms)}")
+        return Preview(target, before, after, sum(waiting.values()), 0, 0, before_ms,
+                       after_ms, note)
     keys = set(held) | set(waiting)
+
+    def after_at(key: str) -> int:
+        return after if limit is not None else (key_limits or {}).get(key, after)
+
     return Preview(
         target, before, after, sum(waiting.values()),
-        admitted_now=sum(min(waiting.get(k, 0), max(0, after - held.get(k, 0)))
+        admitted_now=sum(min(waiting.get(k, 0), max(0, after_at(k) - held.get(k, 0)))
                          for k in keys),
-        draining=sum(max(0, held.get(k, 0) - after) for k in keys))
+        draining=sum(max(0, held.get(k, 0) - after_at(k)) for k in keys))
+
+
+def _every(limit: int, period_ms: int) -> str:
+    """The spacing of a pace: 10 per 2s is one each `200ms`."""
+    return format_duration(max(1, round(period_ms / limit)))
 
 
 def held_by_key(target: Target, runs: Iterable[RunRow]) -> dict[str, int]:
@@ -146,14 +183,17 @@ WAITING_SQL = f"""
 WITH {LATEST}
 SELECT workflow, control, coalesce(key, '') AS key, count(*)
 FROM latest
-WHERE outcome = 'queued' AND deferral = 'concurrency' AND NOT starts_with(request_id, 'run:')
+WHERE outcome = 'queued' AND deferral = $deferral AND NOT starts_with(request_id, 'run:')
 GROUP BY ALL
 """
 
 
 def waiting_by_key(target: Target, app: App, db: LedgerDb) -> dict[str, int]:
-    """The starts waiting for a slot of `target`'s budget, per key, from the ledger: those
-    whose latest row is queued by the concurrency limit it names."""
+    """The starts waiting for a slot (a throttle's turn) of `target`'s budget, per key,
+    from the ledger: those whose latest row is queued by the limit it names. None waits
+    at a rateLimit."""
+    if target.control == RATE_LIMIT:
+        return {}
     names = set()
     for workflow in target.workflows:
         wf = app.workflows[workflow]
@@ -161,7 +201,7 @@ def waiting_by_key(target: Target, app: App, db: LedgerDb) -> dict[str, int]:
             if hop.stage == target.control and hop.budget == target.budget:
                 names.add((workflow, control_name(wf, hop)))
     waiting: dict[str, int] = {}
-    for workflow, control, key, n in db.query(WAITING_SQL).rows:
+    for workflow, control, key, n in db.query(WAITING_SQL, {"deferral": target.control}).rows:
         if (workflow, control) in names:
             waiting[str(key)] = waiting.get(str(key), 0) + int(n)
     return waiting

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from datetime import UTC, timedelta
 from typing import Any
 
-from sluicegate.ops.services.flow import FlowView, WorkflowFlow
+from sluicegate.ops.services.flow import FlowView, WorkflowFlow, override_json
 from sluicegate.ops.services.formatting import iso
 from sluicegate.ops.services.ledger import LedgerDb, utc_now
 
@@ -71,18 +71,23 @@ LIMIT $limit
 
 
 def _fullest(flow: WorkflowFlow | None) -> dict[str, Any] | None:
-    """The key with the most runs in flight against a keyed limit, if any."""
+    """The key with the most runs in flight against a keyed limit, if any (`declared`:
+    the declared limit, when the key's own comes from the limits table)."""
     keyed = [k for k in (flow.keys if flow is not None else ()) if k.limit is not None]
     if not keyed:
         return None
     key = max(keyed, key=lambda k: (k.in_flight / (k.limit or 1), k.in_flight))
-    return {"key": key.key, "in_flight": key.in_flight, "limit": key.limit}
+    fullest = {"key": key.key, "in_flight": key.in_flight, "limit": key.limit}
+    if key.limit_row is not None:
+        fullest["declared"] = key.declared
+    return fullest
 
 
 def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> dict[str, Any]:
     """Per workflow: decisions by outcome, per minute over the last hour, queued and in
     flight beside the limit(s), the queue's depth and oldest wait per minute over the last
-    hour, and the pause. `declared`: the declared workflows, each listed (and marked)."""
+    hour, and the pause; per pool, its members' runs in flight beside its limit.
+    `declared`: the declared workflows, each listed (and marked)."""
     totals: dict[str, dict[str, int]] = {}
     for wf, outcome, n in db.query(OVERVIEW_SQL).rows:
         totals.setdefault(str(wf), {})[str(outcome)] = int(n)
@@ -114,10 +119,9 @@ def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> di
             "limit": total.limit if total else None,
             "fullest_key": _fullest(flow),
             # The operator's override of the workflow's own limit, while one is in force.
-            "override": None if flow is None or flow.override is None else {
-                "limit": flow.override.limit, "declared": flow.override.declared,
-                "at_ms": flow.override.at_ms, "by": flow.override.by,
-                "reason": flow.override.reason},
+            "override": override_json(flow.override if flow is not None else None),
+            # A workflow with two limits: its own ones in force, each with its override.
+            "limits": flow.to_json()["limits"] if flow is not None else [],
             "paused": bool(flow and flow.paused),
             "pause": None if pause is None else {
                 "paused": pause.paused, "at_ms": pause.at_ms, "reason": pause.reason,
@@ -128,7 +132,8 @@ def overview(db: LedgerDb, view: FlowView, declared: Collection[str] = ()) -> di
         })
     return {"now_ms": view.now_ms,
             "since_ms": int(since.replace(tzinfo=UTC).timestamp() * 1000),
-            "workflows": out}
+            "workflows": out, "pools": [p.to_json() for p in view.pools],
+            "limits_topic": view.limits_topic}
 
 
 def decisions(db: LedgerDb, workflow: str | None, limit: int) -> list[dict[str, Any]]:
