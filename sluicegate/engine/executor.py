@@ -81,7 +81,7 @@ class HandoverFailed(Exception):
 @dataclass(slots=True)
 class CatchUp:
     """An in-order input's partition this worker owns but does not hand over to yet: the
-    consumer must first read past `target` (the partition's last stable offset when its
+    consumer must first read past `target` (the partition's high watermark when its
     tasks had joined; None until then) and past what this worker wrote to it
     (`own_end`). Records sent to it meanwhile are `held` until then, or until the cycle
     commits, when they are written to the topic behind the rest."""
