@@ -23,7 +23,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from sluicegate.engine.store import Store
@@ -286,3 +293,45 @@ def log_ranges(admin: AdminClient, tps: list[TopicPartition],
         ends.append({(tp.topic, tp.partition): future.result(timeout=timeout_s).offset
                      for tp, future in futures.items()})
     return {tp: (ends[0][tp], ends[1][tp]) for tp in ends[0]}
+
+
+def committed_offsets(consumer: Consumer, admin: AdminClient, group: str,
+                      tps: list[TopicPartition], timeout_s: float = 10.0) -> list[TopicPartition]:
+    """The offsets committed on `tps`, stable ones only: a transaction still writing
+    offsets on them is waited for (KIP-447), as the restore needs. Asked of the consumer;
+    when it times out, asked again through the admin client, which answers what the
+    broker says: the stable offsets (a consumer once seen to time out here for minutes
+    after it was fenced and replaced, while the broker had them), or why not
+    (UNSTABLE_OFFSET_COMMIT: a transaction that wrote offsets on these partitions has
+    not ended), which the error raised then says."""
+    try:
+        return list(consumer.committed(tps, timeout=timeout_s))
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if error is None or error.code() != KafkaError._TIMED_OUT:
+            raise
+        request = ConsumerGroupTopicPartitions(
+            group, [TopicPartition(tp.topic, tp.partition) for tp in tps])
+        try:
+            found = admin.list_consumer_group_offsets(
+                [request], require_stable=True, request_timeout=timeout_s)[group].result(
+                    timeout=timeout_s + 1)
+        except (KafkaException, TimeoutError) as again:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, (
+                f"the committed offsets could not be read: the consumer timed out, and "
+                f"the admin client said {describe(again)}"))) from exc
+        offsets = list(found.topic_partitions or [])
+        failed = next((tp for tp in offsets if tp.error is not None), None)
+        if failed is not None:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, (
+                f"the committed offsets could not be read: the consumer timed out, and "
+                f"the broker said {failed.error} for {failed.topic}[{failed.partition}]"))
+            ) from exc
+        log.info("the consumer timed out reading the committed offsets of %s; read "
+                 "through the admin client instead", _partitions_text(tps))
+        return offsets
+
+
+def _partitions_text(tps: list[TopicPartition]) -> str:
+    partitions = sorted({tp.partition for tp in tps})
+    return "partition " + ", ".join(str(p) for p in partitions)

@@ -53,7 +53,12 @@ from confluent_kafka.admin import AdminClient
 from sluicegate.config import TRANSACTION_TIMEOUT_MS, Settings
 from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.executor import Delivered, Executor, HandoverFailed, RecordFailed
-from sluicegate.engine.recovery import Restoration, RestoreError, log_ranges
+from sluicegate.engine.recovery import (
+    Restoration,
+    RestoreError,
+    committed_offsets,
+    log_ranges,
+)
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.store import StoreUnwritable, format_bytes, free_bytes
 from sluicegate.engine.task import Task
@@ -817,9 +822,9 @@ class Worker:
                 if opening is None:
                     opening = self._restoring[partition] = self._new_task(partition)
                 # The committed offsets first: reading them waits for a transaction still
-                # open on these partitions (their previous owner's) to end, and its
-                # changelog writes with it, so the logs' ends read next are final.
-                committed = self.consumer.committed(tps, timeout=10.0)
+                # writing offsets on these partitions (their previous owner's) to end.
+                committed = committed_offsets(self.consumer, self.admin,
+                                              self.topology.group, tps)
                 self._restoration = Restoration(opening, self.restorer, self.admin,
                                                 self._stopping)
             except (KafkaException, RestoreError, StoreUnwritable) as exc:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import Settings
-from sluicegate.engine.recovery import Restoration, log_ranges, restore_task
+from sluicegate.engine.recovery import (
+    Restoration,
+    committed_offsets,
+    log_ranges,
+    restore_task,
+)
 from sluicegate.engine.runtime import Worker
 from sluicegate.engine.stage import InputRecord, Stage, StageContext
 from sluicegate.engine.task import Task
@@ -197,3 +202,47 @@ def test_a_restore_reads_past_a_transaction_that_is_still_ending(settings: Setti
     finally:
         task.close()
         worker.close()
+
+
+class _TimesOut:
+    """A consumer that times out reading committed offsets, as one was seen to for
+    minutes after it was fenced and replaced while the broker had the offsets."""
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed "
+                                                               "offsets: Local: Timed out"))
+
+
+def test_committed_offsets_are_read_through_the_admin_client_when_the_consumer_times_out(
+        settings: Settings) -> None:
+    create_topics(settings)
+    topics = Topics(settings)
+    group = f"{settings.namespace}g"
+    tps = [TopicPartition(topics.starts, p) for p in PARTITIONS]
+    member = Consumer(settings.client_config(**{"group.id": group}))
+    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}c"}))
+    admin = AdminClient(settings.client_config())
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TopicPartition(tp.topic, tp.partition, 7)
+                                              for tp in tps],
+                                             member.consumer_group_metadata(), 30)
+        # Offsets still being written by an open transaction: not stable, so not given,
+        # and the error says what the admin client was told.
+        with pytest.raises(KafkaException, match="the consumer timed out, and the"):
+            committed_offsets(_TimesOut(), admin, group, tps, timeout_s=3.0)  # type: ignore[arg-type]
+        producer.commit_transaction(30)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                found = committed_offsets(_TimesOut(), admin, group, tps,  # type: ignore[arg-type]
+                                          timeout_s=3.0)
+                break
+            except KafkaException:
+                # The commit's marker may reach the offsets a moment after the commit.
+                assert time.monotonic() < deadline, "the committed offsets never came"
+        assert {(tp.topic, tp.partition, tp.offset) for tp in found} == {
+            (tp.topic, tp.partition, 7) for tp in tps}
+    finally:
+        member.close()
