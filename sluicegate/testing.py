@@ -2,8 +2,8 @@
 
 This project's `TopologyTestDriver` (Kafka Streams): `TestDriver(app)` builds every stage
 the worker runs (`build_pipeline`), one task per partition with a real store per stage
-(RocksDB, in a temporary directory it owns unless given one), and plays the runtime's
-part around them:
+(in memory, or RocksDB in a temporary directory it owns unless given one, as the
+settings' state backend says), and plays the runtime's part around them:
 
 - a record written to a topic a stage reads is processed by that stage, in the order
   written (one queue for every topic); one sent to an input the stage takes handed over
@@ -12,25 +12,34 @@ part around them:
   partition (docs/decisions/in-process-handover.md). The driver owns every partition, so
   every such record is handed over. One sent to an input handed over in order
   (`Node.handed_over_in_order`, a control's) is written and processed in its turn: in
-  the order sent, as the worker processes it, and listed in `sent`;
+  the order sent, as the worker processes it, and listed in `sent`; or, with
+  `in_order=True`, handed over, as a worker does once it has read everything sent there
+  before (the driver always has);
 - partitions are chosen as the producers choose them: the record's explicit partition,
   else its key's murmur2 partition (a record without a key goes to partition 0). One
   partition by default; `Settings(partitions=n)` gives n tasks, each with its stores;
 - time is a `ManualClock`: `advance(ms)` fires every timer at its due time, in due
   order, as a ticking clock would, and processing never moves it;
-- `commit()` writes each store's cycle as the runtime's commit does (the changelog and
-  the tables a stage publishes, such as the runs table, are written to their topics
-  then); `restart(app=...)` is a worker taking the partitions over: the uncommitted
-  store writes and outputs are dropped, the records piped since the last commit are
-  read again, and new stage objects (the declarations given, or the same) are restored
-  over the committed stores (which stay open: RocksDB's own reopening is the store's
-  tests' business, and costs tens of milliseconds a store);
-- the control table is set by the test (`pause`, `unpause`, `limit`), not read from Kafka.
+- it runs the worker's own cycle executor (engine/executor.py), with this driver as its
+  log: `commit()` is the worker's commit (the changelog and the tables a stage
+  publishes, such as the runs table, are written to their topics, then the stores);
+  `restart(app=...)` is a worker taking the partitions over: the uncommitted store
+  writes and outputs are dropped, the records piped since the last commit are read
+  again, and new stage objects (the declarations given, or the same) are restored as a
+  worker restores them: a store in memory made anew from its logs as committed, its
+  derived rows made again, then `restored` and the control table; a store on disk
+  (RocksDB), or one whose logs a lean driver does not keep, is taken over (reopening
+  RocksDB is the store's tests' business, and costs tens of milliseconds a store);
+- a record (or timer) that fails aborts the cycle since the last commit, which is read
+  again: the record retried, then given to its stage's `unprocessable` (a dead letter
+  with the reason) once it has failed `poison_after` times, as in the worker; a failure
+  that is not the record's (a service's) raises;
+- the control table is set by the test (`pause`, `unpause`, `limit`), and the limits table
+  (`set_limit`, `unset_limit`, `limits_record`), not read from Kafka.
 
 Every topic is a list of what was written to it (`sent`); the output topics are also
 typed lists of decoded records (`admitted`, `ledger`, `dead_letters`, ...), decoded when
-read. A stage that raises fails the call that fed it: the worker's retry and
-dead-lettering of a failing record are not played here.
+read.
 
 A long run (the benchmarks in memory: `bench/micro.py`, `bench/gate_micro.py`) keeps the
 driver lean with:
@@ -43,7 +52,7 @@ driver lean with:
   not; `sent` and the typed lists of a topic not kept raise;
 - `take(topic)`: a topic read as a consumer reads it, the records since the last `take`;
 - `process(stage, records)`: records given to a stage as read from its input, written
-  nowhere;
+  nowhere (read again if the cycle aborts before a commit);
 - `with driver.cycle():` one cycle of the worker's loop: the timers due fire at its end,
   and it commits, where otherwise the driver looks for due timers after every record.
 """
@@ -65,16 +74,18 @@ from pydantic import BaseModel
 from sluicegate import tracing
 from sluicegate.admission.app import Pipeline, build_pipeline
 from sluicegate.admission.control import ControlTable
-from sluicegate.admission.limits import KeyLimits, limits_key
+from sluicegate.admission.limits import BadLimitRow, KeyLimits, LimitChange, limits_key
 from sluicegate.admission.overrides import RATE_LIMIT, THROTTLE, override_row, target_of
 from sluicegate.admission.stage import StageContext
 from sluicegate.client.producer import StartBuilder
 from sluicegate.config import Settings
 from sluicegate.declare import App, Origin
 from sluicegate.engine.clock import DEFAULT_START_MS, ManualClock
-from sluicegate.engine.stage import Headers, InputRecord, Stage
-from sluicegate.engine.store import StoreTransaction
-from sluicegate.engine.task import StageState, Task
+from sluicegate.engine.executor import Delivered, Executor, HandoverFailed, RecordFailed
+from sluicegate.engine.recovery import write_replayed
+from sluicegate.engine.stage import Headers, InputRecord, Send, Stage
+from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable
+from sluicegate.engine.task import Task
 from sluicegate.engine.timers import Timers
 from sluicegate.engine.topology import Node
 from sluicegate.schemas import codec
@@ -109,15 +120,31 @@ class SetControlTable(ControlTable):
         self.topic = Topics(settings).control
         self.rows: dict[str, ControlRow] = {}
         self.overrides: dict[str, OverrideRow] = {}
+        # Rows set since the executor last polled (`Executor.apply_tables`).
+        self.changed: list[ControlRow | OverrideRow] = []
 
     def catch_up(self, timeout_s: float = 30.0) -> None:
         return None
 
     def poll(self) -> list[ControlRow | OverrideRow]:
-        return []
+        changed, self.changed = self.changed, []
+        return changed
 
     def close(self) -> None:
         return None
+
+
+class SetLimitsTable(KeyLimits):
+    """The limits table as the test sets it (`TestDriver.set_limit`): nothing read from
+    Kafka; the rows that changed wait for the executor's next poll."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(topic)
+        self.changed: list[LimitChange | BadLimitRow] = []
+
+    def poll(self) -> list[LimitChange | BadLimitRow]:
+        changed, self.changed = self.changed, []
+        return changed
 
 
 @record
@@ -156,9 +183,11 @@ class TestDriver:
     def __init__(self, app: App, settings: Settings | None = None, *,
                  state_dir: Path | None = None, start_ms: int = DEFAULT_START_MS,
                  stages: Collection[str] | None = None,
-                 keep: Collection[str] | None = None) -> None:
+                 keep: Collection[str] | None = None, in_order: bool = False) -> None:
         """`stages`: the names of the stages to run (every stage the worker runs unless
-        given); `keep`: the topics whose records are kept (every topic unless given)."""
+        given); `keep`: the topics whose records are kept (every topic unless given);
+        `in_order`: records sent to an input handed over in order are handed over, as a
+        worker does once it has caught up, rather than written to their topic."""
         settings = settings or Settings(partitions=1)
         self._run = None if stages is None else frozenset(stages)
         self._keep = None if keep is None else frozenset(keep)
@@ -170,7 +199,7 @@ class TestDriver:
         self.clock = ManualClock(start_ms)
         self.control = SetControlTable(self.settings)
         # The limits table as the test sets it (`set_limit`): nothing read from Kafka.
-        self.limits = KeyLimits(self.topics.limits)
+        self.limits = SetLimitsTable(self.topics.limits)
         self._limit_offset = 0
         self.app = app
         # Every record written, in order, and by topic; per (topic, partition) the next
@@ -187,15 +216,16 @@ class TestDriver:
         self._committed_dropped: dict[str, int] = {}
         # Per topic, how many of its records `take` has returned.
         self._taken: dict[str, int] = {}
-        self._piped: list[Written] = []
-        # Records written to a stage's input and not yet processed, in the order written.
+        # What the cycle since the last commit read, in order: the records piped in, and
+        # the batches given to `process`; an abort reads it again.
+        self._since: list[Written | tuple[Node, list[InputRecord]]] = []
+        # Records written to a stage's input and not yet processed, in the order written;
+        # batches given to `process` and not yet processed.
         self._queue: deque[Written] = deque()
-        # Records handed over and not yet processed, in the order sent: the stage that
-        # takes each, its partition, and what was sent.
-        self._handoffs: deque[tuple[Node, int, str, bytes, bytes | None, Headers | None,
-                                    object | None]] = deque()
+        self._batches: deque[tuple[Node, list[InputRecord]]] = deque()
         self._requests = 0
         self._in_cycle = False
+        self._in_order = in_order
         self.tasks: dict[int, Task] = {}
         try:
             self._open(app)
@@ -217,59 +247,135 @@ class TestDriver:
             topology = replace(topology, nodes=tuple(
                 node for node in topology.nodes if node.name in self._run))
         self._builder = StartBuilder(app, self.settings)
-        self._node_for_topic: dict[str, Node] = {
-            topic: node for node in topology.nodes for topic in node.inputs}
-        self._handed_over: dict[str, Node] = {
-            topic: node for node in topology.nodes for topic in node.handed_over}
-        self._control_readers = [node.name for node in topology.nodes
-                                 if self.control.name in node.reads]
-        # Nobody reads the limits table when no limit declares per_key.
-        self._limits_readers = [
-            node.name for node in topology.nodes if self.limits.name in node.reads
-            and self.limits in self.pipeline.topology.global_tables]
-        # A restart takes the open stores over: what they hold is what was committed.
-        stores = {p: {name: state.store for name, state in task.states.items()
-                      if state.store is not None} for p, task in self.tasks.items()}
-        self.tasks = {
-            p: Task(p, topology, self.state_dir, self._send, self.clock.now_ms,
-                    self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
-                    self.settings.state_backend, bool(self.settings.log_derived))
-            for p in range(self.settings.partitions)}
-        # What the worker does once a task's stores are restored: the derived rows made
-        # again from the others (their logs do not carry them), `restored` in a
-        # transaction, then every row of the control table told to its stages.
+        executor = self._executor = Executor(topology, self, self.settings.partitions,
+                                             self.settings.poison_after,
+                                             bool(self.settings.log_derived))
+        self._node_for_topic = executor.node_for_topic
+        self._nodes = {node.name: node for node in topology.nodes}
+        self._not_the_records: tuple[type[Exception], ...] = (
+            StoreUnwritable, *topology.service_errors)
+        # A restart takes the stores on disk over, in step with their logs as of the last
+        # commit, as a worker restarted on the same state directory does; stores in
+        # memory are gone with the worker that had them, and restored from their logs.
+        # A lean driver that does not keep a store's logs takes that store over too.
+        stores: dict[int, dict[str, Store]] = {}
+        for p, task in self.tasks.items():
+            stores[p] = {}
+            for name, state in task.states.items():
+                if state.store is None:
+                    continue
+                logs = (state.changelog, *(table.topic for table in state.tables))
+                keep = self._keep
+                if state.store.persistent or (keep is not None and not keep.issuperset(logs)):
+                    stores[p][name] = state.store
+                else:
+                    state.store.close()
+        self.tasks = executor.tasks
+        send = self._sender()
+        for p in range(self.settings.partitions):
+            task = Task(p, topology, self.state_dir, send, self.clock.now_ms,
+                        self.settings.max_record_bytes, stores.get(p), self.clock.monotonic_ms,
+                        self.settings.state_backend, bool(self.settings.log_derived))
+            self._restore(task)
+            self.tasks[p] = task
         for task in self.tasks.values():
-            task.rebuild_derived()
-            for state in task.stateful():
-                state.stage.restored(state.ctx)
-            for row in list(self.control.rows.values()):
-                self._control_changed(task, row)
-            for change in list(self.limits.rows.values()):
-                self._limits_changed(task, change)
+            self._join(task)
         self._settle()
+
+    def _restore(self, task: Task) -> None:
+        """What a worker's restoration does, from the logs in memory: each store replays
+        its logs from the offset it is at, then its derived rows are made again."""
+        for state in task.stateful():
+            store = state.store
+            assert store is not None
+            for topic, prefix, table in ((state.changelog, b"", None),
+                                         *((t.topic, t.prefix, t.name) for t in state.tables)):
+                at = store.changelog_offset if table is None else store.table_offset(table)
+                rows = [(w.key, w.value) for w in self._log.get(topic, ())
+                        if w.partition == task.partition and w.offset > at
+                        and w.key is not None]
+                if rows:
+                    last = max(w.offset for w in self._log[topic]
+                               if w.partition == task.partition)
+                    write_replayed(store, {prefix + key: value for key, value in rows},
+                                   last, table)
+        task.rebuild_derived()
+
+    def _join(self, task: Task) -> None:
+        """A restored task joins as the worker's does: `restored`, then the global tables'
+        rows, each hook that fails tried again until it is skipped (`poison_after`)."""
+        if self._in_order:
+            self._executor.join_in_order(task.partition, {})
+        while True:
+            try:
+                self._executor.join(task)
+                return
+            except RecordFailed:
+                task.discard()
+                self._executor.handoffs.clear()
 
     def _partition(self, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
             return partition
         return 0 if key is None else partition_for(key, self.settings.partitions)
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None,
-              message: object | None = None) -> None:
-        node = self._handed_over.get(topic)
-        if node is not None and key is not None:
-            # Handed over: processed once what sent it is, in the sender's cycle, and never
-            # written.
-            self._handoffs.append((node, self._partition(key, partition), topic, key, value,
-                                   headers, message))
+    def _sender(self) -> Send:
+        """What the stages send with: the executor's `send` for a topic a stage takes
+        handed over (it decides between handing over, holding and writing); any other
+        record the executor would only write, so it is written (`produce`) or, in a lean
+        driver, counted when no stage reads its topic, at no more cost than that."""
+        keep, read, dropped = self._keep, self._node_for_topic, self._dropped
+        handed_over, send, produce = self._executor.handed_over, self._executor.send, self.produce
+
+        def sending(topic: str, key: bytes | None, value: bytes | None,
+                    partition: int | None = None, headers: Headers | None = None,
+                    message: object | None = None) -> None:
+            if topic in handed_over:
+                send(topic, key, value, partition, headers, message)
+            elif keep is not None and topic not in keep and topic not in read:
+                dropped[topic] = dropped.get(topic, 0) + 1
+            else:
+                produce(topic, key, value, partition, headers)
+
+        return sending
+
+    # -- the log, as the executor writes to it (its CycleIO) ---------------------------
+
+    def begin_transaction(self) -> None:
+        return None
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None,
+                partition: int | None, headers: Headers | None,
+                delivered: Delivered | None = None) -> None:
+        p = self._partition(key, partition)
+        offset = self._write(topic, p, key, value, headers)
+        if delivered is not None:
+            delivered(topic, p, offset)
+
+    def produce_log(self, topic: str, partition: int,
+                    rows: list[tuple[bytes, bytes | None]], delivered: Delivered) -> None:
+        if self._counted(topic):
+            # No log of this topic is kept or read (a lean driver): count, make nothing.
+            tp = (topic, partition)
+            last = self._offsets[tp] = self._offsets.get(tp, 0) + len(rows)
+            delivered(topic, partition, last - 1)
             return
-        keep = self._keep
-        if keep is not None and topic not in keep and topic not in self._node_for_topic:
-            # Only counted (`_counted`, inlined on every output's path): no partition or
-            # offset, which nothing would see.
-            self._dropped[topic] = self._dropped.get(topic, 0) + 1
-            return
-        self._write(topic, self._partition(key, partition), key, value, headers)
+        for key, value in rows:
+            last = self._write(topic, partition, key, value)
+        delivered(topic, partition, last)
+
+    def commit_transaction(self, consumed: dict[tuple[str, int], int]) -> None:
+        self._committed = {topic: len(written) for topic, written in self._log.items()}
+        self._committed_all = len(self._all)
+        self._committed_offsets = dict(self._offsets)
+        self._committed_dropped = dict(self._dropped)
+        self._since.clear()
+
+    def about_the_record(self, exc: BaseException) -> bool:
+        return not isinstance(exc, self._not_the_records)
+
+    def stores_behind(self, exc: StoreUnwritable) -> None:
+        raise exc
 
     def _write(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                headers: Headers | None = None, piped: bool = False) -> int:
@@ -288,7 +394,7 @@ class TestDriver:
             if read:
                 self._queue.append(written)
             if piped:
-                self._piped.append(written)
+                self._since.append(written)
         return offset
 
     def _counted(self, topic: str) -> bool:
@@ -296,49 +402,80 @@ class TestDriver:
         return self._keep is not None and topic not in self._keep \
             and topic not in self._node_for_topic
 
-    def _count(self, last: dict[str, int], topic: str, partition: int, n: int) -> None:
-        """`n` records written to `topic` and only counted; `last`: the last one's offset."""
-        if n:
-            tp = (topic, partition)
-            self._offsets[tp] = self._offsets.get(tp, 0) + n
-            last[topic] = self._offsets[tp] - 1
-
     def _settle(self) -> None:
         """Process what is queued, and fire the timers due now, until nothing is left: what
         a worker's cycles do while the clock stands still. In a `cycle`, the timers wait
-        for its end."""
+        for its end. A record (or timer) that fails aborts the cycle, as in the worker:
+        what it did since the last commit is dropped and read again, the failing record
+        retried, then given up on (`poison_after`)."""
         while True:
-            while self._queue or self._handoffs:
-                if self._handoffs:
-                    node, p, topic, key, value, headers, message = self._handoffs.popleft()
-                    node.stage.process_handed_over(self.tasks[p].states[node.name].ctx,
-                                                   topic, key, value, headers, message)
+            try:
+                self._drain()
+                return
+            except RecordFailed as failure:
+                self._executor.suspect(failure)
+                self._abort()
+            except HandoverFailed:
+                # A stage failed on a record held for an in-order input: read again, with
+                # that input going through its topic from now on, as in the worker.
+                self._abort()
+
+    def _drain(self) -> None:
+        executor = self._executor
+        queue, batches, handoffs = self._queue, self._batches, executor.handoffs
+        process = executor.process
+        tasks = self.tasks
+        while True:
+            while queue or handoffs or batches:
+                if handoffs:
+                    executor.hand_over_queued()
+                elif batches:
+                    executor.process_given(*batches.popleft())
+                else:
+                    written = queue.popleft()
+                    process(tasks[written.partition],
+                            InputRecord(written.topic, written.partition, written.offset,
+                                        written.key, written.value, self.clock.now_ms(),
+                                        written.headers))
+            if executor.catching:
+                # Everything written is read: the in-order inputs have caught up.
+                for tp, catching in executor.catching.items():
+                    if catching.target is None:
+                        catching.target = self._offsets.get(tp, 0)
+                executor.release({tp: self._offsets.get(tp, 0) for tp in executor.catching})
+                if handoffs:
                     continue
-                written = self._queue.popleft()
-                node = self._node_for_topic[written.topic]
-                node.stage.process(self.tasks[written.partition].states[node.name].ctx,
-                                   InputRecord(written.topic, written.partition,
-                                               written.offset, written.key, written.value,
-                                               self.clock.now_ms(), written.headers))
-            if self._in_cycle or not self._fire(self.clock.now_ms()):
+            if self._in_cycle or not executor.fire_timers(self.clock.now_ms()):
                 return
 
-    def _fire(self, now: int) -> bool:
-        """Fire every timer due at or before `now`, as the worker's loop does; whether any
-        fired."""
-        fired = False
-        for task in self.tasks.values():
-            for state in task.stateful():
-                timers = state.timers
-                assert timers is not None
-                next_due = timers.next_due
-                if next_due is None or next_due > now:
-                    continue
-                for due_ms, key, value in timers.due(now):
-                    timers.cancel(due_ms, key)
-                    state.stage.fire(state.ctx, due_ms, key, value)
-                    fired = True
-        return fired
+    def _abort(self) -> None:
+        """The worker's abort: the cycle's store writes and outputs dropped, and what it
+        read read again."""
+        self._executor.discard()
+        replay = self._rewind()
+        for entry in replay:
+            if isinstance(entry, Written):
+                self._write(entry.topic, entry.partition, entry.key, entry.value,
+                            entry.headers, piped=True)
+            else:
+                self._since.append(entry)
+                self._batches.append(entry)
+
+    def _rewind(self) -> list[Written | tuple[Node, list[InputRecord]]]:
+        """Back to the last commit: what was written since is gone; returns what was read
+        since."""
+        for topic, log in self._log.items():
+            del log[self._committed.get(topic, 0):]
+        del self._all[self._committed_all:]
+        self._offsets = dict(self._committed_offsets)
+        self._dropped.clear()  # in place: the stages' send counts into it
+        self._dropped.update(self._committed_dropped)
+        self._taken = {topic: min(n, len(self._log.get(topic, ())))
+                       for topic, n in self._taken.items()}
+        self._queue.clear()
+        self._batches.clear()
+        replay, self._since = self._since, []
+        return replay
 
     # -- input -----------------------------------------------------------------------
 
@@ -359,10 +496,9 @@ class TestDriver:
         the worker hands them over. They are written nowhere, so `restart` does not read
         them again; what they send to other stages' topics is processed after the last of
         them, as a worker's next batch would."""
-        process = self.stage(stage).process
-        contexts = {p: task.states[stage].ctx for p, task in self.tasks.items()}
-        for input_record in records:
-            process(contexts[input_record.partition], input_record)
+        batch = (self._nodes[stage], list(records))
+        self._since.append(batch)
+        self._batches.append(batch)
         self._settle()
 
     def start(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
@@ -471,8 +607,8 @@ class TestDriver:
         self.control.rows[row.workflow] = row
         if previous is not None and previous.paused == row.paused:
             return
-        for task in self.tasks.values():
-            self._control_changed(task, row)
+        self.control.changed.append(row)
+        self._executor.apply_tables()
         self._settle()
 
     def limit(self, workflow: str | None = None, *, concurrency: int | None = None,
@@ -492,15 +628,10 @@ class TestDriver:
         limit, period_ms = rate if rate is not None else (concurrency, None)
         row = override_row(target, self.now_ms, limit, period_ms, reason=reason, by=by)
         self.control.overrides[target.name] = row
-        for task in self.tasks.values():
-            self._control_changed(task, row)
+        self.control.changed.append(row)
+        self._executor.apply_tables()
         self._settle()
         return row
-
-    def _control_changed(self, task: Task, row: ControlRow | OverrideRow) -> None:
-        for name in self._control_readers:
-            state = task.states[name]
-            state.stage.table_changed(state.ctx, self.control.name, row)
 
     def set_limit(self, name: str, key: str, limit: int, *, reason: str | None = None,
                   by: str | None = None) -> None:
@@ -521,44 +652,18 @@ class TestDriver:
         found = self.limits.apply(record)
         if found is None:
             return
-        for task in self.tasks.values():
-            self._limits_changed(task, found)
+        self.limits.changed.append(found)
+        self._executor.apply_tables()
         self._settle()
-
-    def _limits_changed(self, task: Task, row: object) -> None:
-        for name in self._limits_readers:
-            state = task.states[name]
-            state.stage.table_changed(state.ctx, self.limits.name, row)
 
     def commit(self) -> None:
-        """What the runtime does at commit: each store's writes of the cycle to its log (the
-        changelog, or the topic of a table the stage publishes), then to the store with
-        the offsets of those logs. A table's rows then reach the stages that read it."""
+        """What the runtime does at commit (`Executor.commit`): each store's writes of the
+        cycle to its log (the changelog, or the topic of a table the stage publishes),
+        then to the store with the offsets of those logs. A table's rows then reach the
+        stages that read it."""
         self._outside_cycle("commit()")
-        for task in self.tasks.values():
-            for state in task.stateful():
-                assert state.tx is not None
-                if state.tx.changes:
-                    self._commit_state(state, task.partition)
-        self._committed = {topic: len(written) for topic, written in self._log.items()}
-        self._committed_all = len(self._all)
-        self._committed_offsets = dict(self._offsets)
-        self._committed_dropped = dict(self._dropped)
-        self._piped.clear()
+        self._executor.commit()
         self._settle()
-
-    def _commit_state(self, state: StageState, partition: int) -> None:
-        assert state.tx is not None
-        last: dict[str, int] = {}
-        for topic, rows in state.logged(bool(self.settings.log_derived)).items():
-            if self._counted(topic):
-                # No log of this topic is kept or read (a lean driver): count, make nothing.
-                self._count(last, topic, partition, len(rows))
-                continue
-            for key, value in rows:
-                last[topic] = self._write(topic, partition, key, value)
-        state.tx.commit(last.get(state.changelog), {
-            table.name: last[table.topic] for table in state.tables if table.topic in last})
 
     def restart(self, app: App | None = None) -> None:
         """A worker (with `app`'s declarations, or the same) takes every partition over
@@ -566,22 +671,13 @@ class TestDriver:
         the records piped since the last commit are read again; new stages over the
         committed stores, `restored` called, the control table re-applied."""
         self._outside_cycle("restart()")
-        for task in self.tasks.values():
-            task.discard()
-        for topic, log in self._log.items():
-            del log[self._committed.get(topic, 0):]
-        del self._all[self._committed_all:]
-        self._offsets = dict(self._committed_offsets)
-        self._dropped = dict(self._committed_dropped)
-        self._taken = {topic: min(n, len(self._log.get(topic, ())))
-                       for topic, n in self._taken.items()}
-        self._queue.clear()
-        self._handoffs.clear()
+        self._executor.discard()
+        replay = self._rewind()
         self._open(app if app is not None else self.app)
-        replay, self._piped = self._piped, []
         for written in replay:
-            self.pipe(written.topic, written.value, written.key, partition=written.partition,
-                      headers=written.headers)
+            if isinstance(written, Written):
+                self.pipe(written.topic, written.value, written.key,
+                          partition=written.partition, headers=written.headers)
 
     def close(self) -> None:
         for task in self.tasks.values():

@@ -214,10 +214,7 @@ class Restoration:
             changes[prefix + key] = msg.value()
             last = msg.offset() or 0
         if last >= 0:
-            if table is None:
-                store.write(changes, last)
-            else:
-                store.write(changes, None, {table: last})
+            write_replayed(store, changes, last, table)
             self.replayed += len(changes)
             # A log that keeps coming is not stuck, however long it is.
             self._deadline = time.monotonic() + self.timeout_s
@@ -248,6 +245,16 @@ class Restoration:
                       tp.partition, at, high - 1, self.settle_s, at)
             return True
         return False
+
+
+def write_replayed(store: Store, changes: dict[bytes, bytes | None], last: int,
+                   table: str | None) -> None:
+    """Rows replayed from one of a store's logs (its changelog, or `table`'s topic), with
+    the offset `last` of the last of them, which the store records in the same write."""
+    if table is None:
+        store.write(changes, last)
+    else:
+        store.write(changes, None, {table: last})
 
 
 def restore_task(task: Task, consumer: Consumer, admin: AdminClient,

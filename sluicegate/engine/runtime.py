@@ -1,6 +1,9 @@
 """The worker: one consumer, one transactional producer, and the exactly-once loop, running
 a `Topology` (engine/topology.py): the stages and their wiring, the global tables, and
-what it is told of the application around them, of which it imports nothing.
+what it is told of the application around them, of which it imports nothing. The cycle
+itself (dispatch, handover, timers, retry and give-up, the commit's order) is the
+`Executor`'s (engine/executor.py), to which the worker is the Kafka behind its `CycleIO`;
+the worker keeps the consumer, rebalancing, fencing, restore and aborts.
 
 Per commit cycle: consume a batch, hand each record to its stage, fire due timers, then
 commit — produce the stores' changelog writes, flush, send the consumed offsets with the
@@ -39,9 +42,7 @@ import fcntl
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -51,6 +52,7 @@ from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import TRANSACTION_TIMEOUT_MS, Settings
 from sluicegate.engine.clock import Clock, SystemClock
+from sluicegate.engine.executor import Delivered, Executor, HandoverFailed, RecordFailed
 from sluicegate.engine.recovery import (
     Restoration,
     RestoreError,
@@ -59,8 +61,8 @@ from sluicegate.engine.recovery import (
 )
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.store import StoreUnwritable, format_bytes, free_bytes
-from sluicegate.engine.task import StageState, Task
-from sluicegate.engine.topology import Node, Topology
+from sluicegate.engine.task import Task
+from sluicegate.engine.topology import Topology
 from sluicegate.engine.transactions import (
     MAX_BACKOFF_S,
     CallHung,
@@ -140,29 +142,6 @@ class WorkerError(RuntimeError):
     """The worker cannot go on: a configuration or authorisation problem, said in one line."""
 
 
-class RecordFailed(Exception):
-    """Processing one record (or one timer) failed; `unit` names it for the replay."""
-
-    def __init__(self, unit: tuple[Any, ...], reason: str) -> None:
-        super().__init__(reason)
-        self.unit = unit
-        self.reason = reason
-
-
-@dataclass(slots=True)
-class _CatchUp:
-    """An in-order input's partition this worker owns but does not hand over to yet: the
-    consumer must first read past `target` (the partition's last stable offset when its
-    tasks had joined; None until then) and past what this worker wrote to it
-    (`own_end`). Records sent to it meanwhile are `held` until then, or until the cycle
-    commits, when they are written to the topic behind the rest."""
-
-    target: int | None = None
-    own_end: int = 0
-    held: list[tuple[bytes, bytes | None, Headers | None, object | None]] = field(
-        default_factory=list)
-
-
 class _Released:
     """Takes the place of a consumer the worker destroyed without a close."""
 
@@ -170,31 +149,9 @@ class _Released:
         raise RuntimeError("the worker's consumer is closed")
 
 
-class _HandoverFailed(Exception):
-    """A stage failed on a record held for an in-order input and handed over at catch-up,
-    outside the processing of the record that sent it."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-# A record handed over, waiting to be processed: what sent it (the record or
-# timer whose failure a failure of it is; None for a table row, a restored task or a
-# record held at catch-up), the stage and task that take it, and what was sent.
-_Handoff = tuple[tuple[Any, ...] | None, Node, Task, str, bytes, bytes | None,
-                 Headers | None, object | None]
-
-
-def _tell_rows(state: StageState, table: str, rows: list[Any]) -> None:
-    for row in rows:
-        state.stage.table_changed(state.ctx, table, row)
-
-
-def _unit_text(unit: tuple[Any, ...]) -> str:
-    if unit[0] == "timer":
-        return f"{unit[1]}'s timer due at {unit[3]} ({unit[4]!r})"
-    return f"{unit[0]}[{unit[1]}]@{unit[2]}"
+def _report(delivered: Delivered, err: KafkaError | None, msg: Any) -> None:
+    if err is None:
+        delivered(msg.topic(), msg.partition(), msg.offset())
 
 
 def _worker_identity(state_dir: Path) -> tuple[str, Any]:
@@ -239,42 +196,18 @@ class Worker:
             Stopping, CallHung, StoreUnwritable, *topology.service_errors)
         self.clock = clock or SystemClock()
         self.worker_id, self._lock = _worker_identity(settings.state_dir)
-        self._node_for_topic: dict[str, Node] = {
-            topic: node for node in topology.nodes for topic in node.inputs}
-        self._handed_over: dict[str, Node] = {
-            topic: node for node in topology.nodes
-            for topic in (*node.handed_over, *node.handed_over_in_order)}
-        # The inputs handed over in order, and the state of each partition of them this
-        # worker owns: handed over (`_drained`), catching up, or through the topic only
-        # (a stage failed on a record it was handed at catch-up).
-        self._in_order = frozenset(
-            topic for node in topology.nodes for topic in node.handed_over_in_order)
-        self._drained: set[tuple[str, int]] = set()
-        self._catching: dict[tuple[str, int], _CatchUp] = {}
-        self._topic_only: set[tuple[str, int]] = set()
-        # The offset each of them began reading at when its task joined.
-        self._joined_at: dict[tuple[str, int], int] = {}
-        # When their ends may be asked for again after the broker did not answer.
+        # The cycle: dispatch, handover, timers, poison tracking, the commit's order.
+        self.executor = Executor(topology, self, settings.partitions, settings.poison_after,
+                                 bool(settings.log_derived))
+        # When the ends of the in-order inputs may be asked for again after the broker did
+        # not answer.
         self._ends_asked_after = 0.0
-        # Records handed over: processed a slice of the batch at a time, in the order sent
-        # (`_SLICE`), each stage taking a run of records as it would from its topic, and
-        # before anything else is (a timer, a table row, the commit).
-        self._handoffs: deque[_Handoff] = deque()
-        # The record or timer being processed: what a record it hands over came from.
-        self._unit: tuple[Any, ...] | None = None
-        # Global table -> the stages that read it.
-        self._readers: dict[str, list[str]] = {
-            table.name: [node.name for node in topology.nodes if table.name in node.reads]
-            for table in topology.global_tables}
         # Tasks that process, and tasks whose stores are being restored (their partitions
         # are paused meanwhile; None: its stores are opened by the next restore step).
-        self.tasks: dict[int, Task] = {}
+        self.tasks: dict[int, Task] = self.executor.tasks
         self._restoring: dict[int, Task | None] = {}
         # The consumer is closing: its rebalance callbacks leave the tasks alone.
         self._closing = False
-        # A stage's hook that failed as a restored task joined: (stage, partition) ->
-        # (failures, the last reason); kept until the join succeeds, across commits.
-        self._join_failures: dict[tuple[str, str, int], tuple[int, str]] = {}
         # Whether the state directory's disk is known to have no room (said once).
         self._disk_full = False
         self._restore_at = 0.0
@@ -284,19 +217,11 @@ class Worker:
         self._restoration: Restoration | None = None
         self._restore_offsets: list[TopicPartition] = []
         self._restore_started = 0.0
-        # (topic, partition) -> next offset to commit, for records processed this cycle
-        self._progress: dict[tuple[str, int], int] = {}
-        # (topic, partition) -> the first offset read this cycle: where an abort goes back to
-        self._first: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the offset committed there, for the partitions of the tasks
         # that process: sent again with a cycle that read no record (timers, table rows,
         # a join), so that its transaction is fenced like any other if this worker is no
         # longer the group's member that owns them (docs/decisions/fenced-transactions.md).
         self._committed: dict[tuple[str, int], int] = {}
-        # (topic, partition) -> the offset of the last record of a store's log this cycle
-        self._log_offsets: dict[tuple[str, int], int] = {}
-        # A record or timer whose processing failed -> (failures, the last reason)
-        self._suspects: dict[tuple[Any, ...], tuple[int, str]] = {}
         self._in_txn = False
         self._commit_asked = False
         self._cycle_started = 0.0
@@ -395,7 +320,7 @@ class Worker:
 
     def _subscribe(self) -> None:
         self.consumer.subscribe(
-            sorted(self._node_for_topic),
+            sorted(self.executor.node_for_topic),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -483,7 +408,7 @@ class Worker:
                 self._restore_step()
             except RecordFailed as failure:
                 self._abort(failure, [])
-            except _HandoverFailed as failure:
+            except HandoverFailed as failure:
                 self._abort(failure.cause, [])
             except self._cycle_errors as exc:
                 self._cycle_trouble(exc)
@@ -495,6 +420,7 @@ class Worker:
             first, *self.consumer.consume(self.settings.commit_max_records - 1, timeout=0)]
         # The records before this index were committed by a slice of this batch.
         committed = 0
+        executor = self.executor
         try:
             for i, msg in enumerate(messages):
                 error = msg.error()
@@ -503,24 +429,24 @@ class Worker:
                     continue
                 self._process(msg)
                 if i % _SLICE == _SLICE - 1:
-                    if self._handoffs:
-                        self._hand_over_queued()
+                    if executor.handoffs:
+                        executor.hand_over_queued()
                     if self._in_txn and self._cycle_due():
                         # A batch takes as long as its records do: the cycle commits when
                         # it is due, not when the batch is done
                         # (docs/decisions/cycle-slices.md).
                         self._end_cycle()
                         committed = i + 1
-            if self._handoffs:
-                self._hand_over_queued()
-            self._unit = None
-            if self._catching:
+            if executor.handoffs:
+                executor.hand_over_queued()
+            executor.unit = None
+            if executor.catching:
                 self._caught_up()
             self._end_cycle()
         except RecordFailed as failure:
-            self._suspect(failure)
+            executor.suspect(failure)
             self._abort(failure, messages[committed:])
-        except _HandoverFailed as failure:
+        except HandoverFailed as failure:
             self._abort(failure.cause, messages[committed:])
         except self._cycle_errors as exc:
             # The broker's, a service's (a registry's) or the disk's trouble, not the
@@ -587,8 +513,8 @@ class Worker:
     def _end_cycle(self) -> None:
         """What the cycle does before it may commit: the global tables' changed rows, due
         timers; then the commit if it is due."""
-        self._apply_tables()
-        self._fire_timers()
+        self.executor.apply_tables()
+        self._cycle_records += self.executor.fire_timers(self.clock.now_ms())
         if self._in_txn and self._cycle_due():
             self._commit()
 
@@ -624,7 +550,7 @@ class Worker:
             log.debug("closing the replaced consumer: %s", describe(exc))
         self._subscribe()
 
-    def _begin(self) -> None:
+    def begin_transaction(self) -> None:
         if not self._in_txn:
             self._txn.begin()
             self._in_txn = True
@@ -640,41 +566,19 @@ class Worker:
     def _process(self, msg: Any) -> None:
         partition = msg.partition()
         task = self.tasks.get(partition)
-        topic, offset = msg.topic(), msg.offset()
         if task is None:
             if partition in self._restoring:
                 # Fetched before its partition was paused: read it again once restored.
-                self._seek(TopicPartition(topic, partition, offset))
+                self._seek(TopicPartition(msg.topic(), partition, msg.offset()))
             return  # else: a record of a partition revoked within this batch
         if not self._in_txn:
-            self._begin()
-        tp = (topic, partition)
-        if tp not in self._progress:
-            self._first[tp] = offset
-        record = InputRecord(topic, partition, offset, msg.key(), msg.value(),
-                             msg.timestamp()[1], msg.headers())
-        node = self._node_for_topic[topic]
-        unit = self._unit = (topic, partition, offset)
-        if not (self._suspects and self._given_up(node, task, unit, record)):
-            self._handle(node, task, record)
-        self._progress[tp] = offset + 1
+            self.begin_transaction()
+        self.executor.process(task, InputRecord(msg.topic(), partition, msg.offset(), msg.key(),
+                                                msg.value(), msg.timestamp()[1], msg.headers()))
         self._cycle_records += 1
         self.processed += 1
 
-    def _handle(self, node: Node, task: Task, record: InputRecord) -> None:
-        try:
-            node.stage.process(task.states[node.name].ctx, record)
-        except RecordFailed:
-            raise
-        except Exception as exc:
-            if not self._about_the_record(exc):
-                raise
-            raise RecordFailed(
-                (record.topic, record.partition, record.offset),
-                f"{node.name} failed on {record.topic}[{record.partition}]@{record.offset}: "
-                f"{describe(exc)}") from exc
-
-    def _about_the_record(self, exc: BaseException) -> bool:
+    def about_the_record(self, exc: BaseException) -> bool:
         """Whether a failure while processing a record is the record's (retry it, then give
         up on it) rather than the broker's or a service's (retry the cycle as it was)."""
         if isinstance(exc, self._not_the_records):
@@ -684,115 +588,24 @@ class Worker:
             return error is not None and error.code() in _RECORD_ERRORS
         return True
 
-    def _suspect(self, failure: RecordFailed) -> None:
-        failures = self._suspects.get(failure.unit, (0, ""))[0] + 1
-        self._suspects[failure.unit] = (failures, failure.reason)
-        if failures >= self.settings.poison_after:
-            log.error("%s (failed %d times: it will be dead-lettered)", failure.reason, failures)
-        else:
-            log.warning("%s (retrying it once in a replayed cycle)", failure.reason)
-
-    def _given_up(self, node: Node, task: Task, unit: tuple[Any, ...],
-                  record: InputRecord) -> bool:
-        """Whether `record` failed too often to be processed again; if so, its stage's
-        `unprocessable` hook has just recorded it instead."""
-        suspect = self._suspects.get(unit)
-        if suspect is None or suspect[0] < self.settings.poison_after:
-            return False
-        stage, ctx = node.stage, task.states[node.name].ctx
-        reason = f"could not be processed ({suspect[0]} attempts): {suspect[1]}"
-        if self._handoffs:
-            # What the records before it sent is theirs to fail, not this record's.
-            self._hand_over_queued(unit)
-        try:
-            stage.unprocessable(ctx, record, reason)
-            if self._handoffs:
-                self._hand_over_queued()
-        except Exception as exc:
-            if not self._about_the_record(exc):
-                raise
-            # The stage's own account of it cannot be written either: a bare dead letter.
-            log.error("%s: its stage could not record it (%s); a bare dead letter instead",
-                      reason, describe(exc))
-            ctx.dead_letter(record, reason)
-        return True
-
-    def _apply_tables(self) -> None:
-        self._unit = None
-        for table in self.topology.global_tables:
-            readers = self._readers[table.name]
-            for row in table.poll():
-                self._begin()
-                for task in self.tasks.values():
-                    for name in readers:
-                        state = task.states[name]
-                        state.stage.table_changed(state.ctx, table.name, row)
-            if self._handoffs:
-                self._hand_over_queued()
-
-    def _fire_timers(self) -> None:
-        now = self.clock.now_ms()
-        for task in self.tasks.values():
-            for state in task.stateful():
-                timers = state.timers
-                assert timers is not None
-                next_due = timers.next_due
-                if next_due is None or next_due > now:
-                    continue
-                self._begin()
-                for due_ms, key, value in timers.due(now):
-                    timers.cancel(due_ms, key)
-                    self._fire(state, task.partition, due_ms, key, value)
-                    self._cycle_records += 1
-
-    def _fire(self, state: StageState, partition: int, due_ms: int, key: bytes,
-              value: bytes) -> None:
-        node = state.node
-        stage = node.stage
-        unit = self._unit = ("timer", node.name, partition, due_ms, key)
-        if self._suspects and unit in self._suspects:
-            timer = InputRecord(f"timer:{node.name}", partition, -1, key, value, due_ms)
-            if self._given_up(node, self.tasks[partition], unit, timer):
-                return
-        try:
-            stage.fire(state.ctx, due_ms, key, value)
-            if self._handoffs:
-                self._hand_over_queued()
-        except Exception as exc:
-            if not self._about_the_record(exc):
-                raise
-            raise RecordFailed(unit, f"{node.name} failed on its timer due at {due_ms} "
-                                     f"({key!r}): {describe(exc)}") from exc
-
-    def _send(self, topic: str, key: bytes | None, value: bytes | None,
-              partition: int | None = None, headers: Headers | None = None,
-              message: object | None = None) -> None:
-        node = self._handed_over.get(topic)
-        if node is not None and key is not None:
-            p = (self.topology.partitioner(key, self.settings.partitions) if partition is None
-                 else partition)
-            task = self.tasks.get(p)
-            if task is not None:
-                tp = (topic, p)
-                if topic not in self._in_order or tp in self._drained:
-                    # Handed over: processed after the slice of records that sent it, in
-                    # the order sent, in this transaction, and never written to its topic.
-                    # No stage is ever called again while it is still processing one, and
-                    # each takes a run of records as it would from its topic. It has no
-                    # offset of its own: a failure is the failure of the record (or timer)
-                    # whose processing sent it.
-                    self._handoffs.append((self._unit, node, task, topic, key, value, headers,
-                                           message))
-                    return
-                catching = self._catching.get(tp)
-                if catching is not None:
-                    catching.held.append((key, value, headers, message))
-                    return
+    def produce(self, topic: str, key: bytes | None, value: bytes | None,
+                partition: int | None, headers: Headers | None,
+                delivered: Delivered | None = None) -> None:
+        """Write a record in the open transaction, waiting for room in the producer's
+        queue (`delivered`: told its offset once the broker has it)."""
         producer = self._txn.producer
         deadline = None
         while True:
             try:
-                if headers is not None:
+                if delivered is not None:
+                    assert partition is not None
+                    if headers is None:
+                        producer.produce(topic, value, key, partition,
+                                         on_delivery=partial(_report, delivered))
+                    else:
+                        producer.produce(topic, value, key, partition, headers=headers,
+                                         on_delivery=partial(_report, delivered))
+                elif headers is not None:
                     # -1: librdkafka's "unassigned", so the partitioner picks.
                     producer.produce(topic, value, key, -1 if partition is None else partition,
                                      headers=headers)
@@ -808,94 +621,21 @@ class Worker:
     def caught_up(self) -> bool:
         """Whether every partition this worker owns is processing, and every in-order
         input it owns is handed over (or goes through its topic only)."""
-        return bool(self.tasks) and not self._restoring and not self._catching
-
-    def _hand_over_queued(self, owner: tuple[Any, ...] | None = None) -> None:
-        """Process the records handed over, and those they send in turn, in the order
-        sent. One that fails fails the record or timer that sent it (`RecordFailed`),
-        which is retried and then given up on as any is; one of no record's fails as the
-        stage would have failed where it sent it. `owner`: the unit being processed,
-        which the queue's own records are not."""
-        handoffs = self._handoffs
-        while handoffs:
-            unit, node, task, topic, key, value, headers, message = handoffs.popleft()
-            self._unit = unit
-            try:
-                node.stage.process_handed_over(task.states[node.name].ctx, topic, key,
-                                               value, headers, message)
-            except RecordFailed:
-                raise
-            except Exception as exc:
-                if unit is None or not self._about_the_record(exc):
-                    raise
-                raise RecordFailed(unit, f"{node.name} failed on a record handed over from "
-                                         f"{_unit_text(unit)}: {describe(exc)}") from exc
-        self._unit = owner
+        return bool(self.tasks) and not self._restoring and not self.executor.catching
 
     def _caught_up(self) -> None:
         """After a batch: the in-order inputs whose consumer has now read past everything
-        sent to them before are handed over from here on, beginning with the records held
-        for them. Only after the whole batch, since a consumer's position counts what it
-        returned, processed or not. A stage that fails on a held record fails the cycle
-        (`_HandoverFailed`): it is read again, with those partitions' records going
-        through their topics for as long as the worker owns them, where a record that
-        fails is retried and given up on as any is."""
-        if not self._restoring and any(c.target is None for c in self._catching.values()):
+        sent to them before are handed over from here on (`Executor.release`). Only after
+        the whole batch, since a consumer's position counts what it returned, processed
+        or not."""
+        catching = self.executor.catching
+        if not self._restoring and any(c.target is None for c in catching.values()):
             self._learn_ends()
-        waiting = [TopicPartition(topic, p) for (topic, p), catching in self._catching.items()
-                   if catching.target is not None]
-        if not waiting:
-            return
-        released = []
-        for tp in self.consumer.position(waiting):
-            key = (tp.topic, tp.partition)
-            catching = self._catching[key]
-            assert catching.target is not None
-            # No position: nothing returned since the task joined, where it began reading.
-            at = tp.offset if tp.offset >= 0 else self._joined_at.get(key, -1)
-            needed = max(catching.target, catching.own_end)
-            if needed > 0 and at < needed:
-                continue
-            del self._catching[key]
-            self._drained.add(key)
-            released.append(key)
-            if not self._catching:
-                log.info("read up to the ends of the stage topics taken in order: their "
-                         "records are handed over in this process")
-            if catching.held:
-                node, task = self._handed_over[tp.topic], self.tasks[tp.partition]
-                self._handoffs.extend((None, node, task, tp.topic, *held)
-                                      for held in catching.held)
-        try:
-            self._hand_over_queued()
-        except Exception as exc:
-            if not self._about_the_record(exc):
-                raise
-            self._drained.difference_update(released)
-            self._topic_only.update(released)
-            log.warning("a stage failed on a record handed over at catch-up (%s): the cycle "
-                        "is read again, and %s go through their topics", describe(exc),
-                        ", ".join(f"{t}[{p}]" for t, p in released))
-            raise _HandoverFailed(exc) from exc
-
-    def _hold_in_order(self) -> None:
-        """New tasks are joining: what they read may have been sent to the in-order inputs
-        this worker hands over to, so every such partition catches up again, to an end
-        read once they have all joined."""
-        for tp in self._drained:
-            self._catching[tp] = _CatchUp()
-        self._drained.clear()
-        for catching in self._catching.values():
-            catching.target = None
-
-    def _join_in_order(self, partition: int) -> None:
-        """A task joined: its in-order inputs catch up, from the offsets it begins at."""
-        begins = {tp.topic: tp.offset for tp in self._restore_offsets}
-        for topic in self._in_order:
-            tp = (topic, partition)
-            self._joined_at[tp] = begins.get(topic, -1)
-            if tp not in self._topic_only and tp not in self._catching:
-                self._catching[tp] = _CatchUp()
+        waiting = [TopicPartition(topic, p) for (topic, p), c in catching.items()
+                   if c.target is not None]
+        if waiting:
+            self.executor.release({(tp.topic, tp.partition): tp.offset
+                                   for tp in self.consumer.position(waiting)})
 
     def _learn_ends(self) -> None:
         """No task is left restoring: each catching partition's end is its high watermark
@@ -906,8 +646,9 @@ class Worker:
         records meanwhile going through the topics at each commit."""
         if time.monotonic() < self._ends_asked_after:
             return
-        unknown = [TopicPartition(topic, p) for (topic, p), catching in self._catching.items()
-                   if catching.target is None]
+        catching = self.executor.catching
+        unknown = [TopicPartition(topic, p) for (topic, p), c in catching.items()
+                   if c.target is None]
         try:
             ranges = log_ranges(self.admin, unknown, _ENDS_TIMEOUT_S)
         except (KafkaException, TimeoutError) as exc:
@@ -918,38 +659,7 @@ class Worker:
             return
         for tp, (low, end) in ranges.items():
             # -1: nothing was ever there, or nothing is left; nothing to read first.
-            self._catching[tp].target = -1 if end <= low else end
-
-    def _forget_in_order(self, partitions: set[int]) -> None:
-        for states in (self._drained, self._topic_only):
-            states.difference_update([tp for tp in states if tp[1] in partitions])
-        for held in (self._catching, self._joined_at):
-            for tp in [tp for tp in held if tp[1] in partitions]:
-                del held[tp]
-
-    def _produce_held(self, tp: tuple[str, int], catching: _CatchUp) -> None:
-        """The records held for a catching-up partition go to its topic, in the order they
-        were sent; the worker hands over to it only once it has read them back."""
-        topic, partition = tp
-        produce = self._txn.producer.produce
-        for key, value, headers, _ in catching.held:
-            deadline = None
-            while True:
-                try:
-                    if headers is None:
-                        produce(topic, value, key, partition, on_delivery=self._sent_in_order)
-                    else:
-                        produce(topic, value, key, partition, headers=headers,
-                                on_delivery=self._sent_in_order)
-                    break
-                except BufferError:
-                    deadline = self._wait_for_room(deadline)
-        catching.held.clear()
-
-    def _sent_in_order(self, err: KafkaError | None, msg: Any) -> None:
-        catching = self._catching.get((msg.topic(), msg.partition()))
-        if err is None and catching is not None:
-            catching.own_end = max(catching.own_end, msg.offset() + 1)
+            catching[tp].target = -1 if end <= low else end
 
     def _wait_for_room(self, deadline: float | None) -> float:
         """The producer's queue is full: serve deliveries for a moment, and give up (the
@@ -976,55 +686,51 @@ class Worker:
             # Never commit what the stores may not be able to write.
             raise StoreUnwritable(self.settings.state_dir, f"less than "
                                   f"{format_bytes(self.settings.min_free_bytes)} free")
-        if self._handoffs:
-            self._hand_over_queued()
-        for tp, catching in self._catching.items():
-            if catching.held:
-                self._produce_held(tp, catching)
-        self._log_offsets.clear()
-        for task in self.tasks.values():
-            for state in task.stateful():
-                assert state.tx is not None
-                if state.tx.changes:
-                    self._produce_logs(state, task.partition)
-        consumed = [TopicPartition(t, p, o) for (t, p), o in
-                    (self._progress or self._fence()).items()]
-        self._txn.commit(consumed, self.consumer.consumer_group_metadata(), self._asked)
+        self.executor.commit()
+        if self.metrics is not None:
+            self.metrics.committed(self, time.monotonic() - started)
+
+    def produce_log(self, topic: str, partition: int,
+                    rows: list[tuple[bytes, bytes | None]], delivered: Delivered) -> None:
+        produce = self._txn.producer.produce
+        last = len(rows) - 1
+        for i, (key, value) in enumerate(rows):
+            deadline = None
+            while True:
+                try:
+                    if i == last:
+                        # Delivered in order within a partition: the last record's offset
+                        # is the one the store records.
+                        produce(topic, value, key, partition,
+                                on_delivery=partial(_report, delivered))
+                    else:
+                        produce(topic, value, key, partition)
+                    break
+                except BufferError:
+                    deadline = self._wait_for_room(deadline)
+
+    def commit_transaction(self, consumed: dict[tuple[str, int], int]) -> None:
+        offsets = [TopicPartition(t, p, o) for (t, p), o in (consumed or self._fence()).items()]
+        self._txn.commit(offsets, self.consumer.consumer_group_metadata(), self._asked)
         self._in_txn = False
-        self._committed.update(self._progress)
-        self._progress.clear()
-        self._first.clear()
-        if self._suspects:
-            self._suspects.clear()
+        self._committed.update(consumed)
         if self._failed_cycles:
             log.info("committing again after %d aborted cycles", self._failed_cycles)
             self._failed_cycles = 0
             self._last_trouble = ""
         if self._disk_full:
             log.info("the state directory %s has room again (%s free): committing",
-                     self.settings.state_dir, format_bytes(free))
+                     self.settings.state_dir, format_bytes(free_bytes(self.settings.state_dir)))
             self._disk_full = False
         self.commits += 1
         self._clients.reached()
-        # The transaction is durable; the stores now catch up, each with the offsets of
-        # its last records in its logs, in one WriteBatch. One that cannot (no room on its
-        # disk) is behind its logs: every task is rebuilt from them, from stores opened
-        # anew (RocksDB refuses every write after a failed flush).
-        logged = self._log_offsets
-        try:
-            for task in self.tasks.values():
-                for state in task.stateful():
-                    assert state.tx is not None
-                    if state.tx.changes:
-                        p = task.partition
-                        state.tx.commit(logged.get((state.changelog, p)), {
-                            table.name: logged[(table.topic, p)] for table in state.tables
-                            if (table.topic, p) in logged})
-        except StoreUnwritable as exc:
-            self._no_room(exc)
-            self._restore_all(reopen=True)
-        if self.metrics is not None:
-            self.metrics.committed(self, time.monotonic() - started)
+
+    def stores_behind(self, exc: StoreUnwritable) -> None:
+        """A store could not write what committed (no room on its disk): every task is
+        rebuilt from its logs, from stores opened anew (RocksDB refuses every write after
+        a failed flush)."""
+        self._no_room(exc)
+        self._restore_all(reopen=True)
 
     def _asked(self) -> None:
         self._commit_asked = True
@@ -1037,32 +743,6 @@ class Worker:
         it fires on waking would admit again what their new owner admitted."""
         tasks = self.tasks
         return {tp: offset for tp, offset in self._committed.items() if tp[1] in tasks}
-
-    def _produce_logs(self, state: StageState, partition: int) -> None:
-        """The cycle's store writes of one stage and partition: each row to its log (the
-        changelog, or the topic of a table the stage publishes), in that partition."""
-        produce = self._txn.producer.produce
-        for topic, rows in state.logged(bool(self.settings.log_derived)).items():
-            last = len(rows) - 1
-            for i, (key, value) in enumerate(rows):
-                deadline = None
-                while True:
-                    try:
-                        if i == last:
-                            # Delivered in order within a partition: the last record's
-                            # offset is the one the store records.
-                            produce(topic, value, key, partition, on_delivery=self._delivered)
-                        else:
-                            produce(topic, value, key, partition)
-                        break
-                    except BufferError:
-                        deadline = self._wait_for_room(deadline)
-
-    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
-        if err is None:
-            tp = (msg.topic(), msg.partition())
-            if msg.offset() > self._log_offsets.get(tp, -1):
-                self._log_offsets[tp] = msg.offset()
 
     def _abort(self, cause: BaseException, batch: list[Any]) -> None:
         """Undo the cycle: drop its store writes, end its transaction, and go back to where
@@ -1078,22 +758,10 @@ class Worker:
         began = self._in_txn
         self._in_txn = False
         self._commit_asked = False
-        for task in self.tasks.values():
-            task.discard()
-        self._handoffs.clear()
-        for catching in self._catching.values():
-            catching.held.clear()
-        # An in-order input read this cycle is read again from where the cycle began: the
-        # worker hands over to it once it has read back as far as it had.
-        for tp in [tp for tp in self._drained if tp in self._progress]:
-            self._drained.discard(tp)
-            self._catching[tp] = _CatchUp(self._progress[tp])
-        targets = dict(self._first)
+        targets = dict(self.executor.discard())
         for msg in batch:
             if msg.error() is None:
                 targets.setdefault((msg.topic(), msg.partition()), msg.offset())
-        self._progress.clear()
-        self._first.clear()
         for (topic, partition), offset in targets.items():
             if partition in self.tasks or partition in self._restoring:
                 self._seek(TopicPartition(topic, partition, offset))
@@ -1134,7 +802,7 @@ class Worker:
             self._restoring[partition] = task
             if reopen:
                 self._reopen(partition)
-        self._forget_in_order(set(self._restoring))
+        self.executor.forget_in_order(set(self._restoring))
         self.consumer.pause([tp for tp in self.consumer.assignment()
                              if tp.partition in self._restoring])
         self._restore_at = 0.0
@@ -1193,65 +861,26 @@ class Worker:
             self._seek(TopicPartition(tp.topic, tp.partition, offset))
         self.consumer.resume([tp for tp in self.consumer.assignment()
                               if tp.partition == partition])
-        self._join_in_order(partition)
+        self.executor.join_in_order(partition, {tp.topic: tp.offset
+                                                for tp in self._restore_offsets})
         self._last_restore_trouble = ""
         try:
-            self._join(task)
+            self.executor.join(task)
         except BaseException:
             # Failed like a cycle (the caller aborts it): the task joins again, its
             # stores already restored, once the abort has rewound what the cycle read.
             task.discard()
             del self.tasks[partition]
             self._restoring[partition] = task
-            self._forget_in_order({partition})
+            self.executor.forget_in_order({partition})
             self.consumer.pause([tp for tp in self.consumer.assignment()
                                  if tp.partition == partition])
             raise
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
                  restoration.replayed, time.monotonic() - self._restore_started)
 
-    def _join(self, task: Task) -> None:
-        """A restored task's first work, in a transaction, so a stage can act on what it
-        finds (fail the starts of a workflow that is no longer declared, say), and catch
-        up with the global tables. A stage hook that raises fails it as a record fails a
-        cycle (`RecordFailed`); one that fails `poison_after` times is skipped, said in one
-        ERROR line, so a deterministic failure does not keep the partition from joining."""
-        self._begin()
-        self._unit = None
-        partition = task.partition
-        hooks: list[tuple[tuple[str, str, int], Callable[[], object]]] = [
-            ((state.node.name, "restored", partition), partial(state.stage.restored, state.ctx))
-            for state in task.stateful()]
-        for table in self.topology.global_tables:
-            rows = list(table.rows.values())
-            for name in self._readers[table.name]:
-                hooks.append(((name, f"the {table.name} table", partition),
-                              partial(_tell_rows, task.states[name], table.name, rows)))
-        for unit, hook in hooks:
-            failed = self._join_failures.get(unit)
-            if failed is not None and failed[0] >= self.settings.poison_after:
-                log.error("%s failed on %s of partition %d %d times (%s): skipped, the "
-                          "partition joins without it", unit[0], unit[1], partition,
-                          failed[0], failed[1])
-                continue
-            try:
-                hook()
-                if self._handoffs:
-                    self._hand_over_queued()
-            except Exception as exc:
-                if not self._about_the_record(exc):
-                    raise
-                reason = f"{unit[0]} failed on {unit[1]} of partition {partition}: " \
-                         f"{describe(exc)}"
-                failures = (failed[0] if failed else 0) + 1
-                self._join_failures[unit] = (failures, describe(exc))
-                log.warning("%s (trying again as the partition joins again)", reason)
-                raise RecordFailed(unit, reason) from exc
-        for unit in [u for u in self._join_failures if u[2] == partition]:
-            del self._join_failures[unit]
-
     def _new_task(self, partition: int) -> Task:
-        return Task(partition, self.topology, self.settings.state_dir, self._send,
+        return Task(partition, self.topology, self.settings.state_dir, self.executor.send,
                     self.clock.now_ms, self.settings.max_record_bytes,
                     monotonic=self.clock.monotonic_ms, backend=self.settings.state_backend,
                     log_derived=bool(self.settings.log_derived))
@@ -1336,7 +965,7 @@ class Worker:
         new = sorted(self._partitions(tps) - set(self.tasks) - set(self._restoring))
         log.info("assigned partitions %s", sorted(self._partitions(tps)))
         if new:
-            self._hold_in_order()
+            self.executor.hold_in_order()
         for partition in new:
             self._restoring[partition] = None
         consumer.pause([tp for tp in tps if tp.partition in self._restoring])
@@ -1383,12 +1012,13 @@ class Worker:
                 self._close(restoring, False)
         self.tasks.clear()
         self._restoring.clear()
-        self._forget_in_order({tp[1] for tp in (*self._drained, *self._catching,
-                                                *self._topic_only, *self._joined_at)})
+        executor = self.executor
+        self.executor.forget_in_order({tp[1] for tp in (
+            *executor.drained, *executor.catching, *executor.topic_only, *executor.joined_at)})
 
     def _drop(self, tps: list[TopicPartition], synced: bool = False) -> None:
         self._stop_restoring(self._partitions(tps))
-        self._forget_in_order(self._partitions(tps))
+        self.executor.forget_in_order(self._partitions(tps))
         for partition in self._partitions(tps):
             task = self.tasks.pop(partition, None)
             if task is not None:

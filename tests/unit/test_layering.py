@@ -306,3 +306,23 @@ def test_the_ops_checks_see_what_they_must(tmp_path: Path) -> None:
         f"{module} reads sluicegate.ops.services.formatting._LABEL",
         f"{module} reads sluicegate.ops.services.runs._apply_key",
     ]
+
+
+# The cycle executor (engine/executor.py) reaches Kafka only through its CycleIO: the
+# worker's or the test driver's in-memory log, which both run it.
+EXECUTOR = "sluicegate.engine.executor"
+EXECUTOR_MAY_NOT = ("confluent_kafka", "sluicegate.engine.runtime", "sluicegate.engine.recovery",
+                    "sluicegate.testing")
+
+
+def _imported_by(module: str) -> set[str]:
+    return next(imports for name, imports in _every_module() if name == module)
+
+
+def test_the_executor_imports_no_kafka_client_and_the_worker_and_the_driver_run_it() -> None:
+    assert sorted(imported for imported in _imported_by(EXECUTOR)
+                  if imported.startswith(EXECUTOR_MAY_NOT)) == []
+    for runner in ("sluicegate.engine.runtime", "sluicegate.testing"):
+        assert EXECUTOR in _imported_by(runner), runner
+    assert "sluicegate.engine.runtime" not in _imported_by("sluicegate.testing"), (
+        "the driver runs the executor, not a worker")
