@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 from sluicegate.config import TRANSACTION_TIMEOUT_MS
 from sluicegate.engine.store import Store
 from sluicegate.engine.task import StageState, Task
-from sluicegate.engine.transactions import Stopping, describe
+from sluicegate.engine.transactions import Stopping, describe, error_of
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def committed_offsets(consumer: Consumer, admin: AdminClient, group: str,
     try:
         return list(consumer.committed(tps, timeout=timeout_s))
     except KafkaException as exc:
-        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        error = error_of(exc)
         if error is None or error.code() != KafkaError._TIMED_OUT:
             raise
         request = ConsumerGroupTopicPartitions(

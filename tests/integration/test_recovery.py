@@ -166,6 +166,17 @@ def test_a_long_changelog_is_restored_a_step_at_a_time_and_goes_on_after_a_stop(
         worker.close()
 
 
+def _open_transaction(settings: Settings, changelog: str, name: str) -> Producer:
+    """A transaction left open with one row (`k` = `1`) on partition 0 of `changelog`."""
+    producer = Producer(settings.client_config(
+        **{"transactional.id": f"{settings.namespace}{name}"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(changelog, b"1", b"k", 0)
+    producer.flush(30)
+    return producer
+
+
 @pytest.mark.parametrize("outcome", ["commit", "abort"])
 def test_a_restore_reads_past_a_transaction_that_is_still_ending(settings: Settings,
                                                                  outcome: str) -> None:
@@ -177,11 +188,7 @@ def test_a_restore_reads_past_a_transaction_that_is_still_ending(settings: Setti
     create_topics(settings)
     topics = Topics(settings)
     stage = STATEFUL_STAGES[0]
-    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}o"}))
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topics.changelog(stage), b"1", b"k", 0)
-    producer.flush(30)
+    producer = _open_transaction(settings, topics.changelog(stage), "o")
     worker = Worker(_kept(settings, (stage,)), settings)
     task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0,
                 backend=settings.state_backend)
@@ -257,11 +264,7 @@ def test_a_restore_ends_at_a_transaction_that_never_ends_and_says_so(
     create_topics(settings)
     topics = Topics(settings)
     stage = STATEFUL_STAGES[0]
-    producer = Producer(settings.client_config(**{"transactional.id": f"{settings.namespace}h"}))
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topics.changelog(stage), b"1", b"k", 0)
-    producer.flush(30)
+    producer = _open_transaction(settings, topics.changelog(stage), "h")
     worker = Worker(_kept(settings, (stage,)), settings)
     task = Task(0, worker.topology, settings.state_dir, lambda *a: None, lambda: 0,
                 backend=settings.state_backend)
