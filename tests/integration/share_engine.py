@@ -31,8 +31,18 @@ class SharedRuns:
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(path, timeout=30, isolation_level=None,
                                    check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS begun (execution_id TEXT PRIMARY KEY)")
+
+    @staticmethod
+    def create(path: Path) -> None:
+        """Make the file once, before any instance opens it: switching a file to WAL takes
+        a lock that SQLite does not wait for, so five instances switching it at once can
+        fail with "database is locked". The mode stays with the file."""
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS begun (execution_id TEXT PRIMARY KEY)")
+        finally:
+            db.close()
 
     def claim(self, execution_id: str) -> bool:
         cursor = self._db.execute("INSERT OR IGNORE INTO begun VALUES (?)", (execution_id,))

@@ -23,6 +23,7 @@ from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import ROOT, TopicReader, WorkerProcess, settings_env
+from tests.integration.share_engine import SharedRuns
 
 pytestmark = pytest.mark.broker
 
@@ -106,6 +107,7 @@ def test_five_engine_instances_on_one_partition_all_take_starts_and_the_limit_ho
     events = TopicReader(settings, Topics(settings).run_events, RunEvent)
     worker = WorkerProcess(settings, APP, tmp_path / "worker").start()
     group = f"share-engines-{uuid.uuid4().hex[:6]}"
+    SharedRuns.create(tmp_path / "begun.db")
     engines = [ShareEngineProcess(settings, group, f"e{i}", tmp_path / "begun.db", tmp_path)
                for i in range(5)]
     submitted = 0
@@ -149,6 +151,7 @@ def test_a_killed_instances_unacknowledged_starts_go_to_the_others_and_each_run_
     worker = WorkerProcess(settings, APP, tmp_path / "worker").start()
     group = f"share-engines-{uuid.uuid4().hex[:6]}"
     begun = tmp_path / "begun.db"
+    SharedRuns.create(begun)
     survivors: list[ShareEngineProcess] = []
     try:
         with Client(app=APP, settings=settings, replies=False) as client:
