@@ -1,17 +1,20 @@
 """The concurrency gate's CPU per start in memory, without a broker, at several queue depths.
 
 `python -m bench.gate_micro [--depths 1000,10000,100000] [--starts N] [--priority age]
-[--profile]`
+[--through-topics] [--profile]`
 
 The worker's own stages run as the worker runs them in one task, in the test driver
 (`sluicegate.testing`) running only these three and keeping only the admitted starts:
-identity sends each start to the concurrency stage's topic, from which that stage (a
-real RocksDB store) reads and decodes it, and admits it or queues it behind its key's
-limit; an admitted start is handed over to the runs stage (a real store), and an engine
+identity hands each start over to the concurrency stage, which admits it or queues it
+behind its key's limit; an admitted start is handed over to the runs stage, and an engine
 completes each run as soon as it sees it (a `completed` run event into the runs stage,
-whose release goes back through the concurrency stage's topic, which admits the next
-start waiting). Every `--commit-every` records are one cycle of the worker's: the timers
-due fire at its end, then the stores commit.
+whose release is handed back to the concurrency stage, which admits the next start
+waiting). The hops to the concurrency stage are handed over in order, in-process, as a
+worker does once it has caught up with its partitions; with `--through-topics` they are
+written to the stage's topic and read back, as before a worker has caught up. The stores
+are the worker's default backend (in memory). Every `--commit-every` records are one
+cycle of the worker's: the timers due fire at its end, then the stores commit. The records
+per start count every record written, the ledger's and the changelogs' included.
 
 For each depth D, the keys' slots are filled and D starts are queued first (not timed);
 then `--starts` more arrive, each followed by the engine completing one run, so the queue
@@ -62,12 +65,12 @@ def gate_app(limit: int, priority: str = "none") -> App:
 class Gate:
     """identity -> concurrency -> runs in memory, with an engine that completes at once."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, through_topics: bool = False) -> None:
         settings = Settings(partitions=1)
         self.topics = Topics(settings)
         # Its stores in a temporary directory of its own, deleted at close.
         self.driver = TestDriver(app, settings, stages=("identity", "concurrency", "runs"),
-                                 keep=(self.topics.admitted,))
+                                 keep=(self.topics.admitted,), in_order=not through_topics)
         self.admitted = 0
 
     def arrive(self, value: bytes) -> None:
@@ -91,13 +94,14 @@ class Gate:
 
 def records(driver: TestDriver) -> int:
     """Every record the driver's stages have written (kept or only counted), changelogs
-    included; a start handed over in-process is none."""
-    return sum(driver.offsets().values())
+    and the ledger included; a start handed over in-process is none."""
+    return sum(driver.counts().values())
 
 
 def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
         profiler: cProfile.Profile | None = None, priority: str = "none",
-        at_once: bool = False, counts: dict[str, float] | None = None) -> float:
+        at_once: bool = False, counts: dict[str, float] | None = None,
+        through_topics: bool = False) -> float:
     """CPU per start; `at_once`: each run completes before the next start arrives, which
     then takes the slot it freed at once (nothing queued: `depth` is ignored). `counts`
     gets the records written per measured start."""
@@ -108,7 +112,7 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
     values = [maker.make_payload(WORKFLOW, {"id": f"j{i}", "grp": f"k{i % keys}",
                                             "prio": (i * 7919) % 1201 - 600})
               for i in range(keys * limit + depth + starts)]
-    gate = Gate(app)
+    gate = Gate(app, through_topics)
     try:
         engine: deque[AdmittedStart] = deque()
         fill = keys * limit + depth
@@ -160,11 +164,15 @@ def main() -> None:
                         help="order each key's queue by the starts' priority (-600..600)")
     parser.add_argument("--at-once", action="store_true",
                         help="each start takes a slot freed just before it: none queues")
+    parser.add_argument("--through-topics", action="store_true",
+                        help="the hops to the concurrency stage go through its topic, as "
+                             "before a worker has caught up (by default handed over)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="cProfile order (--profile)")
     args = parser.parse_args()
     ordered = "" if args.priority == "none" else f", {args.priority} priority"
     how = "admitted at once" if args.at_once else "queued"
+    how += ", hops through the topics" if args.through_topics else ""
     print(f"concurrency limit {args.limit} per key over {args.keys} keys{ordered}, "
           f"{args.starts:,} starts measured ({how}), commit every {args.commit_every:,} "
           f"records")
@@ -173,7 +181,7 @@ def main() -> None:
         profiler = cProfile.Profile() if args.profile else None
         counts: dict[str, float] = {}
         us = run(depth, args.starts, args.keys, args.limit, args.commit_every, profiler,
-                 args.priority, args.at_once, counts)
+                 args.priority, args.at_once, counts, args.through_topics)
         print(f"| {0 if args.at_once else depth:,} | {us:.1f} | {counts['records']:.2f} |",
               flush=True)
         if profiler is not None:

@@ -703,6 +703,15 @@ class TestDriver:
         (the cycle's writes included)."""
         return self.tasks[partition].states[stage].ctx
 
+    def derive(self, stage: str, partition: int = 0) -> dict[bytes, bytes]:
+        """The derived rows `stage` would make at a restore from its rows as they are now
+        (the cycle's writes included), and from those of the stages it derives rows from
+        (`Stage.derives_from`): to hold against the derived rows it keeps as it goes."""
+        task = self.tasks[partition]
+        beside = {name: self.store(name, partition) for name in task.beside(
+            self.stage(stage))}
+        return self.stage(stage).derive(self.store(stage, partition), beside)
+
     def store(self, stage: str, partition: int = 0) -> StoreTransaction:
         return self.context(stage, partition).store
 
@@ -732,6 +741,15 @@ class TestDriver:
         """Per (topic, partition), the records written to it so far (kept or only
         counted), changelogs included."""
         return dict(self._offsets)
+
+    def counts(self) -> dict[str, int]:
+        """Per topic, how many records were written to it, kept or only counted (a
+        lean driver counts the records of a topic it neither keeps nor reads, the
+        ledger say, without writing them)."""
+        totals = dict(self._dropped)
+        for (topic, _partition), n in self._offsets.items():
+            totals[topic] = totals.get(topic, 0) + n
+        return totals
 
     def count(self, topic: str) -> int:
         """How many records were written to `topic`, kept or not (those dropped by a

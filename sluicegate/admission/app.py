@@ -59,7 +59,7 @@ def build_pipeline(app: App, settings: Settings, control: ControlTable | None = 
         PauseStage(app, settings.partitions, router),
         DeferStage(app, router, settings.max_payload_bytes),
         SingletonStage(router),
-        ConcurrencyStage(app, router, settings.deployment_cap),
+        ConcurrencyStage(app, router, settings.deployment_cap, settings.partitions),
         RateLimitStage(app, router),
         ThrottleStage(app, router),
         RunsStage(app, router),

@@ -148,9 +148,9 @@ class Router:
         if route is None or wf is None:
             self.fail(ctx, start, Outcome.failed, REMOVED, headers=headers)
             return
-        nxt = start.hop + 1
-        while nxt < len(route.hops) and not applies(_control(route.hops[nxt]), start.origin):
-            control = route.hops[nxt].control
+        nxt = self.next_hop(route, start)
+        for skipped in route.hops[start.hop + 1:nxt]:
+            control = skipped.control
             if control == "batch" or (control == "debounce" and wf.debounce is not None
                                       and wf.debounce.events is not None):
                 # A start that batching (or a debounce handing over every event) does not
@@ -160,7 +160,6 @@ class Router:
                 payload = {field: [self.payloads.open(start.payload) if payload is None
                                    else payload]}
                 start = dataclasses.replace(start, payload=self.payloads.seal(wf, payload))
-            nxt += 1
         last = nxt >= len(route.hops)
         if self.paused(start.workflow) and ctx.stage != PAUSE_STAGE and (
                 last or route.hops[nxt].stage in _BUDGET_STAGES):
@@ -179,6 +178,22 @@ class Router:
         # With the record itself, which the next stage takes as it is when it is handed
         # over in this process (docs/decisions/in-process-handover.md).
         ctx.send(topic, next_key, codec.encode(moved), None, headers, moved)
+
+    @staticmethod
+    def next_hop(route: Route, start: PendingStart) -> int:
+        """The index of the next hop after `start`'s that applies to its origin (seed
+        003's matrix); the route's length when none does."""
+        nxt = start.hop + 1
+        while nxt < len(route.hops) and not applies(_control(route.hops[nxt]), start.origin):
+            nxt += 1
+        return nxt
+
+    def admits_next(self, start: PendingStart) -> bool:
+        """Whether `forward` admits `start` now, in the task that forwards it: no hop
+        after its own applies to it, and its workflow is not paused."""
+        route = self.routes.get(start.workflow)
+        return (route is not None and self.next_hop(route, start) >= len(route.hops)
+                and not self.paused(start.workflow))
 
     def rejudge(self, ctx: StageContext, start: PendingStart,
                 headers: Headers | None = None) -> None:

@@ -9,7 +9,7 @@ processor does).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -56,7 +56,7 @@ class StageContext(Generic[T]):
     engine passes it on and never reads it."""
 
     __slots__ = ("_clock", "_dead_letter", "_monotonic", "_store", "_tables", "_timers",
-                 "partition", "send", "stage", "topics")
+                 "beside", "logs_derived", "partition", "send", "stage", "topics")
 
     def __init__(
         self,
@@ -71,10 +71,17 @@ class StageContext(Generic[T]):
         monotonic: Callable[[], int] | None = None,
         tables: tuple[TableSpec[Any, Any], ...] = (),
         legacy_rows: bool = False,
+        beside: frozenset[str] = frozenset(),
     ) -> None:
         """`tables`: the stage's tables (`Stage.tables`), over `store`; `legacy_rows`: their
-        values written as a release before typed tables wrote them (a rolling upgrade)."""
+        values written as a release before typed tables wrote them, and every derived row
+        logged too (a rolling upgrade: SLUICEGATE_LOG_DERIVED); `beside`: the names of the
+        stages the task runs with this one (whose stores `Stage.derives_from` may name)."""
         self.stage = stage
+        self.beside = beside
+        # Whether the task logs its derived rows as well (a rolling upgrade): a row a
+        # release before logged must then be written where that release reads it.
+        self.logs_derived = legacy_rows
         self.partition = partition
         self.topics = topics
         self._store = store
@@ -143,9 +150,16 @@ class Stage(ABC):
     # The prefixes of the keys of the timers it derives (kept under
     # DERIVED_TIMER_PREFIX, which `derived` then lists, and which `derive` makes too).
     derived_timers: tuple[bytes, ...] = ()
+    # The stages of the same task whose stores some of its derived rows follow from too
+    # (the concurrency stage's holders of the runs it admitted in its own task follow
+    # from the runs stage's rows): `derive` is given their stores, and a restore that
+    # writes one of them makes this stage's derived rows again as well.
+    derives_from: tuple[str, ...] = ()
 
-    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
-        """Every derived row (under `derived`), computed from the store's other rows."""
+    def derive(self, store: StoreReader,
+               beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
+        """Every derived row (under `derived`), computed from the store's other rows and
+        from `beside`, the stores of the stages of `derives_from` that the task runs."""
         return {}
 
     @abstractmethod

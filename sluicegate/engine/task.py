@@ -91,6 +91,7 @@ class Task:
         self.now_ms = clock
         self.log_derived = log_derived
         self.states: dict[str, StageState] = {}
+        beside = frozenset(node.name for node in topology.nodes)
         for node in topology.nodes:
             store = tx = timers = None
             if node.changelog is not None:
@@ -100,7 +101,7 @@ class Task:
                 timers = Timers(tx, () if log_derived else node.stage.derived_timers)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
                                topology.dead_letter, monotonic, node.stage.tables,
-                               log_derived)
+                               log_derived, beside)
             self.states[node.name] = StageState(node, ctx, store, tx, timers)
 
     def stateful(self) -> Iterator[StageState]:
@@ -108,9 +109,10 @@ class Task:
 
     def rebuild_derived(self, stores: Iterable[Store] | None = None) -> int:
         """Make every derived row of the stores again from their other rows (all of this
-        task's, or `stores`), dropping what they held under the derived prefixes (rows of
-        an earlier release's changelog, or rows the replay left behind): their logs do not
-        carry them. Returns the rows written."""
+        task's, or `stores` and those whose stages derive rows from one of them:
+        `Stage.derives_from`), dropping what they held under the derived prefixes (rows
+        of an earlier release's changelog, or rows the replay left behind): their logs do
+        not carry them. Returns the rows written."""
         written = 0
         if self.log_derived:
             # Its logs carry the derived rows too: restored, they are as they were.
@@ -119,11 +121,13 @@ class Task:
         for state in self.stateful():
             stage, store = state.stage, state.store
             assert store is not None
-            if not stage.derived or (chosen is not None and id(store) not in chosen):
+            beside = self.beside(stage)
+            if not stage.derived or (chosen is not None and id(store) not in chosen and not any(
+                    id(other) in chosen for other in beside.values())):
                 continue
             # The rows made, then a delete for every row held that they do not replace
             # (not a dict of the deletes updated with them: a copy of a million rows).
-            rows = cast(dict[bytes, bytes | None], stage.derive(store))
+            rows = cast(dict[bytes, bytes | None], stage.derive(store, beside))
             for prefix in stage.derived:
                 for key, _ in store.items(prefix):
                     rows.setdefault(key, None)
@@ -131,6 +135,16 @@ class Task:
                 store.write(rows, None)
                 written += len(rows)
         return written
+
+    def beside(self, stage: Stage) -> dict[str, Store]:
+        """The stores of the stages `stage` derives rows from (`Stage.derives_from`) that
+        this task runs."""
+        found = {}
+        for name in stage.derives_from:
+            other = self.states.get(name)
+            if other is not None and other.store is not None:
+                found[name] = other.store
+        return found
 
     def discard(self) -> None:
         """Drop this cycle's writes: the transaction aborted (the timers notice by themselves)."""

@@ -230,7 +230,7 @@ def _assert_derived_rows_follow(h: TestDriver) -> None:
             continue
         store = h.store(stage)
         kept = {key: value for prefix in node.derived for key, value in store.items(prefix)}
-        assert pending.agrees(kept, node.derive(store)), stage
+        assert pending.agrees(kept, h.derive(stage)), stage
 
 
 @pytest.mark.parametrize("name", list(CASES))

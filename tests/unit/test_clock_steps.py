@@ -136,7 +136,7 @@ def test_a_runs_deadlines_are_derived_from_its_row_and_never_logged() -> None:
         driver.report(ended.execution_id, RunEventKind.completed)
         driver.commit()
         kept = _runs_rows(driver)
-        derived = driver.stage("runs").derive(driver.store("runs"))
+        derived = driver.derive("runs")
         def of(rows: dict[bytes, bytes], handle: object) -> set[bytes]:
             return {k for k in rows if k.endswith(handle.execution_id.encode())}  # type: ignore[attr-defined]
 

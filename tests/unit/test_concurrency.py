@@ -44,6 +44,7 @@ from sluicegate.declare import (
     Timeouts,
     Workflow,
 )
+from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
 from sluicegate.schemas.records import (
     AdmittedKind,
@@ -53,6 +54,8 @@ from sluicegate.schemas.records import (
     Record,
     Release,
     ReleaseKind,
+    RunEventKind,
+    RunStatus,
     Slot,
 )
 from sluicegate.testing import TestDriver
@@ -241,11 +244,11 @@ def release_to(d: TestDriver, key: str, execution_id: str, workflow: str,
 
 
 def release(d: TestDriver, execution_id: str, kind: ReleaseKind = ReleaseKind.ended) -> None:
-    """The runs stage gives back every concurrency slot the run holds."""
-    run = next(a for a in reversed(d.admitted) if a.execution_id == execution_id)
-    for slot in run.slots:
-        if slot.stage == NAME:
-            release_to(d, slot.key, execution_id, run.workflow, kind)
+    """The run ends (or, `suspended`, sleeps between steps): its engine says so, and the
+    runs stage gives back every concurrency slot the run holds (a suspended run's only in
+    `steps` mode)."""
+    d.report(execution_id, RunEventKind.suspended if kind is ReleaseKind.suspended
+             else RunEventKind.completed)
 
 
 def admitted_ids(d: TestDriver) -> list[str]:
@@ -320,6 +323,65 @@ def test_a_start_ranked_far_from_the_head_is_told_so_rather_than_counted(make: A
     assert row.reason == (
         f"concurrency: 1 of 1 slots of workflow w in use; more than {COUNTED} ahead of it "
         "in line for the next free one")
+
+
+def _logged_holders(d: TestDriver) -> list[bytes]:
+    """The keys of the holder rows the concurrency stage's changelog carries."""
+    return [w.key for w in d.sent(d.topics.changelog(NAME))
+            if w.key is not None and w.key.startswith(STATE_PREFIX + b"H")]
+
+
+def test_the_slot_of_a_run_admitted_here_is_made_again_from_its_row_not_logged(
+        make: Any) -> None:
+    """A start admitted from this hop, its run's row written by this task's runs stage in
+    the same transaction: its slot is not logged, and a restore makes it again from the
+    row (docs/decisions/holders-from-run-rows.md). A run that ends frees it as before."""
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, key="tenant")))
+    first, second = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    h.commit()
+    assert _logged_holders(h) == []
+    h.restart()
+    assert holders(h, "w\x1fa") == [first], "made again from the run's row"
+    third = start(h, "w", {"tenant": "a"})
+    assert admitted_ids(h) == [first]
+    release(h, first)
+    assert admitted_ids(h) == [first, second]
+    h.commit()
+    h.restart()
+    assert holders(h, "w\x1fa") == [second]
+    assert outcomes(h, third) == [Outcome.queued]
+
+
+def test_a_slot_whose_run_is_admitted_elsewhere_is_logged(make: Any) -> None:
+    """A hop after this one (here a second limit, over the whole workflow) admits the
+    start, maybe in another task: the run's row is not this task's to make the slot of
+    the first limit from, so that slot is logged; the second limit's is not."""
+    h = make(Workflow(name="w", payload=Job, concurrency=[
+        Concurrency(limit=1, key="tenant"), Concurrency(limit=5)]))
+    first = start(h, "w", {"tenant": "a"})
+    h.commit()
+    assert len(_logged_holders(h)) == 1
+    h.restart()
+    assert [s.key for s in h.admitted[0].slots] == ["w\x1fa", "w#1\x1f"]
+    assert holders(h, "w\x1fa") == [first] and holders(h, "w#1\x1f") == [first]
+
+
+def test_a_release_after_a_restore_made_the_slot_free_lets_the_next_start_go(
+        make: Any) -> None:
+    """The run ended (its row says so) and its release is still on its way through the
+    stage's topic when the partition is restored: the restore already finds the slot
+    free, so the release that comes finds no holder, and the start waiting goes then."""
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, key="tenant")))
+    first, second = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    runs = h.context("runs").table("runs")
+    row = runs.get(first)
+    runs.put(first, replace(row, status=RunStatus.completed))
+    h.commit()
+    h.restart()
+    assert holders(h, "w\x1fa") == [] and admitted_ids(h) == [first]
+    release_to(h, "w\x1fa", first, "w")
+    assert admitted_ids(h) == [first, second]
+    assert holders(h, "w\x1fa") == [second]
 
 
 def test_a_release_for_a_run_that_holds_nothing_here_changes_nothing(make: Any) -> None:
@@ -523,6 +585,21 @@ def test_a_start_admitted_before_its_timeout_does_not_expire(make: Any) -> None:
     assert h.timers(NAME).next_due is None
 
 
+@pytest.mark.parametrize("mode", ["steps", "runs"])
+def test_a_suspended_run_holds_its_slot_after_a_restore_only_in_runs_mode(
+        make: Any, mode: str) -> None:
+    """Slots made again from the runs' rows at a restore: a run sleeping between steps
+    holds none in `steps` mode (it gave its slot back) and keeps its own in `runs` mode."""
+    h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, mode=mode)))
+    sleeper, other = start(h, "w", {"tenant": "a"}), start(h, "w", {"tenant": "a"})
+    release(h, sleeper, ReleaseKind.suspended)
+    h.commit()
+    h.restart()
+    holding = [other] if mode == "steps" else [sleeper]
+    assert holders(h, "w\x1f") == holding
+    assert admitted_ids(h) == [sleeper, *([other] if mode == "steps" else [])]
+
+
 def test_steps_mode_frees_the_slot_while_suspended_and_readmits_before_resuming(
         make: Any) -> None:
     h = make(Workflow(name="w", payload=Job, concurrency=Concurrency(limit=1, mode="steps")))
@@ -627,7 +704,7 @@ def assert_derived_rows_follow(d: TestDriver) -> None:
     stage = d.stage("concurrency")
     store = d.store("concurrency")
     kept = {key: value for prefix in stage.derived for key, value in store.items(prefix)}
-    derived = stage.derive(store)
+    derived = d.derive("concurrency")
     assert pending.agrees(kept, derived), (kept, derived)
 
 

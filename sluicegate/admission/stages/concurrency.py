@@ -21,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from sluicegate.admission import floors, overrides, pending
 from sluicegate.admission import limits as key_limits
+from sluicegate.admission.decisions import RUNS_STAGE
 from sluicegate.admission.pending import COUNTED, FairQueue, Parked, priority_mode
 from sluicegate.admission.routing import (
     REMOVED,
@@ -40,6 +41,7 @@ from sluicegate.admission.rows import legacy
 from sluicegate.admission.stage import StageContext
 from sluicegate.admission.stages import cancelon
 from sluicegate.admission.stages.queueing import QueueStage
+from sluicegate.admission.stages.runs import RUNS
 from sluicegate.declare import App, ExpressionError, Workflow, format_duration
 from sluicegate.engine.stage import Headers, InputRecord, StoreReader
 from sluicegate.engine.tables import (
@@ -52,7 +54,9 @@ from sluicegate.engine.tables import (
 )
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
+from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.records import (
+    LIVE,
     AdmittedKind,
     CancelSweep,
     Outcome,
@@ -60,6 +64,7 @@ from sluicegate.schemas.records import (
     PendingStart,
     Release,
     ReleaseKind,
+    RunStatus,
 )
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
@@ -77,13 +82,17 @@ class Holder:
 
 
 # Tables of this stage (the FairQueue's are admission/pending.py's): (key, execution id)
-# -> a holder of one of its slots; key -> the number of slots held (derived from the
-# holders); (key, execution id) -> where a start waits (derived from the queues: its lane
-# and queue row, the lane preceded by its length).
+# -> a holder of one of its slots, logged; the same for a holder whose run this task
+# admitted and whose row this task's runs stage wrote in the same transaction, derived
+# from that row (docs/decisions/holders-from-run-rows.md); key -> the number of slots
+# held (derived from the holders); (key, execution id) -> where a start waits (derived
+# from the queues: its lane and queue row, the lane preceded by its length).
 _HOLDER = STATE_PREFIX + b"H"
+_RUN_HOLDER = STATE_PREFIX + b"h"
 _WAITING = STATE_PREFIX + b"W"
 HOLDERS = TableSpec("holders", _HOLDER, SIZED, legacy(
     Fields(Holder), lambda t: Holder(t[0], int(t[1])), lambda h: (h.workflow, h.index)))
+RUN_HOLDERS = TableSpec("run_holders", _RUN_HOLDER, SIZED, Fields(Holder), derived=True)
 HELD = TableSpec("held", STATE_PREFIX + b"C", SIZED_TEXT, Decimal(1), derived=True)
 
 
@@ -251,15 +260,23 @@ class ConcurrencyStage(QueueStage):
     expects = "a pending start or a release"
     # Slots held per key follow from the holders, the waiting index and cancelOn's index by
     # workflow from the queues, and the queues' bookkeeping from their rows: none is logged.
-    tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, HOLDERS, HELD, WAITING,
-              _SWEPT, *floors.TABLES)
+    tables = (*QueueStage.tables, *cancelon.SweepIndex.TABLES, HOLDERS, RUN_HOLDERS, HELD,
+              WAITING, _SWEPT, *floors.TABLES)
     derived = derived_prefixes(*tables)
+    derives_from = (RUNS_STAGE,)
 
-    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+    def derive(self, store: StoreReader,
+               beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
         rows = super().derive(store)
         held: dict[str, int] = {}
         holding: set[bytes] = set()
-        for (key, execution_id), _ in HOLDERS.read(store):
+        logged = set()
+        for where, _ in HOLDERS.read(store):
+            logged.add(where)
+        runs = (beside or {}).get(RUNS_STAGE)
+        found = {} if runs is None else self._run_holders(runs, logged)
+        rows.update(RUN_HOLDERS.row(where, holder) for where, holder in found.items())
+        for key, execution_id in (*logged, *found):
             held[key] = held.get(key, 0) + 1
             if self.floors:
                 holding.add(SIZED.encode((key, execution_id)))
@@ -288,9 +305,11 @@ class ConcurrencyStage(QueueStage):
                 if workflows is None or workflow in workflows:
                     yield workflow, key + execution_id
 
-    def __init__(self, app: App, router: Router, deployment_cap: int) -> None:
+    def __init__(self, app: App, router: Router, deployment_cap: int,
+                 partitions: int) -> None:
         super().__init__(app, router)
         self.deployment_cap = deployment_cap
+        self.partitions = partitions
         self.sweeps = cancelon.SweepIndex(app)
         self._limits: dict[tuple[str, int], Limit] = {}
         self._declared = hashlib.sha256("\n".join(sorted(
@@ -444,7 +463,61 @@ class ConcurrencyStage(QueueStage):
     @staticmethod
     def holders(ctx: StageContext, key: str) -> list[str]:
         """The execution ids holding `key`'s slots."""
-        return [execution_id for (_, execution_id) in ctx.table("holders").keys(SIZED.head(key))]
+        return [execution_id for table in ("run_holders", "holders")
+                for (_, execution_id) in ctx.table(table).keys(SIZED.head(key))]
+
+    @staticmethod
+    def _holder(ctx: StageContext, key: str, execution_id: str) -> tuple[Holder | None, str]:
+        """The holder of one of `key`'s slots that `execution_id` is, and its table."""
+        where = (key, execution_id)
+        holder: Holder | None = ctx.table("run_holders").get(where)
+        if holder is not None:
+            return holder, "run_holders"
+        return ctx.table("holders").get(where), "holders"
+
+    def _holder_table(self, ctx: StageContext, start: PendingStart) -> str:
+        """Where the slot `start` takes is kept: derived from its run's row when that row
+        is written in this task, in this transaction (a fresh start admitted from this
+        hop, its execution id on this partition, its task running the runs stage, no
+        rolling upgrade that needs the row logged); logged otherwise."""
+        if (start.kind is AdmittedKind.start and not ctx.logs_derived
+                and RUNS_STAGE in ctx.beside and self.router.admits_next(start)
+                and partition_for(start.execution_id.encode(), self.partitions)
+                == ctx.partition):
+            return "run_holders"
+        return "holders"
+
+    def _run_holders(self, runs: StoreReader, logged: set[tuple[str, str]]
+                     ) -> dict[tuple[str, str], Holder]:
+        """The holders made from the live runs' rows (`_holder_table`): each slot of this
+        stage a run holds under a key on its own partition and that no logged holder
+        names, except a suspended run's in `steps` mode (it gave its slot back)."""
+        found: dict[tuple[str, str], Holder] = {}
+        for execution_id, row in RUNS.read(runs):
+            if row.status not in LIVE:
+                continue
+            partition = partition_for(execution_id.encode(), self.partitions)
+            for slot in row.slots:
+                where = (slot.key, execution_id)
+                if (slot.stage != NAME or where in logged
+                        or partition_for(slot.key.encode(), self.partitions) != partition):
+                    continue
+                index = self._index_of(row.workflow, slot.key)
+                if row.status is RunStatus.suspended and frees(
+                        ReleaseKind.suspended, self._mode_of_holder(row.workflow, index)):
+                    continue
+                found[where] = Holder(row.workflow, index)
+        return found
+
+    def _index_of(self, workflow: str, key: str) -> int:
+        """Which of `workflow`'s limits the slot of `key` is (-1: the deployment's cap, or
+        a limit no longer declared)."""
+        route = self.router.routes.get(workflow)
+        budget = ControlKey.parse(key).budget
+        for hop in route.hops if route is not None else ():
+            if hop.stage == NAME and hop.budget == budget:
+                return hop.index
+        return -1
 
     def _waiting(self, ctx: StageContext, key: str, execution_id: str) -> tuple[str, Parked] | None:
         found = ctx.table("waiting").get((key, execution_id))
@@ -498,7 +571,8 @@ class ConcurrencyStage(QueueStage):
         occupancy = Occupancy(self.held(ctx, key), len(queue))
         where = (key, start.execution_id)
         verdict = arrive(
-            occupancy, limit, holding=where in ctx.table("holders"),
+            occupancy, limit,
+            holding=where in ctx.table("run_holders") or where in ctx.table("holders"),
             queued=where in ctx.table("waiting"), resume=resume)
         if verdict is Verdict.take:
             self._take(ctx, key, start, hop, headers)
@@ -520,7 +594,8 @@ class ConcurrencyStage(QueueStage):
 
     def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop,
               headers: Headers | None, lane: str | None = None) -> None:
-        ctx.table("holders").put((key, start.execution_id), Holder(start.workflow, hop.index))
+        ctx.table(self._holder_table(ctx, start)).put((key, start.execution_id),
+                                                      Holder(start.workflow, hop.index))
         self._set_held(ctx, key, self.held(ctx, key) + 1)
         if hop.budget in self.floors:
             wf = self.router.workflow(start.workflow)
@@ -593,16 +668,19 @@ class ConcurrencyStage(QueueStage):
 
     def _release(self, ctx: StageContext, release: Release) -> None:
         key = release.key
-        holders = ctx.table("holders")
-        holder = holders.get((key, release.execution_id))
+        holder, table = self._holder(ctx, key, release.execution_id)
         if holder is None:
             if release.kind is not ReleaseKind.suspended:
                 # The run ended while its resume waited here: it no longer needs a slot.
                 self._forget_waiting_resume(ctx, key, release.execution_id)
+                # Or its slot was made again from its row at a restore after it ended and
+                # before this release came: the slot is free already, and who waits for
+                # it goes now.
+                self._drain(ctx, key)
             return
         if not frees(release.kind, self._mode_of_holder(holder.workflow, holder.index)):
             return
-        holders.delete((key, release.execution_id))
+        ctx.table(table).delete((key, release.execution_id))
         self._set_held(ctx, key, self.held(ctx, key) - 1)
         if self.floors:
             floors.released(ctx.store, _prefixed(key), release.execution_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sluicegate import tracing
@@ -190,7 +191,8 @@ class IdentityStage(AdmissionStage):
     # cancelOn's index of the delayed starts by workflow follows from their timers.
     derived = cancelon.SweepIndex.DERIVED
 
-    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+    def derive(self, store: StoreReader,
+               beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
         return self.delayed.sweeps.rows(self.delayed.indexed(store))
 
     def __init__(self, app: App, partitions: int, router: Router,

@@ -6,6 +6,7 @@ arrival (docs/decisions/cancelon-correlator.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sluicegate.admission import pending
@@ -28,7 +29,8 @@ class QueueStage(ControlStage):
     # Its queues' bookkeeping follows from their rows (admission/pending.py).
     derived: tuple[bytes, ...] = pending.DERIVED
 
-    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+    def derive(self, store: StoreReader,
+               beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
         return pending.derive(store)
 
     def process(self, ctx: StageContext, record: InputRecord) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
@@ -552,7 +553,8 @@ class RunsStage(AdmissionStage):
 
     # -- deadlines: a row and its timers ------------------------------------------------
 
-    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+    def derive(self, store: StoreReader,
+               beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
         """Every live run's backstop and its timers, as `_arm` made them and the run's
         reports moved them, but for the lease, which runs from the run's admission (its
         timer then finds the run quiet only since the restore, and moves on)."""

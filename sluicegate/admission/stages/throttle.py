@@ -21,7 +21,7 @@ a start of a workflow removed from the declarations fails (both into onFailure).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from sluicegate.admission import limits as key_limits
@@ -242,7 +242,8 @@ class ThrottleStage(QueueStage):
                                             ctx.now_ms))
             self._settle(ctx, key, self._drain(ctx, key, keyed, queue), queue)
 
-    def derive(self, store: StoreReader) -> dict[bytes, bytes]:
+    def derive(self, store: StoreReader,
+               beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
         rows = super().derive(store)
         rows.update(self.sweeps.rows(self._parked(store)))
         return rows
