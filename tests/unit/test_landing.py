@@ -4,6 +4,7 @@ worker keys its first hop to (docs/decisions/starts-land-where-decided.md)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -239,3 +240,22 @@ def test_topology_show_says_where_each_workflows_starts_land_and_which_hops_rema
     assert ("note: starts -> identity[idempotency note by explicit id] -> admitted\n"
             "  lands by request id: no control after identity: admitted where identity "
             "decides it\n") in out
+
+
+def test_an_idempotent_start_keyed_by_anything_is_rekeyed_and_decided_once() -> None:
+    """A producer that keys an idempotent start by its request id, or by the control's
+    key, is still answered `existing` on every repeat: identity re-keys it to its
+    idempotency key's partition first."""
+    wf = Workflow(name="w", payload=Job, idempotency=Idempotency(key="order"),
+                  concurrency=Concurrency(limit=5, key="tenant"))
+    with TestDriver(App([wf]), Settings(partitions=4), in_order=True) as driver:
+        builder = StartBuilder(driver.app, driver.settings)
+        keys = [lambda r: r.request_id.encode(), lambda r: b"w\x1facme",
+                lambda r: builder.build("w", PAYLOAD)[1]]
+        for i in range(9):
+            request, _key = builder.build("w", PAYLOAD, request_id=f"r{i}",
+                                          requested_at_ms=driver.now_ms)
+            driver.pipe(driver.topics.starts, request, keys[i % 3](request))
+        outcomes = Counter(row.outcome for row in driver.ledger)
+        assert outcomes == {Outcome.admitted: 1, Outcome.existing: 8}
+        assert len(driver.admitted) == 1
