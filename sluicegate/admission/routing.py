@@ -19,7 +19,7 @@ from sluicegate.admission.decisions import admit, dead_letter, record_decision, 
 from sluicegate.admission.lease import Leases
 from sluicegate.admission.limits import KeyLimits
 from sluicegate.admission.stage import AdmissionStage, StageContext
-from sluicegate.declare import App, Control, ExpressionError, FailureReport, Workflow, applies
+from sluicegate.declare import App, ExpressionError, FailureReport, Workflow
 from sluicegate.engine.stage import Headers, InputRecord
 from sluicegate.engine.tables import RAW, TableSpec
 from sluicegate.engine.timers import STATE_PREFIX
@@ -40,14 +40,20 @@ from sluicegate.schemas.records import (
     changed,
 )
 from sluicegate.topology.keys import ControlKey, identity_store_key, key_text
-from sluicegate.topology.route import DEPLOYMENT_CAP, Hop, Route, control_name, hop_key, route_for
+from sluicegate.topology.landing import Landings
+from sluicegate.topology.route import (
+    Hop,
+    Route,
+    control_name,
+    hop_key,
+    route_for,
+    wraps_payload,
+)
 
 PAUSE_STAGE = "pause"
 REMOVED = "workflow removed from the declarations"
 # Stages that hand out a budget (a throttle turn, a slot): a paused start waits before them.
 _BUDGET_STAGES = {"throttle", "concurrency"}
-# A hop's control: the one it is named after, or concurrency for the deployment's cap.
-_CONTROL = {DEPLOYMENT_CAP: Control.concurrency}
 
 
 # Where a stage keeps the digest of the workflows it last checked its state against (a
@@ -70,10 +76,6 @@ def mark_checked(ctx: StageContext, digest: bytes) -> None:
     ctx.table("declared").put(b"", digest)
 
 
-def _control(hop: Hop) -> Control:
-    return _CONTROL.get(hop.control) or Control.of(hop.control)
-
-
 def declared_digest(app: App) -> bytes:
     """The workflows declared, as a digest: a stage whose state outlives a workflow
     (parked, queued, delayed starts) checks it again at restore only when this changed."""
@@ -92,6 +94,8 @@ class Router:
         self.routes: dict[str, Route] = {
             wf.name: route_for(wf, deployment_cap) for wf in app.workflows.values()
         }
+        # Where a start the worker asks for itself is produced (topology/landing.py).
+        self.landings = Landings(app, deployment_cap)
         # Per workflow, the control of each hop as the ledger names it.
         self.controls: dict[str, tuple[str, ...]] = {
             wf.name: tuple(control_name(wf, hop) for hop in self.routes[wf.name].hops)
@@ -151,8 +155,7 @@ class Router:
         nxt = self.next_hop(route, start)
         for skipped in route.hops[start.hop + 1:nxt]:
             control = skipped.control
-            if control == "batch" or (control == "debounce" and wf.debounce is not None
-                                      and wf.debounce.events is not None):
+            if wraps_payload(wf, skipped):
                 # A start that batching (or a debounce handing over every event) does not
                 # apply to runs as a batch of one, so the run's payload still has the
                 # workflow's own shape.
@@ -184,7 +187,7 @@ class Router:
         """The index of the next hop after `start`'s that applies to its origin (seed
         003's matrix); the route's length when none does."""
         nxt = start.hop + 1
-        while nxt < len(route.hops) and not applies(_control(route.hops[nxt]), start.origin):
+        while nxt < len(route.hops) and not route.hops[nxt].applies_to(start.origin):
             nxt += 1
         return nxt
 
@@ -370,12 +373,15 @@ class Router:
         )
         # Named after what failed, so a replayed cycle asks for the same start again.
         request_id = f"failure:{workflow}:{tag}"
+        data = report.model_dump(mode="json")
         request = StartRequest(
             request_id=request_id, workflow=on_failure,
-            payload=self.payloads.seal(handler, report.model_dump(mode="json")),
-            origin=Origin.event, requested_at_ms=now,
+            payload=self.payloads.seal(handler, data), origin=Origin.event,
+            requested_at_ms=now,
         )
-        ctx.send(ctx.topics.starts, request_id.encode(), codec.encode(request), None, trace)
+        # Keyed as the SDK keys a start: where the handler's first control decides it.
+        ctx.send(ctx.topics.starts, self.landings.key(request, data), codec.encode(request),
+                 None, trace)
 
     def is_failure_handler(self, workflow: str) -> bool:
         return any(wf.on_failure == workflow for wf in self.app.workflows.values())

@@ -41,7 +41,8 @@ from sluicegate.schemas.murmur2 import partition_for
 from sluicegate.schemas.payloads import Payloads, validate
 from sluicegate.schemas.records import ENDED, Outcome, Reply, RunRow, StartRequest
 from sluicegate.topology.framing import configure_codec
-from sluicegate.topology.keys import execution_id_for, identity_key, identity_store_key
+from sluicegate.topology.keys import execution_id_for
+from sluicegate.topology.landing import Landings
 from sluicegate.topology.topics import Topics
 
 
@@ -200,14 +201,16 @@ class StartBuilder:
     """Turns a call into a validated start request and its Kafka key, producing nothing.
 
     The payload is validated against the declaration (a batch workflow's item schema),
-    sealed when the workflow encrypts payloads, and keyed by its identity key when it has
-    one (so repeats meet on one partition), else by its request id."""
+    sealed when the workflow encrypts payloads, and keyed where it is decided
+    (`Landing.key`: its idempotency key when it has one, so repeats meet on one partition,
+    else its first control's key, else its request id)."""
 
     def __init__(self, app: App, settings: Settings, reply_partition: int | None = None) -> None:
         self.app = app
         self.reply_partition = reply_partition
         self._payloads = Payloads.of(settings)
         self._max_payload = settings.max_payload_bytes
+        self._landings = Landings(app, settings.deployment_cap)
 
     def build(self, workflow: str, payload: BaseModel | Mapping[str, Any], *,
               id: str | None = None, at: datetime | int | None = None,
@@ -252,10 +255,9 @@ class StartBuilder:
             at_ms=at_ms,
             reply_partition=self.reply_partition,
         )
-        key = identity_key(wf, start, data)
-        kafka_key = (identity_store_key(workflow, key) if key is not None
-                     else start.request_id.encode())
-        return start, kafka_key
+        landing = self._landings.get(workflow)
+        assert landing is not None  # every declared workflow has one
+        return start, landing.key(start, data)
 
 
 class Client:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluicegate.declare import App, Control, Expression, Workflow
+from sluicegate.declare import App, Control, Expression, Origin, Workflow, applies
 from sluicegate.topology.keys import ControlKey
 
 DEPLOYMENT_BUDGET = "deployment"
@@ -30,6 +30,12 @@ class Hop:
     index: int = 0
     # How it is keyed, when `key` alone does not say (several throttles judged together).
     keyed: str | None = None
+
+    def applies_to(self, origin: Origin) -> bool:
+        """Whether this hop judges a start of `origin` (seed 003's matrix; the deployment's
+        cap is a concurrency limit)."""
+        control = Control.concurrency if self.control == DEPLOYMENT_CAP else self.control
+        return applies(control, origin)
 
     def describe(self) -> str:
         key = self.keyed or f"by {self.key if self.key else '(one key)'}"
@@ -119,6 +125,15 @@ def key_expression(wf: Workflow, hop: Hop) -> Expression | None:
     else:
         option = getattr(wf, Control.of(hop.control).option)
     return option.key_expr if option is not None else None
+
+
+def wraps_payload(wf: Workflow, hop: Hop) -> bool:
+    """Whether a start this hop does not apply to is wrapped as a batch of one on its way
+    past it (batch, or a debounce handing over every event), so that its run's payload
+    has the workflow's shape: the later hops read their keys from the wrapped payload."""
+    return hop.control == Control.batch.value or (
+        hop.control == Control.debounce.value and wf.debounce is not None
+        and wf.debounce.events is not None)
 
 
 def hop_key(wf: Workflow, hop: Hop, payload: Any) -> str:

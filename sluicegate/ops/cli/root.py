@@ -113,13 +113,20 @@ def topics_create(
 
 @topology_app.command("show")
 def topology_show(app_spec: AppSpec, namespace: Namespace = None) -> None:
-    """Print each workflow's route: its stages in order and the key of each."""
+    """Print each workflow's route: its stages in order and the key of each, then where its
+    starts land on the starts topic and which hops remain, and why."""
     from sluicegate.declare import load_app
+    from sluicegate.topology.landing import Landings, explain
     from sluicegate.topology.route import routes
 
     settings = options.settings(None, namespace, offline=True)
-    for route in routes(load_app(app_spec, settings), settings.deployment_cap):
+    app = load_app(app_spec, settings)
+    landings = Landings(app, settings.deployment_cap)
+    for route in routes(app, settings.deployment_cap):
         typer.echo(route.describe())
+        landing = landings.get(route.workflow)
+        for line in explain(landing) if landing is not None else ():
+            typer.echo(f"  {line}")
 
 
 @app.command("worker")
