@@ -6,7 +6,8 @@ callgrind for 4,000 and for 12,000 starts (the same 12,000 made in both) and pri
 difference per start. `python -m bench.instructions --gate [--tree DIR]`: the same with
 `bench.gate_micro` (limit 50 per key over 200 keys, 1,000 queued, a cycle every 680
 records) for 2,000 and 6,000 starts, once with every start queued and admitted from the
-queue, once with every start admitted at once, with the records written per start.
+queue, once with every start admitted at once, with the records written per start. Both
+runs make the same starts up front (the SDK's work), so the difference is the worker's.
 Unlike a time, the count does not move with other load on the machine, so it is the
 steady guide while working on the stages (docs/benchmarks.md); the broker benchmarks
 (`bench.passthrough`, `bench.gate`) say what a change is worth in the worker. Needs
@@ -45,7 +46,8 @@ def gate_instructions(tree: Path, starts: int, at_once: bool) -> tuple[int, floa
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
          "-m", "bench.gate_micro", "--depths", "1000", "--starts", str(starts),
-         "--commit-every", "680", *(["--at-once"] if at_once else [])],
+         "--commit-every", "680", "--made", str(GATE_LARGE),
+         *(["--at-once"] if at_once else [])],
         cwd=tree, capture_output=True, text=True, check=True)
     found = re.search(r"Collected : (\d+)", out.stderr)
     row = re.search(r"^\|[^|]*\|[^|]*\| ([\d.]+) \|$", out.stdout, re.MULTILINE)
