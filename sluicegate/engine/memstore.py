@@ -20,8 +20,10 @@ from sluicegate.engine.packed import BLOCK_ROWS, Packed
 _NO_OFFSET = -1
 # A store's recent rows are merged into its packed blocks once they are this many and at
 # least an eighth as many as the packed rows (MemoryStore).
-_PACK_AT = 8192
+_PACK_AT = 65536
 _PACK_SHARE = 8
+# Keys whose packed row (or its absence) a store remembers at most (MemoryStore._seen).
+_SEEN_AT = 4096
 _ABSENT = object()
 _END: tuple[None, None] = (None, None)
 
@@ -54,7 +56,7 @@ class MemoryStore(LogOffsets):
     `mark_synced` does nothing: there is no copy that outlives the process to prove.
 
     Two tiers (docs/decisions/packed-memory-rows.md): the rows written recently in a dict
-    (a delete there is a None that hides a packed row), and the rest packed into sorted
+    (a delete of a packed row there is a None that hides it), and the rest packed into sorted
     blocks (`engine.packed.Packed`), a few bytes a row over its key and value. The dict is
     merged into the blocks in bulk once it holds `_PACK_AT` rows or an eighth as many as
     the blocks, so a row is rewritten a bounded number of times however many there are."""
@@ -72,6 +74,14 @@ class MemoryStore(LogOffsets):
         self._keys = SortedList()
         self._unsorted: set[bytes] = set()
         self._packed = Packed(block_rows)
+        # What reads found in the packed rows since the last merge (None: not there), up
+        # to `_SEEN_AT` keys: the rows read at every start and seldom written (a lane's
+        # marker, a key's counters) and the keys just looked for and not found (about to
+        # be put) are not searched for in the blocks again and again.
+        self._seen: dict[bytes, bytes | None] = {}
+        # The recent keys known not to be packed (nothing was, or a read found none): a
+        # delete of one drops it rather than leaving a None to hide a packed row.
+        self._fresh: set[bytes] = set()
         self._offset = _NO_OFFSET
         self._tables: dict[str, int] = {}
         self._closed = False
@@ -96,7 +106,19 @@ class MemoryStore(LogOffsets):
     def get(self, key: bytes) -> bytes | None:
         value = self._rows.get(key, _ABSENT)
         if value is _ABSENT:
-            return self._packed.get(key) if self._packed.count else None
+            return self._packed_get(key)
+        return value  # type: ignore[return-value]
+
+    def _packed_get(self, key: bytes) -> bytes | None:
+        """The packed row of `key` (not the recent one), through `_seen`."""
+        if not self._packed.count:
+            return None
+        seen = self._seen
+        value = seen.get(key, _ABSENT)
+        if value is _ABSENT:
+            if len(seen) >= _SEEN_AT:
+                seen = self._seen = {}
+            value = seen[key] = self._packed.get(key)
         return value  # type: ignore[return-value]
 
     def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -119,6 +141,22 @@ class MemoryStore(LogOffsets):
     def _walk(self, prefix: bytes, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
         revision = self.revision
         after = False
+        while not self._packed.count:
+            # Nothing packed (a store of fewer than `_PACK_AT` rows): the recent rows only.
+            keys = self._sorted().irange(from_key, inclusive=(not after, True))
+            for key in keys:
+                if not key.startswith(prefix):
+                    return
+                value = self._rows[key]
+                if value is None:
+                    continue  # a delete of a row packed before, left by a merge of deletes
+                yield key, value
+                if self.revision != revision:
+                    revision = self.revision
+                    from_key, after = key, True
+                    break
+            else:
+                return
         while True:
             # The recent rows and the packed ones merged; a recent one (or its delete)
             # wins over a packed one of the same key.
@@ -164,25 +202,56 @@ class MemoryStore(LogOffsets):
                                  f"{offset}")
         rows = self._rows
         unsorted = self._unsorted
+        fresh = self._fresh
+        seen = self._seen
+        nothing_packed = not self._packed.count
         for key, value in changes.items():
-            # A delete is kept as a None until the next merge, whether or not the key is
-            # packed: finding out would cost a search of the blocks; the merge drops it.
+            if value is None:
+                if nothing_packed:
+                    # As when nothing is packed (a store of fewer than `_PACK_AT` rows).
+                    if rows.pop(key, _ABSENT) is not _ABSENT:
+                        if key in unsorted:
+                            unsorted.discard(key)
+                        else:
+                            self._keys.remove(key)
+                    continue
+                if key in fresh:
+                    # Not packed: the row goes for good (a row put and deleted between two
+                    # merges, a holder's or a waiting start's, never reaches the blocks).
+                    fresh.discard(key)
+                    del rows[key]
+                    if key in unsorted:
+                        unsorted.discard(key)
+                    else:
+                        self._keys.remove(key)
+                    continue
+                # Maybe packed (finding out would cost a search): a None that hides it
+                # until the next merge, which drops it.
+            elif not nothing_packed and key not in rows and seen.get(key, _ABSENT) is None:
+                fresh.add(key)
             if key not in rows:
                 unsorted.add(key)
             rows[key] = value
-        if len(rows) >= self._pack_at and len(rows) * _PACK_SHARE >= self._packed.count:
-            self._pack()
+        if (len(rows) - len(changes) >= self._pack_at
+                and (len(rows) - len(changes)) * _PACK_SHARE >= self._packed.count):
+            self._pack(changes)
         if changelog_offset is not None:
             self._offset = changelog_offset
         if tables:
             self._tables.update(tables)
         self.revision += 1
 
-    def _pack(self) -> None:
-        """Merge the recent rows (and deletes) into the packed blocks."""
-        self._packed.merge(sorted(self._rows.items()))
-        self._rows = {}
-        self._keys = SortedList()
+    def _pack(self, keep: Mapping[bytes, bytes | None]) -> None:
+        """Merge the recent rows (and deletes) into the packed blocks, but for those of
+        `keep`, the write just made: the rows a commit wrote are the likeliest to be read
+        by the next cycles."""
+        rows = self._rows
+        kept = {key: rows[key] for key in keep if key in rows}
+        self._packed.merge(sorted(item for item in rows.items() if item[0] not in kept))
+        self._seen = {}
+        self._fresh = set()
+        self._rows = kept
+        self._keys = SortedList(kept)
         self._unsorted = set()
 
     def wipe(self) -> None:
@@ -190,6 +259,8 @@ class MemoryStore(LogOffsets):
         self._keys = SortedList()
         self._unsorted = set()
         self._packed = Packed(self._block_rows)
+        self._seen = {}
+        self._fresh = set()
         self._offset = _NO_OFFSET
         self._tables = {}
         self.revision += 1
@@ -200,6 +271,8 @@ class MemoryStore(LogOffsets):
         self._keys = SortedList()
         self._unsorted = set()
         self._packed = Packed(self._block_rows)
+        self._seen = {}
+        self._fresh = set()
         self._closed = True
 
     def __enter__(self) -> Self:

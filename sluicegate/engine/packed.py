@@ -17,7 +17,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
-from itertools import accumulate, islice, pairwise
+from itertools import accumulate, pairwise
 
 # Rows per block when blocks are made; a block grown past twice that by a merge is cut
 # again. A lookup is a bisect over the blocks' first keys (in C) then a binary search of
@@ -150,7 +150,7 @@ class Packed:
                 keys, values = [], []
                 done = at
             count -= len(keys)
-            for key, value in islice(pending, c, end):
+            for key, value in pending[c:end]:
                 i = bisect_left(keys, key)
                 if i < len(keys) and keys[i] == key:
                     if value is None:

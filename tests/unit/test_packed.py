@@ -68,18 +68,26 @@ def test_a_packed_key_is_found_only_whole_however_often_it_is_part_of_others() -
     assert packed.get(b"aaaaaa") == b"vaaaaaa"
 
 
-def test_a_memory_store_reads_the_same_before_and_after_its_rows_are_packed() -> None:
-    store = MemoryStore(pack_at=4, block_rows=2)
+def test_a_memory_store_packs_its_older_rows_and_keeps_the_last_write_recent() -> None:
+    store = MemoryStore(pack_at=2, block_rows=2)
     store.write({b"q\x01": b"1", b"q\x02": b"2", b"q\x03": b"3", b"r": b"r"}, 0)
-    assert store._packed.count == 4 and not store._rows  # merged at the fourth row
-    store.write({b"q\x02": None, b"q\x00": b"0"}, 1)  # a delete hides a packed row
-    assert store.get(b"q\x02") is None
-    assert list(store.items(b"q")) == [(b"q\x00", b"0"), (b"q\x01", b"1"), (b"q\x03", b"3")]
-    assert len(store) == 4
-    store.write({b"s": b"s", b"t": b"t"}, 2)  # merged again
-    assert not store._rows
-    assert list(store.items(b"q")) == [(b"q\x00", b"0"), (b"q\x01", b"1"), (b"q\x03", b"3")]
-    assert len(store) == 6
+    assert store._packed.count == 0  # the last write's rows stay recent
+    store.write({b"q\x02": None, b"q\x00": b"0"}, 1)
+    # A row never packed and deleted is gone for good; the rows before this write are
+    # packed, this write's stay.
+    assert list(store._rows) == [b"q\x00"]
+    assert store._packed.count == 3
+    store.write({b"q\x03": None, b"s": b"s", b"t": b"t"}, 2)
+    # Fewer rows than `pack_at` before this write: nothing packed; a packed row's delete
+    # is a None over it.
+    assert store._rows == {b"q\x00": b"0", b"q\x03": None, b"s": b"s", b"t": b"t"}
+    assert store.get(b"q\x03") is None
+    assert list(store.items(b"q")) == [(b"q\x00", b"0"), (b"q\x01", b"1")]
+    assert len(store) == 5
+    store.write({b"u": b"u"}, 3)
+    assert store._packed.count == 5 and list(store._rows) == [b"u"]
+    assert list(store.items(b"")) == [(b"q\x00", b"0"), (b"q\x01", b"1"), (b"r", b"r"),
+                                      (b"s", b"s"), (b"t", b"t"), (b"u", b"u")]
 
 
 class MemoryStoreMachine(RuleBasedStateMachine):
@@ -89,7 +97,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.store = MemoryStore(pack_at=3, block_rows=2)
+        self.store = MemoryStore(pack_at=2, block_rows=2)
         self.model: dict[bytes, bytes] = {}
         self.offset = 0
         self.reading: Any = None
