@@ -19,9 +19,9 @@ from sluicegate.engine.packed import BLOCK_ROWS, Packed
 
 _NO_OFFSET = -1
 # A store's recent rows are merged into its packed blocks once they are this many and at
-# least an eighth as many as the packed rows (MemoryStore).
-_PACK_AT = 65536
-_PACK_SHARE = 8
+# least a sixteenth as many as the packed rows (MemoryStore).
+_PACK_AT = 32768
+_PACK_SHARE = 16
 # Keys whose packed row (or its absence) a store remembers at most (MemoryStore._seen).
 _SEEN_AT = 4096
 _ABSENT = object()
@@ -58,8 +58,9 @@ class MemoryStore(LogOffsets):
     Two tiers (docs/decisions/packed-memory-rows.md): the rows written recently in a dict
     (a delete of a packed row there is a None that hides it), and the rest packed into sorted
     blocks (`engine.packed.Packed`), a few bytes a row over its key and value. The dict is
-    merged into the blocks in bulk once it holds `_PACK_AT` rows or an eighth as many as
-    the blocks, so a row is rewritten a bounded number of times however many there are."""
+    merged into the blocks in bulk once it holds `_PACK_AT` rows and a sixteenth as many
+    as the blocks, so a row is rewritten a bounded number of times however many there
+    are; a store smaller than that packs nothing and works as a dict and a sorted list."""
 
     persistent = False
 
@@ -232,9 +233,13 @@ class MemoryStore(LogOffsets):
             if key not in rows:
                 unsorted.add(key)
             rows[key] = value
-        if (len(rows) - len(changes) >= self._pack_at
-                and (len(rows) - len(changes)) * _PACK_SHARE >= self._packed.count):
-            self._pack(changes)
+        # The rows of a commit's write are the likeliest to be read by the next cycles:
+        # they stay recent at a merge, but for a write as large as a merge (a restore's
+        # derived rows, written at once).
+        keep = changes if len(changes) * 2 <= self._pack_at else {}
+        older = len(rows) - len(keep)
+        if older >= self._pack_at and older * _PACK_SHARE >= self._packed.count:
+            self._pack(keep)
         if changelog_offset is not None:
             self._offset = changelog_offset
         if tables:
@@ -243,8 +248,7 @@ class MemoryStore(LogOffsets):
 
     def _pack(self, keep: Mapping[bytes, bytes | None]) -> None:
         """Merge the recent rows (and deletes) into the packed blocks, but for those of
-        `keep`, the write just made: the rows a commit wrote are the likeliest to be read
-        by the next cycles."""
+        `keep`, the write just made."""
         rows = self._rows
         kept = {key: rows[key] for key in keep if key in rows}
         self._packed.merge(sorted(item for item in rows.items() if item[0] not in kept))

@@ -68,26 +68,29 @@ def test_a_packed_key_is_found_only_whole_however_often_it_is_part_of_others() -
     assert packed.get(b"aaaaaa") == b"vaaaaaa"
 
 
-def test_a_memory_store_packs_its_older_rows_and_keeps_the_last_write_recent() -> None:
-    store = MemoryStore(pack_at=2, block_rows=2)
-    store.write({b"q\x01": b"1", b"q\x02": b"2", b"q\x03": b"3", b"r": b"r"}, 0)
-    assert store._packed.count == 0  # the last write's rows stay recent
-    store.write({b"q\x02": None, b"q\x00": b"0"}, 1)
-    # A row never packed and deleted is gone for good; the rows before this write are
-    # packed, this write's stay.
-    assert list(store._rows) == [b"q\x00"]
-    assert store._packed.count == 3
-    store.write({b"q\x03": None, b"s": b"s", b"t": b"t"}, 2)
-    # Fewer rows than `pack_at` before this write: nothing packed; a packed row's delete
-    # is a None over it.
-    assert store._rows == {b"q\x00": b"0", b"q\x03": None, b"s": b"s", b"t": b"t"}
-    assert store.get(b"q\x03") is None
-    assert list(store.items(b"q")) == [(b"q\x00", b"0"), (b"q\x01", b"1")]
-    assert len(store) == 5
-    store.write({b"u": b"u"}, 3)
-    assert store._packed.count == 5 and list(store._rows) == [b"u"]
-    assert list(store.items(b"")) == [(b"q\x00", b"0"), (b"q\x01", b"1"), (b"r", b"r"),
-                                      (b"s", b"s"), (b"t", b"t"), (b"u", b"u")]
+def test_a_memory_store_packs_its_older_rows_and_keeps_a_small_last_write_recent() -> None:
+    store = MemoryStore(pack_at=4, block_rows=2)
+    store.write({b"a1": b"1", b"a2": b"2", b"a3": b"3", b"a4": b"4"}, 0)
+    assert store._packed.count == 4 and not store._rows  # a write as large as a merge
+    store.write({b"b1": b"1", b"b2": b"2"}, 1)
+    store.write({b"a2": None}, 2)  # a packed row's delete: a None over it
+    store.write({b"c1": b"1", b"c2": b"2"}, 3)
+    assert store._packed.count == 4
+    assert store.get(b"a2") is None
+    assert list(store.items(b"a")) == [(b"a1", b"1"), (b"a3", b"3"), (b"a4", b"4")]
+    assert len(store) == 7
+    store.write({b"c3": b"3"}, 4)  # five rows older than this write: merged
+    assert list(store._rows) == [b"c3"]
+    assert store._packed.count == 7
+    # A key looked for and not found, then put, is known not to be packed: its delete
+    # drops it rather than leaving a None for the next merge.
+    assert store.get(b"d1") is None
+    store.write({b"d1": b"1"}, 5)
+    store.write({b"d1": None, b"b1": None}, 6)
+    assert store._rows == {b"c3": b"3", b"b1": None}
+    assert list(store.items(b"")) == [(b"a1", b"1"), (b"a3", b"3"), (b"a4", b"4"),
+                                      (b"b2", b"2"), (b"c1", b"1"), (b"c2", b"2"),
+                                      (b"c3", b"3")]
 
 
 class MemoryStoreMachine(RuleBasedStateMachine):
@@ -97,7 +100,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.store = MemoryStore(pack_at=2, block_rows=2)
+        self.store = MemoryStore(pack_at=4, block_rows=2)
         self.model: dict[bytes, bytes] = {}
         self.offset = 0
         self.reading: Any = None
