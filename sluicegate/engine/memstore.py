@@ -15,6 +15,7 @@ from typing import Self
 
 from sortedcontainers import SortedList
 
+from sluicegate.engine.allocator import give_back_free_memory
 from sluicegate.engine.packed import BLOCK_ROWS, Packed
 
 _NO_OFFSET = -1
@@ -24,6 +25,8 @@ _PACK_AT = 32768
 _PACK_SHARE = 16
 # Keys whose packed row (or its absence) a store remembers at most (MemoryStore._seen).
 _SEEN_AT = 4096
+# Packed rows a merge makes again past which the memory it freed is handed back.
+_TRIM_AFTER = 65536
 _ABSENT = object()
 _END: tuple[None, None] = (None, None)
 
@@ -251,7 +254,11 @@ class MemoryStore(LogOffsets):
         `keep`, the write just made."""
         rows = self._rows
         kept = {key: rows[key] for key in keep if key in rows}
-        self._packed.merge(sorted(item for item in rows.items() if item[0] not in kept))
+        remade = self._packed.merge(sorted(item for item in rows.items() if item[0] not in kept))
+        if remade >= _TRIM_AFTER:
+            # The old blocks freed are mostly kept by the allocator (the new ones are made
+            # beside them): handed back, or RSS holds a merge's worth more than the rows.
+            give_back_free_memory()
         self._seen = {}
         self._fresh = set()
         self._rows = kept

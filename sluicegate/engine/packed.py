@@ -122,12 +122,14 @@ class Packed:
             yield from blocks[i].rows(first)
             first = 0
 
-    def merge(self, changes: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Apply puts and deletes (None), given in ascending key order."""
+    def merge(self, changes: Iterable[tuple[bytes, bytes | None]]) -> int:
+        """Apply puts and deletes (None), given in ascending key order; the number of
+        packed rows it made again (the rows of the blocks its changes fell into)."""
         blocks, firsts = self.blocks, self.firsts
         out_blocks: list[Block] = []
         out_firsts: list[bytes] = []
         count = self.count
+        remade = 0
         rows = self.block_rows
         done = 0  # blocks before this index are copied to the output or replaced
         pending = list(changes)
@@ -150,6 +152,7 @@ class Packed:
                 keys, values = [], []
                 done = at
             count -= len(keys)
+            remade += len(keys)
             for key, value in pending[c:end]:
                 i = bisect_left(keys, key)
                 if i < len(keys) and keys[i] == key:
@@ -178,3 +181,4 @@ class Packed:
         out_blocks.extend(blocks[done:])
         out_firsts.extend(firsts[done:])
         self.blocks, self.firsts, self.count = out_blocks, out_firsts, count
+        return remade
