@@ -1,5 +1,5 @@
-"""Per-partition state in memory: the working copy in a dict and an ordered index of its
-keys, the changelog the only durable copy.
+"""Per-partition state in memory: the working copy in a dict of the rows written recently
+and sorted blocks of packed rows, the changelog the only durable copy.
 
 Nothing is kept on disk, so nothing can be stale: a task's store starts empty at every
 assignment and is filled by replaying its logs (as Kafka Streams' in-memory stores are).
@@ -15,10 +15,20 @@ from typing import Self
 
 from sortedcontainers import SortedList
 
+from sluicegate.engine.allocator import give_back_free_memory
+from sluicegate.engine.packed import BLOCK_ROWS, Packed
+
 _NO_OFFSET = -1
-# Keys written since the last ordered read that a write lets wait at most, for a store
-# that is seldom read in order, before it merges them into the order (MemoryStore).
-_MERGE_AT = 4096
+# A store's recent rows are merged into its packed blocks once they are this many and at
+# least a sixteenth as many as the packed rows (MemoryStore).
+_PACK_AT = 32768
+_PACK_SHARE = 16
+# Keys whose packed row (or its absence) a store remembers at most (MemoryStore._seen).
+_SEEN_AT = 4096
+# Packed rows a merge makes again past which the memory it freed is handed back.
+_TRIM_AFTER = 65536
+_ABSENT = object()
+_END: tuple[None, None] = (None, None)
 
 
 class LogOffsets:
@@ -46,20 +56,36 @@ class LogOffsets:
 
 class MemoryStore(LogOffsets):
     """The rows of one (stage, partition) in memory. `synced_at_ms` is always None and
-    `mark_synced` does nothing: there is no copy that outlives the process to prove."""
+    `mark_synced` does nothing: there is no copy that outlives the process to prove.
+
+    Two tiers (docs/decisions/packed-memory-rows.md): the rows written recently in a dict
+    (a delete of a packed row there is a None that hides it), and the rest packed into sorted
+    blocks (`engine.packed.Packed`), a few bytes a row over its key and value. The dict is
+    merged into the blocks in bulk once it holds `_PACK_AT` rows and a sixteenth as many
+    as the blocks, so a row is rewritten a bounded number of times however many there
+    are; a store smaller than that packs nothing and works as a dict and a sorted list."""
 
     persistent = False
 
-    def __init__(self) -> None:
-        self._rows: dict[bytes, bytes] = {}
-        # The keys in order, for reads by prefix (queues, timers), but for the keys written
-        # since the last ordered read: those wait in `_unsorted` and join it at the next
-        # one, or once they are a quarter as many as the keys in order, all at once (a
-        # restore writes a million keys before its first ordered read: a few merges of
-        # sorted runs, not a million inserts; a store read only by key, a debounce's,
-        # keeps at most a quarter of its keys in the set).
+    def __init__(self, pack_at: int = _PACK_AT, block_rows: int = BLOCK_ROWS) -> None:
+        self._pack_at = pack_at
+        self._block_rows = block_rows
+        # The recent rows; None for a packed row deleted since the last merge.
+        self._rows: dict[bytes, bytes | None] = {}
+        # The recent keys in order, for reads by prefix (queues, timers), but for the keys
+        # written since the last ordered read: those wait in `_unsorted` and join it at
+        # the next one.
         self._keys = SortedList()
         self._unsorted: set[bytes] = set()
+        self._packed = Packed(block_rows)
+        # What reads found in the packed rows since the last merge (None: not there), up
+        # to `_SEEN_AT` keys: the rows read at every start and seldom written (a lane's
+        # marker, a key's counters) and the keys just looked for and not found (about to
+        # be put) are not searched for in the blocks again and again.
+        self._seen: dict[bytes, bytes | None] = {}
+        # The recent keys known not to be packed (nothing was, or a read found none): a
+        # delete of one drops it rather than leaving a None to hide a packed row.
+        self._fresh: set[bytes] = set()
         self._offset = _NO_OFFSET
         self._tables: dict[str, int] = {}
         self._closed = False
@@ -75,10 +101,29 @@ class MemoryStore(LogOffsets):
         pass
 
     def __len__(self) -> int:
-        return len(self._rows)
+        packed = self._packed
+        count = len(packed)
+        for key, value in self._rows.items():
+            count += (value is not None) - (packed.get(key) is not None)
+        return count
 
     def get(self, key: bytes) -> bytes | None:
-        return self._rows.get(key)
+        value = self._rows.get(key, _ABSENT)
+        if value is _ABSENT:
+            return self._packed_get(key)
+        return value  # type: ignore[return-value]
+
+    def _packed_get(self, key: bytes) -> bytes | None:
+        """The packed row of `key` (not the recent one), through `_seen`."""
+        if not self._packed.count:
+            return None
+        seen = self._seen
+        value = seen.get(key, _ABSENT)
+        if value is _ABSENT:
+            if len(seen) >= _SEEN_AT:
+                seen = self._seen = {}
+            value = seen[key] = self._packed.get(key)
+        return value  # type: ignore[return-value]
 
     def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Rows whose key starts with `prefix`, ascending, from `start` (inclusive). The
@@ -91,7 +136,7 @@ class MemoryStore(LogOffsets):
         return self._walk(prefix, from_key)
 
     def _sorted(self) -> SortedList:
-        """The keys in order, the keys written since the last ordered read included."""
+        """The recent keys in order, the keys written since the last ordered read included."""
         if self._unsorted:
             self._keys.update(self._unsorted)
             self._unsorted = set()
@@ -99,16 +144,52 @@ class MemoryStore(LogOffsets):
 
     def _walk(self, prefix: bytes, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
         revision = self.revision
-        keys = self._sorted().irange(from_key)
-        while True:
-            key = next(keys, None)
-            if key is None or not key.startswith(prefix):
+        after = False
+        while not self._packed.count:
+            # Nothing packed (a store of fewer than `_PACK_AT` rows): the recent rows only.
+            keys = self._sorted().irange(from_key, inclusive=(not after, True))
+            for key in keys:
+                if not key.startswith(prefix):
+                    return
+                value = self._rows[key]
+                if value is None:
+                    continue  # a delete of a row packed before, left by a merge of deletes
+                yield key, value
+                if self.revision != revision:
+                    revision = self.revision
+                    from_key, after = key, True
+                    break
+            else:
                 return
-            yield key, self._rows[key]
-            if self.revision != revision:
-                # Written meanwhile: the index changed under the iterator.
-                revision = self.revision
-                keys = self._sorted().irange(key, inclusive=(False, True))
+        while True:
+            # The recent rows and the packed ones merged; a recent one (or its delete)
+            # wins over a packed one of the same key.
+            recent = self._sorted().irange(from_key, inclusive=(not after, True))
+            packed = self._packed.rows(from_key, after)
+            rows = self._rows
+            rkey = next(recent, None)
+            pkey, pvalue = next(packed, _END)
+            while True:
+                if rkey is not None and (pkey is None or rkey <= pkey):
+                    key, value = rkey, rows[rkey]
+                    if pkey == rkey:
+                        pkey, pvalue = next(packed, _END)
+                    rkey = next(recent, None)
+                elif pkey is not None:
+                    key, value = pkey, pvalue
+                    pkey, pvalue = next(packed, _END)
+                else:
+                    return
+                if not key.startswith(prefix):
+                    return
+                if value is None:
+                    continue
+                yield key, value
+                if self.revision != revision:
+                    # Written meanwhile: go on from this row over the rows as they are now.
+                    revision = self.revision
+                    from_key, after = key, True
+                    break
 
     def write(self, changes: Mapping[bytes, bytes | None], changelog_offset: int | None,
               tables: Mapping[str, int] | None = None, synced: bool = False) -> None:
@@ -125,29 +206,72 @@ class MemoryStore(LogOffsets):
                                  f"{offset}")
         rows = self._rows
         unsorted = self._unsorted
+        fresh = self._fresh
+        seen = self._seen
+        nothing_packed = not self._packed.count
         for key, value in changes.items():
             if value is None:
-                if rows.pop(key, None) is not None:
+                if nothing_packed:
+                    # As when nothing is packed (a store of fewer than `_PACK_AT` rows).
+                    if rows.pop(key, _ABSENT) is not _ABSENT:
+                        if key in unsorted:
+                            unsorted.discard(key)
+                        else:
+                            self._keys.remove(key)
+                    continue
+                if key in fresh:
+                    # Not packed: the row goes for good (a row put and deleted between two
+                    # merges, a holder's or a waiting start's, never reaches the blocks).
+                    fresh.discard(key)
+                    del rows[key]
                     if key in unsorted:
                         unsorted.discard(key)
                     else:
                         self._keys.remove(key)
-            else:
-                if key not in rows:
-                    unsorted.add(key)
-                rows[key] = value
-        if len(unsorted) > _MERGE_AT and len(unsorted) * 4 >= len(self._keys):
-            self._sorted()
+                    continue
+                # Maybe packed (finding out would cost a search): a None that hides it
+                # until the next merge, which drops it.
+            elif not nothing_packed and key not in rows and seen.get(key, _ABSENT) is None:
+                fresh.add(key)
+            if key not in rows:
+                unsorted.add(key)
+            rows[key] = value
+        # The rows of a commit's write are the likeliest to be read by the next cycles:
+        # they stay recent at a merge, but for a write as large as a merge (a restore's
+        # derived rows, written at once).
+        keep = changes if len(changes) * 2 <= self._pack_at else {}
+        older = len(rows) - len(keep)
+        if older >= self._pack_at and older * _PACK_SHARE >= self._packed.count:
+            self._pack(keep)
         if changelog_offset is not None:
             self._offset = changelog_offset
         if tables:
             self._tables.update(tables)
         self.revision += 1
 
+    def _pack(self, keep: Mapping[bytes, bytes | None]) -> None:
+        """Merge the recent rows (and deletes) into the packed blocks, but for those of
+        `keep`, the write just made."""
+        rows = self._rows
+        kept = {key: rows[key] for key in keep if key in rows}
+        remade = self._packed.merge(sorted(item for item in rows.items() if item[0] not in kept))
+        if remade >= _TRIM_AFTER:
+            # The old blocks freed are mostly kept by the allocator (the new ones are made
+            # beside them): handed back, or RSS holds a merge's worth more than the rows.
+            give_back_free_memory()
+        self._seen = {}
+        self._fresh = set()
+        self._rows = kept
+        self._keys = SortedList(kept)
+        self._unsorted = set()
+
     def wipe(self) -> None:
         self._rows = {}
         self._keys = SortedList()
         self._unsorted = set()
+        self._packed = Packed(self._block_rows)
+        self._seen = {}
+        self._fresh = set()
         self._offset = _NO_OFFSET
         self._tables = {}
         self.revision += 1
@@ -157,6 +281,9 @@ class MemoryStore(LogOffsets):
         self._rows = {}
         self._keys = SortedList()
         self._unsorted = set()
+        self._packed = Packed(self._block_rows)
+        self._seen = {}
+        self._fresh = set()
         self._closed = True
 
     def __enter__(self) -> Self:

@@ -51,6 +51,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from sluicegate.config import TRANSACTION_TIMEOUT_MS, Settings
+from sluicegate.engine.allocator import give_back_free_memory
 from sluicegate.engine.clock import Clock, SystemClock
 from sluicegate.engine.executor import Delivered, Executor, HandoverFailed, RecordFailed
 from sluicegate.engine.recovery import (
@@ -878,6 +879,9 @@ class Worker:
             raise
         log.info("partition %d ready, %d changelog records replayed in %.2fs", partition,
                  restoration.replayed, time.monotonic() - self._restore_started)
+        if not self._restoring:
+            # Every partition restored: what the restores freed goes back to the system.
+            give_back_free_memory()
 
     def _new_task(self, partition: int) -> Task:
         return Task(partition, self.topology, self.settings.state_dir, self.executor.send,

@@ -1,0 +1,184 @@
+"""Rows packed into sorted blocks: the bulk of a memory store's rows without an object,
+a dict entry or a list slot per row (docs/decisions/packed-memory-rows.md).
+
+A `Packed` holds rows in key order in blocks of a few dozen rows. A block is the rows'
+keys concatenated into one bytes object and their values into another, with an array of
+offsets into each: a row costs its key's and its value's bytes and 8 bytes of offsets,
+where a dict of bytes costs ~150 more (two object headers, the dict's entry, a slot in
+an ordered index). A block is never changed once made: `merge` makes new blocks for the
+ones its changes touch, in a new list of blocks.
+
+It is the packed tier of `engine.memstore.MemoryStore`, which keeps the rows written
+recently in a dict and merges them in here in bulk.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
+from itertools import accumulate, pairwise
+
+# Rows per block when blocks are made; a block grown past twice that by a merge is cut
+# again. A lookup is a bisect over the blocks' first keys (in C) then a binary search of
+# log2(rows) steps in one block (in Python): small blocks keep it short, large ones keep
+# the per-block objects (~450 bytes) few.
+BLOCK_ROWS = 64
+
+
+class Block:
+    """Rows in key order, packed: keys and values each concatenated, with offsets."""
+
+    __slots__ = ("key_offsets", "keys", "value_offsets", "values")
+
+    def __init__(self, keys: list[bytes], values: list[bytes]) -> None:
+        self.keys = b"".join(keys)
+        self.key_offsets = array("I", accumulate(map(len, keys), initial=0))
+        self.values = b"".join(values)
+        self.value_offsets = array("I", accumulate(map(len, values), initial=0))
+
+    def __len__(self) -> int:
+        return len(self.key_offsets) - 1
+
+    def first(self) -> bytes:
+        return self.keys[:self.key_offsets[1]]
+
+    def key(self, i: int) -> bytes:
+        offsets = self.key_offsets
+        return self.keys[offsets[i]:offsets[i + 1]]
+
+    def value(self, i: int) -> bytes:
+        offsets = self.value_offsets
+        return self.values[offsets[i]:offsets[i + 1]]
+
+    def position(self, key: bytes, after: bool = False) -> int:
+        """Index of the first row whose key is >= `key` (> `key` when `after`)."""
+        keys = self.keys
+        offsets = self.key_offsets
+        lo, hi = 0, len(offsets) - 1
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            found = keys[offsets[mid]:offsets[mid + 1]]
+            if found < key or (after and found == key):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def unpack(self) -> tuple[list[bytes], list[bytes]]:
+        keys, values = self.keys, self.values
+        return ([keys[a:b] for a, b in pairwise(self.key_offsets)],
+                [values[a:b] for a, b in pairwise(self.value_offsets)])
+
+    def rows(self, start: int) -> Iterator[tuple[bytes, bytes]]:
+        keys, key_offsets = self.keys, self.key_offsets
+        values, value_offsets = self.values, self.value_offsets
+        for i in range(start, len(key_offsets) - 1):
+            yield (keys[key_offsets[i]:key_offsets[i + 1]],
+                   values[value_offsets[i]:value_offsets[i + 1]])
+
+
+_EMPTY = Block([], [])
+
+
+class Packed:
+    """Rows in key order in immutable blocks; changed only by `merge`."""
+
+    __slots__ = ("block_rows", "blocks", "count", "firsts")
+
+    def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
+        self.block_rows = block_rows
+        self.blocks: list[Block] = []
+        # Each block's first key, for the bisect that finds a key's block.
+        self.firsts: list[bytes] = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def get(self, key: bytes) -> bytes | None:
+        at = bisect_right(self.firsts, key) - 1
+        if at < 0:
+            return None
+        block = self.blocks[at]
+        i = block.position(key)
+        if i < len(block) and block.key(i) == key:
+            return block.value(i)
+        return None
+
+    def rows(self, start: bytes, after: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """Rows from `start` (inclusive, or exclusive when `after`), ascending. Good until
+        the next merge, which frees the blocks it replaces: a reader that outlives one
+        starts again after its last row (MemoryStore does)."""
+        blocks = self.blocks
+        at = bisect_right(self.firsts, start) - 1
+        if at < 0:
+            at, first = 0, 0
+        elif at < len(blocks):
+            first = blocks[at].position(start, after)
+        else:
+            return
+        for i in range(at, len(blocks)):
+            yield from blocks[i].rows(first)
+            first = 0
+
+    def merge(self, changes: Iterable[tuple[bytes, bytes | None]]) -> int:
+        """Apply puts and deletes (None), given in ascending key order; the number of
+        packed rows it made again (the rows of the blocks its changes fell into)."""
+        blocks, firsts = self.blocks, self.firsts
+        out_blocks: list[Block] = []
+        out_firsts: list[bytes] = []
+        count = self.count
+        remade = 0
+        rows = self.block_rows
+        done = 0  # blocks before this index are copied to the output or replaced
+        pending = list(changes)
+        n = len(pending)
+        c = 0
+        while c < n:
+            at = max(bisect_right(firsts, pending[c][0]) - 1, 0)
+            out_blocks.extend(blocks[done:at])
+            out_firsts.extend(firsts[done:at])
+            # This block's changes: every one before the next block's first key.
+            end = bisect_left(pending, (firsts[at + 1],), c) if at + 1 < len(firsts) else n
+            if at < len(blocks):
+                keys, values = blocks[at].unpack()
+                # Freed now rather than with the old list, so the blocks made next can
+                # take its memory: a merge that rewrites every block does not need the
+                # old and the new ones at once (the allocator would keep the high mark).
+                blocks[at] = _EMPTY
+                done = at + 1
+            else:
+                keys, values = [], []
+                done = at
+            count -= len(keys)
+            remade += len(keys)
+            for key, value in pending[c:end]:
+                i = bisect_left(keys, key)
+                if i < len(keys) and keys[i] == key:
+                    if value is None:
+                        del keys[i]
+                        del values[i]
+                    else:
+                        values[i] = value
+                elif value is not None:
+                    keys.insert(i, key)
+                    values.insert(i, value)
+            if keys and len(keys) < rows // 4 and out_blocks:
+                # Too few rows left for a block of their own: joined to the one before.
+                before = out_blocks.pop()
+                out_firsts.pop()
+                count -= len(before)
+                before_keys, before_values = before.unpack()
+                keys = before_keys + keys
+                values = before_values + values
+            count += len(keys)
+            step = max(len(keys), 1) if len(keys) <= 2 * rows else rows
+            for i in range(0, len(keys), step):
+                out_blocks.append(Block(keys[i:i + step], values[i:i + step]))
+                out_firsts.append(keys[i])
+            c = end
+        out_blocks.extend(blocks[done:])
+        out_firsts.extend(firsts[done:])
+        self.blocks, self.firsts, self.count = out_blocks, out_firsts, count
+        return remade
