@@ -121,9 +121,11 @@ class Task:
         for state in self.stateful():
             stage, store = state.stage, state.store
             assert store is not None
+            if not stage.derived:
+                continue
             beside = self.beside(stage)
-            if not stage.derived or (chosen is not None and id(store) not in chosen and not any(
-                    id(other) in chosen for other in beside.values())):
+            if chosen is not None and id(store) not in chosen and not any(
+                    id(other) in chosen for other in beside.values()):
                 continue
             # The rows made, then a delete for every row held that they do not replace
             # (not a dict of the deletes updated with them: a copy of a million rows).

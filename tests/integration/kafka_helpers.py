@@ -12,13 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from sluicegate.admission.worker import Worker
 from sluicegate.config import Settings
 from sluicegate.declare import App
 from sluicegate.engine.clock import Clock, ManualClock
 from sluicegate.schemas import codec
+from sluicegate.topology.topics import Topics
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +99,33 @@ def settings_env(settings: Settings, state_dir: Path, **extra: str) -> dict[str,
     })
     env.update(extra)
     return env
+
+
+def shared_by_two(settings: Settings, timeout: float = 90.0) -> dict[int, str]:
+    """Once the group is stable with two members sharing every partition of sg.starts:
+    the member that owns each partition."""
+    admin = AdminClient(settings.client_config())
+    deadline = time.monotonic() + timeout
+    while (owners := partition_owners(settings, admin)) is None:
+        assert time.monotonic() < deadline, "the two workers never shared the partitions"
+        time.sleep(0.2)
+    assert len(set(owners.values())) == 2
+    return owners
+
+
+def partition_owners(settings: Settings, admin: AdminClient | None = None
+                     ) -> dict[int, str] | None:
+    """Which member owns each partition of sg.starts, once the group is stable with two
+    members sharing all of them; None before that."""
+    topics = Topics(settings)
+    admin = admin or AdminClient(settings.client_config())
+    (future,) = admin.describe_consumer_groups([topics.group]).values()
+    group = future.result(timeout=10)
+    if group.state is not ConsumerGroupState.STABLE or len(group.members) != 2:
+        return None
+    owners = {tp.partition: member.member_id for member in group.members
+              for tp in member.assignment.topic_partitions if tp.topic == topics.starts}
+    return owners if len(owners) == settings.partitions else None
 
 
 class WorkerProcess:

@@ -11,8 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupState, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
 
 from sluicegate.admission.routing import Router
 from sluicegate.config import Settings
@@ -33,7 +32,13 @@ from sluicegate.testing import TestDriver
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.keys import execution_id_for
 from sluicegate.topology.topics import Topics
-from tests.integration.kafka_helpers import TopicReader, WorkerProcess, WorkerThread
+from tests.integration.kafka_helpers import (
+    TopicReader,
+    WorkerProcess,
+    WorkerThread,
+    partition_owners,
+    shared_by_two,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -89,19 +94,6 @@ def test_one_worker_hands_every_admission_over_and_the_runs_topic_stays_empty(
         assert table[run.execution_id].payload == run.payload
 
 
-def _owners(settings: Settings, admin: AdminClient) -> dict[int, str] | None:
-    """Which member owns each partition of sg.starts, once the group is stable with two
-    members sharing the six partitions; None before that."""
-    topics = Topics(settings)
-    (future,) = admin.describe_consumer_groups([topics.group]).values()
-    group = future.result(timeout=10)
-    if group.state is not ConsumerGroupState.STABLE or len(group.members) != 2:
-        return None
-    owners = {tp.partition: member.member_id for member in group.members
-              for tp in member.assignment.topic_partitions if tp.topic == topics.starts}
-    return owners if len(owners) == settings.partitions else None
-
-
 def test_two_workers_write_to_the_runs_topic_only_what_the_other_one_keeps(
         settings: Settings, tmp_path: Path) -> None:
     """A passthrough's run is placed where it is admitted, so it never crosses; a start
@@ -114,18 +106,10 @@ def test_two_workers_write_to_the_runs_topic_only_what_the_other_one_keeps(
     # Admitted by its last hop, the rate limit, on its key's partition.
     hop = Router(app, 0, None).routes["limitedJob"].hops[-1]
     assert hop.stage == "ratelimit"
-    admin = AdminClient(settings.client_config())
     workers = [WorkerProcess(settings, "tests.apps.lifecycle", tmp_path / f"w{i}").start()
                for i in range(2)]
     try:
-        deadline = time.monotonic() + 90
-        owners = None
-        while owners is None:
-            assert time.monotonic() < deadline, "the two workers never shared the partitions"
-            owners = _owners(settings, admin)
-            if owners is None:
-                time.sleep(0.2)
-        assert len(set(owners.values())) == 2
+        owners = shared_by_two(settings)
         jobs = [{"jobId": f"j{i}"} for i in range(300)]
         decided_on = _produce(settings, [("flakyJob", job) for job in jobs]
                               + [("limitedJob", job) for job in jobs])
@@ -144,7 +128,7 @@ def test_two_workers_write_to_the_runs_topic_only_what_the_other_one_keeps(
         assert 0 < len(crossing) < len(jobs)
         handed = TopicReader(settings, topics.stage("runs"), AdmittedStart)
         handed.until(lambda rows: len(rows) >= len(crossing), what="the crossing admissions")
-        assert owners == _owners(settings, admin), "the group rebalanced during the test"
+        assert owners == partition_owners(settings), "the group rebalanced during the test"
     finally:
         for worker in workers:
             assert worker.stop() == 0, worker.log_tail()

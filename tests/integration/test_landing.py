@@ -12,8 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupState, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
 
 from sluicegate.client import Client
 from sluicegate.config import Settings
@@ -30,7 +29,13 @@ from sluicegate.schemas.records import (
 )
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
-from tests.integration.kafka_helpers import TopicReader, WorkerProcess, WorkerThread
+from tests.integration.kafka_helpers import (
+    TopicReader,
+    WorkerProcess,
+    WorkerThread,
+    partition_owners,
+    shared_by_two,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -131,17 +136,6 @@ def test_sdk_starts_cross_no_topic_and_old_keyed_starts_are_still_decided_once(
     assert {run.request_ids[0] for run in sdk} == firsts
 
 
-def _owners(settings: Settings, admin: AdminClient) -> dict[int, str] | None:
-    topics = Topics(settings)
-    (future,) = admin.describe_consumer_groups([topics.group]).values()
-    group = future.result(timeout=10)
-    if group.state is not ConsumerGroupState.STABLE or len(group.members) != 2:
-        return None
-    owners = {tp.partition: member.member_id for member in group.members
-              for tp in member.assignment.topic_partitions if tp.topic == topics.starts}
-    return owners if len(owners) == settings.partitions else None
-
-
 def test_two_workers_admit_sdk_starts_with_their_runs_on_the_admitting_partition(
         settings: Settings, tmp_path: Path) -> None:
     """Two worker processes share four partitions: an SDK start's run is placed on its
@@ -152,17 +146,9 @@ def test_two_workers_admit_sdk_starts_with_their_runs_on_the_admitting_partition
     create_topics(settings)
     topics = Topics(settings)
     app = load_app(APP)
-    admin = AdminClient(settings.client_config())
     workers = [WorkerProcess(settings, APP, tmp_path / f"w{i}").start() for i in range(2)]
     try:
-        deadline = time.monotonic() + 90
-        owners = None
-        while owners is None:
-            assert time.monotonic() < deadline, "the two workers never shared the partitions"
-            owners = _owners(settings, admin)
-            if owners is None:
-                time.sleep(0.2)
-        assert len(set(owners.values())) == 2
+        owners = shared_by_two(settings)
         with Client(app=app, settings=settings, replies=False) as client:
             tenant_of: dict[str, str] = {}
             for t in range(40):
@@ -178,7 +164,7 @@ def test_two_workers_admit_sdk_starts_with_their_runs_on_the_admitting_partition
             crossed = {run.request_ids[0] for run in handed.settle(2.0)}
         finally:
             handed.close()
-        assert owners == _owners(settings, admin), "the group rebalanced during the test"
+        assert owners == partition_owners(settings), "the group rebalanced during the test"
     finally:
         for worker in workers:
             assert worker.stop() == 0, worker.log_tail()

@@ -270,9 +270,7 @@ class ConcurrencyStage(QueueStage):
         rows = super().derive(store)
         held: dict[str, int] = {}
         holding: set[bytes] = set()
-        logged = set()
-        for where, _ in HOLDERS.read(store):
-            logged.add(where)
+        logged = {where for where, _ in HOLDERS.read(store)}
         runs = (beside or {}).get(RUNS_STAGE)
         found = {} if runs is None else self._run_holders(runs, logged)
         rows.update(RUN_HOLDERS.row(where, holder) for where, holder in found.items())
