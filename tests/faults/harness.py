@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from sluicegate.client import Client, Engine
@@ -307,11 +308,16 @@ class Outcomes:
         return defaultdict(list, {r: list(rows) for r, rows in self._decided().items()})
 
     def wait_until_decided(self, request_ids: set[str], timeout_s: float,
-                           progress: float | None = None) -> None:
+                           progress: float | None = None, by: float | None = None,
+                           explain: Callable[[], str] | None = None) -> None:
         """Until each of `request_ids` has a final decision; `progress` (a fraction)
-        returns as soon as that share of them has one."""
+        returns as soon as that share of them has one. `by`: a monotonic time the wait
+        ends by at the latest (the test's own limit, so this says what is missing before
+        pytest-timeout ends the test without a word); `explain` adds to the failure."""
         timeout_s *= max(1.0, SCALE)  # more traffic and faults take longer
         deadline = time.monotonic() + timeout_s
+        if by is not None and by < deadline:
+            deadline, timeout_s = by, by - time.monotonic()
         want = len(request_ids) if progress is None else int(len(request_ids) * progress)
         while True:
             final = self._decided()
@@ -319,11 +325,26 @@ class Outcomes:
             if decided >= want:
                 return
             if time.monotonic() > deadline:
-                missing = sorted(r for r in request_ids if r not in final)[:5]
+                missing = sorted(r for r in request_ids if r not in final)
                 raise AssertionError(
                     f"after {timeout_s:.0f}s, {len(request_ids) - decided} of "
-                    f"{len(request_ids)} requests have no final decision (e.g. {missing})")
+                    f"{len(request_ids)} requests have no final decision (e.g. "
+                    f"{missing[:5]})\n{self.undecided(missing)}"
+                    + ("" if explain is None else "\n" + explain()))
             self.poll()
+
+    def undecided(self, missing: list[str]) -> str:
+        """What the ledger says of requests with no final decision: the last row of each
+        (a queued start waits for a slot; no row at all, it was never decided), counted."""
+        last: dict[str, LedgerRecord] = {}
+        for row in self.ledger.records:
+            last[row.request_id] = row
+        said = Counter(
+            "no ledger row" if r not in last else
+            f"{last[r].workflow} {last[r].outcome.value} (stage {last[r].stage}, "
+            f"key {last[r].key})" for r in missing)
+        return "undecided, by their last ledger row: " + "; ".join(
+            f"{n} x {what}" for what, n in said.most_common(8))
 
     def settle(self, quiet_s: float = 2.0) -> None:
         """Read until nothing new arrives for `quiet_s`: whatever else comes is extra."""
@@ -376,6 +397,30 @@ def check_invariants(outcomes: Outcomes, traffic: Traffic,
     assert not letters, f"valid starts dead-lettered: {[d.reason for d in letters[:3]]}"
 
 
+def open_transactions(settings: Settings) -> str:
+    """The partitions of the namespace's topics whose last stable offset is short of their
+    high watermark (a transaction open on them: a read_committed reader waits there)."""
+    lines = []
+    readers = {level: Consumer(settings.client_config(**{
+        "group.id": f"test-watermarks-{uuid.uuid4().hex[:6]}", "isolation.level": level}))
+        for level in ("read_committed", "read_uncommitted")}
+    try:
+        topics = readers["read_committed"].list_topics(timeout=10).topics
+        for name in sorted(t for t in topics if t.startswith(settings.namespace)):
+            for p in sorted(topics[name].partitions):
+                tp = TopicPartition(name, p)
+                stable = readers["read_committed"].get_watermark_offsets(tp, timeout=5)[1]
+                high = readers["read_uncommitted"].get_watermark_offsets(tp, timeout=5)[1]
+                if stable < high:
+                    lines.append(f"{name}[{p}]: stable at {stable}, high watermark {high}")
+    except Exception as exc:  # a diagnosis must not hide the failure it explains
+        lines.append(f"(watermarks not read: {exc})")
+    finally:
+        for reader in readers.values():
+            reader.close()
+    return "partitions with an open transaction: " + ("; ".join(lines) or "none")
+
+
 def request_id_of(value: bytes | None) -> str | None:
     """The request a record is about, when it decodes as a start (or None)."""
     try:
@@ -386,10 +431,13 @@ def request_id_of(value: bytes | None) -> str | None:
 
 
 def run_with_faults(settings: Settings, workers: list[WorkerProcess],
-                    faults: Iterable[Callable[[random.Random], None]], seed: int) -> None:
+                    faults: Iterable[Callable[[random.Random], None]], seed: int,
+                    limit_s: float = 300) -> None:
     """Mixed traffic through `workers` (started here), each of `faults` striking at a
     random point of the work in flight; then every request must be decided, and the
-    invariants hold."""
+    invariants hold. `limit_s`: the test's time limit (its timeout mark's, before
+    `SCALE`), which the waits end before, to say what is missing."""
+    by = time.monotonic() + limit_s * max(1.0, SCALE) - 30
     create_topics(settings)
     rng = random.Random(seed)
     traffic = Traffic()
@@ -399,15 +447,24 @@ def run_with_faults(settings: Settings, workers: list[WorkerProcess],
     try:
         with Client(app=app, settings=settings, replies=False) as client, \
                 CountingEngine(settings) as engine:
+
+            def explain() -> str:
+                return "\n".join([
+                    f"the engine has started {len(engine.seen)} runs",
+                    open_transactions(settings),
+                    *(f"-- worker {i}'s log:\n{w.log_tail(25)}" for i, w in enumerate(workers))])
+
             for fault in faults:
                 traffic.produce(client, scaled(400), rng)
                 client.flush()
                 outcomes.wait_until_decided(set(traffic.workflows), timeout_s=180,
-                                            progress=rng.uniform(0.2, 0.9))
+                                            progress=rng.uniform(0.2, 0.9), by=by,
+                                            explain=explain)
                 fault(rng)
             traffic.produce(client, scaled(400), rng)
             client.flush()
-            outcomes.wait_until_decided(set(traffic.workflows), timeout_s=240)
+            outcomes.wait_until_decided(set(traffic.workflows), timeout_s=max(240, limit_s / 2),
+                                        by=by, explain=explain)
             outcomes.settle()
     finally:
         for worker in workers:

@@ -51,6 +51,13 @@ def broker(tmp_path: Path) -> Iterator[FaultBroker]:
         broker.stop()
 
 
+# Each outage costs the workers up to a minute more than it lasts (their transactions and
+# group memberships time out and are made again), a fault test's 300 s is not enough on a
+# slow machine.
+RIDE_OUT_LIMIT_S = 600
+
+
+@pytest.mark.timeout(RIDE_OUT_LIMIT_S * max(1.0, SCALE))
 def test_workers_ride_out_broker_restarts(broker: FaultBroker, tmp_path: Path) -> None:
     settings = Settings(bootstrap=broker.bootstrap, namespace=f"r{uuid.uuid4().hex[:6]}.",
                         state_dir=tmp_path / "state", commit_interval_ms=100)
@@ -63,7 +70,8 @@ def test_workers_ride_out_broker_restarts(broker: FaultBroker, tmp_path: Path) -
         broker.up()
         assert alive == [True, True], "\n".join(w.log_tail() for w in workers)
 
-    run_with_faults(settings, workers, [partial(outage, s) for s in OUTAGES], seed=2)
+    run_with_faults(settings, workers, [partial(outage, s) for s in OUTAGES], seed=2,
+                    limit_s=RIDE_OUT_LIMIT_S)
     for worker in workers:
         assert "Traceback" not in worker.log.read_text(), worker.log_tail(60)
         assert "the worker must restart" not in worker.log.read_text()
