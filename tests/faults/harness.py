@@ -317,7 +317,7 @@ class Outcomes:
         timeout_s *= max(1.0, SCALE)  # more traffic and faults take longer
         deadline = time.monotonic() + timeout_s
         if by is not None and by < deadline:
-            deadline, timeout_s = by, by - time.monotonic()
+            deadline, timeout_s = by, max(0.0, by - time.monotonic())
         want = len(request_ids) if progress is None else int(len(request_ids) * progress)
         while True:
             final = self._decided()
