@@ -183,6 +183,11 @@ class CountingEngine:
         if self.error is not None:
             raise self.error
 
+    def undelivered(self) -> str:
+        """The reports the engine's producer failed to deliver so far (said, not raised)."""
+        errors = list(self._engine._errors)
+        return f"{len(errors)} ({errors[:3]})" if errors else "none"
+
     def _run(self) -> None:
         running: list[tuple[float, AdmittedStart, list[str]]] = []
         try:
@@ -450,7 +455,8 @@ def run_with_faults(settings: Settings, workers: list[WorkerProcess],
 
             def explain() -> str:
                 return "\n".join([
-                    f"the engine has started {len(engine.seen)} runs",
+                    f"the engine has started {len(engine.seen)} runs; "
+                    f"{engine.undelivered()} of its reports failed to be delivered",
                     open_transactions(settings),
                     *(f"-- worker {i}'s log:\n{w.log_tail(25)}" for i, w in enumerate(workers))])
 
