@@ -554,7 +554,7 @@ function limitRequest() {
     pool: $("limit-pool").value.trim() || null,
     // Which of a workflow's limits: a concurrency limit's or a throttle's (a rateLimit
     // is one).
-    nth: control === "rateLimit" ? 1 : parseInt($("limit-nth").value, 10),
+    nth: control === "rateLimit" ? 1 : parseInt($("limit-nth").value, 10) || 1,
     clear: clear,
     reason: $("limit-reason").value.trim() || null,
   };
