@@ -21,7 +21,7 @@ from sluicegate.config import Settings
 from sluicegate.ops.services import bulk
 from sluicegate.schemas import codec
 from sluicegate.schemas.codec import RECORD_TYPES
-from sluicegate.schemas.records import AdmittedStart, RunEvent, RunEventKind, RunStatus
+from sluicegate.schemas.records import LIVE, AdmittedStart, RunEvent, RunEventKind, RunStatus
 from sluicegate.topology.admin import create_topics
 from sluicegate.topology.topics import Topics
 from tests.integration.kafka_helpers import ROOT, TopicReader, WorkerProcess, settings_env
@@ -244,6 +244,11 @@ def test_java_engines_on_a_share_group_share_one_partition_and_a_cancel_finds_it
                 events.poll(0.1)
             events.until(lambda rows: len(reported(rows, RunEventKind.completed)) >= submitted,
                          timeout=60, what=f"{submitted} runs completed")
+            # The engines' reports are read here before the worker has freed the slots of
+            # those runs; the runs table says they ended in the transaction that frees them.
+            deadline = time.monotonic() + 30
+            while any(r.status in LIVE for r in bulk.read_runs(one)):
+                assert time.monotonic() < deadline, "runs reported completed still running"
             # A long run, on whichever instance: every instance reads every command, the
             # one holding the run stops it.
             long = client.start("javaJob", {"n": submitted, "holdMs": 600_000},
