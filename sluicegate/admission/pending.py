@@ -354,11 +354,14 @@ class PendingQueue:
         return self.park(start, mode, headers)[1]
 
     def park(self, start: PendingStart, mode: str = "strict",
-             headers: Headers | None = None) -> tuple[Parked, int | None]:
+             headers: Headers | None = None,
+             encoded: bytes | None = None) -> tuple[Parked, int | None]:
         """Park `start` (with the headers it came with); returns its row (to remove it
         later) and its position: exact behind the last start (a FIFO queue, whatever its
         depth), counted up to `COUNTED` starts ahead of it otherwise, None past them
-        (docs/decisions/queue-position-bound.md)."""
+        (docs/decisions/queue-position-bound.md). `encoded`: `start` as this process's
+        codec encodes it, when the caller has it (the record it was handed over with),
+        so it is not encoded a second time (docs/decisions/encoded-once-per-hop.md)."""
         raw = self.tx.get(self._seq_key)
         seq = int(raw) + 1 if raw else 0
         self.tx.put(self._seq_key, str(seq).encode())
@@ -368,7 +371,8 @@ class PendingQueue:
             self.tx.put(_HEADERS + row, pack_headers(headers))
         else:
             headers = None
-        self._floors.put(self._prefix, row, codec.encode(start))
+        self._floors.put(self._prefix, row,
+                         codec.encode(start) if encoded is None else encoded)
         parked = Parked(row, start, headers)
         heads: _Heads | None = _memo(self.tx, self._prefix)
         near: int | None = None  # its place, when among the memo's first rows
@@ -564,10 +568,11 @@ class FairQueue:
         `COUNTED` ahead of it)."""
         return self.park(lane, start, headers)[1]
 
-    def park(self, lane: str, start: PendingStart,
-             headers: Headers | None = None) -> tuple[Parked, int | None]:
-        """Park `start` (with the headers it came with) in its lane; returns its row and
-        its position in that lane."""
+    def park(self, lane: str, start: PendingStart, headers: Headers | None = None,
+             encoded: bytes | None = None) -> tuple[Parked, int | None]:
+        """Park `start` (with the headers it came with, and `encoded` as
+        `PendingQueue.park` takes it) in its lane; returns its row and its position in
+        that lane."""
         marker = self._lanes_prefix + lane.encode()
         if self.tx.get(marker) is None:
             # A new lane joins the round behind every lane already waiting, as if served
@@ -578,7 +583,7 @@ class FairQueue:
             self.tx.put(self._turn_key, str(turn).encode())
             self._set_marker(lane, turn, str(turn).encode())
         self._add(1)
-        return self.lane(lane).park(start, self.mode, headers)
+        return self.lane(lane).park(start, self.mode, headers, encoded)
 
     def lanes(self) -> list[tuple[str, int]]:
         """(lane, last served turn) for every lane with starts waiting, in the lanes'

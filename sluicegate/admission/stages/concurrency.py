@@ -533,7 +533,10 @@ class ConcurrencyStage(QueueStage):
         if record.key is None:
             self._rekey(ctx, start, record.headers)
             return
-        self._arrive(ctx, record.key.decode(), start, record.headers)
+        # The record's bytes are the start's own encoding when it was handed over with
+        # it in this process: parked, it is not encoded again.
+        self._arrive(ctx, record.key.decode(), start, record.headers,
+                     record.value if record.message is start else None)
 
     def on_release(self, ctx: StageContext, release: Release) -> None:
         self._release(ctx, release)
@@ -549,7 +552,7 @@ class ConcurrencyStage(QueueStage):
         ctx.send(ctx.topics.stage(self.name), key.encode(), codec.encode(start), None, headers)
 
     def _arrive(self, ctx: StageContext, key: str, start: PendingStart,
-                headers: Headers | None) -> None:
+                headers: Headers | None, encoded: bytes | None = None) -> None:
         wf = self.router.workflow(start.workflow)
         resume = start.kind is AdmittedKind.resume
         if wf is None and not resume:
@@ -585,7 +588,7 @@ class ConcurrencyStage(QueueStage):
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue, headers,
                        waits_for=f"{occupancy.held} of {limit.limit} slots",
-                       whence=self._whence(wf, hop, limit))
+                       whence=self._whence(wf, hop, limit), encoded=encoded)
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
                 self._drain(ctx, key)
@@ -605,9 +608,9 @@ class ConcurrencyStage(QueueStage):
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
               queue: FairQueue, headers: Headers | None, *, waits_for: str,
-              whence: str = "") -> None:
+              whence: str = "", encoded: bytes | None = None) -> None:
         lane = self._lane(wf, start)
-        parked, position = queue.park(lane, start, headers)
+        parked, position = queue.park(lane, start, headers, encoded)
         where = SIZED.encode((key, start.execution_id))
         ctx.table("waiting").put((key, start.execution_id), (lane, parked.row))
         self.sweeps.add(ctx, start.workflow, where)
