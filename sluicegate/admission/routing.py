@@ -103,7 +103,7 @@ class Router:
         }
 
     def workflow(self, name: str) -> Workflow | None:
-        return self.app.get(name)
+        return self.app.workflows.get(name)
 
     def hop(self, start: PendingStart) -> Hop | None:
         """The hop a start is addressed to (None when its workflow is gone or the route
@@ -148,12 +148,12 @@ class Router:
         `key`: the current hop's key text, which the admitted row shows when no hop is
         left (a hop holding a slot needs none)."""
         route = self.routes.get(start.workflow)
-        wf = self.app.get(start.workflow)
+        wf = self.app.workflows.get(start.workflow)
         if route is None or wf is None:
             self.fail(ctx, start, Outcome.failed, REMOVED, headers=headers)
             return
         nxt = self.next_hop(route, start)
-        for skipped in route.hops[start.hop + 1:nxt]:
+        for skipped in route.hops[start.hop + 1:nxt] if nxt > start.hop + 1 else ():
             control = skipped.control
             if wraps_payload(wf, skipped):
                 # A start that batching (or a debounce handing over every event) does not
