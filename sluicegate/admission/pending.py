@@ -544,7 +544,8 @@ class FairQueue:
     priority in age mode orders a lane only (docs/decisions/fairness-option.md).
     """
 
-    __slots__ = ("_lanes_prefix", "_total_key", "_turn_key", "budget", "fair", "mode", "tx")
+    __slots__ = ("_lane_queues", "_lanes_prefix", "_total_key", "_turn_key", "budget", "fair",
+                 "mode", "tx")
 
     def __init__(self, tx: StoreTransaction, budget: bytes, mode: str = "strict",
                  fair: bool = False) -> None:
@@ -558,9 +559,16 @@ class FairQueue:
         self._lanes_prefix = _LANES + named
         self._total_key = _TOTAL + named
         self._turn_key = _TURN + named
+        # The lanes' queues asked for through this object (serving a start asks for its
+        # lane's twice: its head, then its removal).
+        self._lane_queues: dict[str, PendingQueue] = {}
 
     def lane(self, lane: str) -> PendingQueue:
-        return PendingQueue(self.tx, self.budget + b"\x1f" + lane.encode())
+        queue = self._lane_queues.get(lane)
+        if queue is None:
+            queue = self._lane_queues[lane] = PendingQueue(
+                self.tx, self.budget + b"\x1f" + lane.encode())
+        return queue
 
     def push(self, lane: str, start: PendingStart,
              headers: Headers | None = None) -> int | None:
