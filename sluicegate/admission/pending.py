@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.declare import Workflow
@@ -30,7 +29,7 @@ from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.tables import RAW, Decimal, Floors, TableSpec, derived_prefixes
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import PendingStart
+from sluicegate.schemas.records import PendingStart, record
 
 _QUEUE = STATE_PREFIX + b"Q"
 _COUNT = STATE_PREFIX + b"N"
@@ -237,7 +236,7 @@ def queue_names(tx: StoreTransaction) -> list[bytes]:
     return [key[len(_COUNT) + 2:] for key, _ in tx.items(_COUNT)]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Parked:
     row: bytes
     start: PendingStart

@@ -65,6 +65,7 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
     RunStatus,
+    record,
 )
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
@@ -73,7 +74,7 @@ NAME = "concurrency"
 
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Holder:
     """A run holding a slot of a key: its workflow, and which of its limits it is."""
 
@@ -147,7 +148,7 @@ class Limit:
     max_queued: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Occupancy:
     """One key of one budget: slots held and starts waiting."""
 
