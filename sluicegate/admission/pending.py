@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.declare import Workflow
@@ -30,7 +29,7 @@ from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.tables import RAW, Decimal, Floors, TableSpec, derived_prefixes
 from sluicegate.engine.timers import STATE_PREFIX
 from sluicegate.schemas import codec
-from sluicegate.schemas.records import PendingStart
+from sluicegate.schemas.records import PendingStart, record
 
 _QUEUE = STATE_PREFIX + b"Q"
 _COUNT = STATE_PREFIX + b"N"
@@ -237,7 +236,7 @@ def queue_names(tx: StoreTransaction) -> list[bytes]:
     return [key[len(_COUNT) + 2:] for key, _ in tx.items(_COUNT)]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Parked:
     row: bytes
     start: PendingStart
@@ -354,11 +353,14 @@ class PendingQueue:
         return self.park(start, mode, headers)[1]
 
     def park(self, start: PendingStart, mode: str = "strict",
-             headers: Headers | None = None) -> tuple[Parked, int | None]:
+             headers: Headers | None = None,
+             encoded: bytes | None = None) -> tuple[Parked, int | None]:
         """Park `start` (with the headers it came with); returns its row (to remove it
         later) and its position: exact behind the last start (a FIFO queue, whatever its
         depth), counted up to `COUNTED` starts ahead of it otherwise, None past them
-        (docs/decisions/queue-position-bound.md)."""
+        (docs/decisions/queue-position-bound.md). `encoded`: `start` as this process's
+        codec encodes it, when the caller has it (the record it was handed over with),
+        so it is not encoded a second time (docs/decisions/encoded-once-per-hop.md)."""
         raw = self.tx.get(self._seq_key)
         seq = int(raw) + 1 if raw else 0
         self.tx.put(self._seq_key, str(seq).encode())
@@ -368,7 +370,8 @@ class PendingQueue:
             self.tx.put(_HEADERS + row, pack_headers(headers))
         else:
             headers = None
-        self._floors.put(self._prefix, row, codec.encode(start))
+        self._floors.put(self._prefix, row,
+                         codec.encode(start) if encoded is None else encoded)
         parked = Parked(row, start, headers)
         heads: _Heads | None = _memo(self.tx, self._prefix)
         near: int | None = None  # its place, when among the memo's first rows
@@ -540,7 +543,8 @@ class FairQueue:
     priority in age mode orders a lane only (docs/decisions/fairness-option.md).
     """
 
-    __slots__ = ("_lanes_prefix", "_total_key", "_turn_key", "budget", "fair", "mode", "tx")
+    __slots__ = ("_lane_queues", "_lanes_prefix", "_total_key", "_turn_key", "budget", "fair",
+                 "mode", "tx")
 
     def __init__(self, tx: StoreTransaction, budget: bytes, mode: str = "strict",
                  fair: bool = False) -> None:
@@ -554,9 +558,16 @@ class FairQueue:
         self._lanes_prefix = _LANES + named
         self._total_key = _TOTAL + named
         self._turn_key = _TURN + named
+        # The lanes' queues asked for through this object (serving a start asks for its
+        # lane's twice: its head, then its removal).
+        self._lane_queues: dict[str, PendingQueue] = {}
 
     def lane(self, lane: str) -> PendingQueue:
-        return PendingQueue(self.tx, self.budget + b"\x1f" + lane.encode())
+        queue = self._lane_queues.get(lane)
+        if queue is None:
+            queue = self._lane_queues[lane] = PendingQueue(
+                self.tx, self.budget + b"\x1f" + lane.encode())
+        return queue
 
     def push(self, lane: str, start: PendingStart,
              headers: Headers | None = None) -> int | None:
@@ -564,10 +575,11 @@ class FairQueue:
         `COUNTED` ahead of it)."""
         return self.park(lane, start, headers)[1]
 
-    def park(self, lane: str, start: PendingStart,
-             headers: Headers | None = None) -> tuple[Parked, int | None]:
-        """Park `start` (with the headers it came with) in its lane; returns its row and
-        its position in that lane."""
+    def park(self, lane: str, start: PendingStart, headers: Headers | None = None,
+             encoded: bytes | None = None) -> tuple[Parked, int | None]:
+        """Park `start` (with the headers it came with, and `encoded` as
+        `PendingQueue.park` takes it) in its lane; returns its row and its position in
+        that lane."""
         marker = self._lanes_prefix + lane.encode()
         if self.tx.get(marker) is None:
             # A new lane joins the round behind every lane already waiting, as if served
@@ -578,7 +590,7 @@ class FairQueue:
             self.tx.put(self._turn_key, str(turn).encode())
             self._set_marker(lane, turn, str(turn).encode())
         self._add(1)
-        return self.lane(lane).park(start, self.mode, headers)
+        return self.lane(lane).park(start, self.mode, headers, encoded)
 
     def lanes(self) -> list[tuple[str, int]]:
         """(lane, last served turn) for every lane with starts waiting, in the lanes'

@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -415,6 +416,9 @@ def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
 
 
 _ABSENT = object()
+# How many of a key's first bytes decide which ordered reads may need it indexed (a
+# stage's table prefix: 0x00, 'S' and its letter).
+_FAMILY = 3
 # What a record's framing on the wire may add to its key and value (librdkafka counts it
 # against message.max.bytes).
 RECORD_OVERHEAD_BYTES = 512
@@ -435,17 +439,21 @@ class StoreTransaction:
     rows) is the reader's, kept in `cache`.
 
     Ordered reads (`items`) find the buffered rows of a prefix through a sorted index of
-    the buffer's keys, built at the cycle's first ordered read and kept up to date by its
-    writes after that: a queue's head costs the same with 10 or 100,000 rows written in
-    the cycle (docs/decisions/store-buffer-index.md). A cycle that never reads in order
-    (the passthrough) never builds it.
+    the buffer's keys, built at the cycle's first ordered read: a queue's head costs the
+    same with 10 or 100,000 rows written in the cycle (docs/decisions/store-buffer-index.md).
+    A cycle that never reads in order (the passthrough) never builds it. A key written
+    after it is built joins it at the next ordered read of a prefix its first `_FAMILY`
+    bytes (its table's prefix) may hold: the rows no one reads in order (a run's row, a
+    count, a holder) are not added to it one by one as they are written.
     """
 
     def __init__(self, store: Store, max_record_bytes: int | None = None) -> None:
         self.store = store
         self._buffer: dict[bytes, bytes | None] = {}
-        # The buffer's keys in order, or None until an ordered read asks for it.
+        # The buffer's keys in order, or None until an ordered read asks for it; and the
+        # keys new to the buffer since, not in it yet, by their first `_FAMILY` bytes.
         self._index: SortedList | None = None
+        self._unindexed: defaultdict[bytes, list[bytes]] = defaultdict(list)
         self._discards = 0
         self._commits = 0
         # Per owner (the timers, the queues), what it derived from the view: dropped when
@@ -470,12 +478,12 @@ class StoreTransaction:
                 f"a store row of {len(key) + len(value)} bytes is over the "
                 f"{self._max_row}-byte limit of its changelog records (message.max.bytes)")
         if self._index is not None and key not in self._buffer:
-            self._index.add(key)
+            self._unindexed[key[:_FAMILY]].append(key)
         self._buffer[key] = value
 
     def delete(self, key: bytes) -> None:
         if self._index is not None and key not in self._buffer:
-            self._index.add(key)
+            self._unindexed[key[:_FAMILY]].append(key)
         self._buffer[key] = None
 
     def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -493,10 +501,23 @@ class StoreTransaction:
         index = self._index
         if index is None:
             index = self._index = SortedList(self._buffer)
+        elif self._unindexed:
+            self._index_family(index, prefix)
         at = index.bisect_left(lo)
         if at == len(index) or not index[at].startswith(prefix):
             return stored
         return self._merge(index[at], prefix, stored)
+
+    def _index_family(self, index: SortedList, prefix: bytes) -> None:
+        """The keys not yet in the index that `prefix` may hold join it."""
+        unindexed = self._unindexed
+        if len(prefix) >= _FAMILY:
+            keys = unindexed.pop(prefix[:_FAMILY], None)
+            if keys:
+                index.update(keys)
+            return
+        for family in [f for f in unindexed if f.startswith(prefix)]:
+            index.update(unindexed.pop(family))
 
     def _merge(self, first: bytes, prefix: bytes,
                stored: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
@@ -532,7 +553,8 @@ class StoreTransaction:
         write to the store (a restore, a wipe), drops every owner's. Only its owner keeps
         it true, by updating it as it writes the rows it was derived from, and bounds its
         size."""
-        at = self.revision
+        # `revision`, written out: the queues and timers ask at every row they write.
+        at = (self.store.revision - self._commits, self._discards)
         if at != self._cached_at:
             self._caches = {}
             self._cached_at = at
@@ -562,10 +584,12 @@ class StoreTransaction:
         # (e.g. to log what was committed) keeps an intact copy.
         self._buffer = {}
         self._index = None
+        self._unindexed.clear()
 
     def discard(self) -> None:
         self._buffer = {}
         self._index = None
+        self._unindexed.clear()
         self._discards += 1
 
     def __len__(self) -> int:

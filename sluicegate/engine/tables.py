@@ -410,6 +410,25 @@ class StateTable(Generic[K, V]):
     def delete(self, key: K) -> None:
         self._delete(self._prefix + self._key(key))
 
+    # The same, for a key encoded once by the caller (`encode_key`), who reads and writes
+    # it in several tables that share its key codec.
+
+    def encode_key(self, key: K) -> bytes:
+        return self._key(key)
+
+    def get_encoded(self, raw: bytes) -> V | None:
+        found = self._get(self._prefix + raw)
+        return None if found is None else self._decode(found)
+
+    def has_encoded(self, raw: bytes) -> bool:
+        return self._get(self._prefix + raw) is not None
+
+    def put_encoded(self, raw: bytes, value: V) -> None:
+        self._put(self._prefix + raw, self._encode(value))
+
+    def delete_encoded(self, raw: bytes) -> None:
+        self._delete(self._prefix + raw)
+
     def items(self, start: bytes = b"", after: bytes | None = None) -> Iterator[tuple[K, V]]:
         """Rows in key order whose encoded key starts with `start` (every row: b""), from
         the encoded key `after` on (inclusive) when given."""

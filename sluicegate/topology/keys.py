@@ -13,6 +13,7 @@ all three, and importing them loads neither RocksDB nor a stage:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Callable
@@ -43,10 +44,17 @@ class ControlKey(NamedTuple):
 
     @classmethod
     def parse(cls, key: str | bytes) -> ControlKey:
-        """A key as it travels (or a slot's key); its text is '' when it has none."""
-        raw = key.decode(errors="replace") if isinstance(key, bytes) else key
-        budget, _, text = raw.partition(SEP)
-        return cls(budget, text)
+        """A key as it travels (or a slot's key); its text is '' when it has none. A key
+        is parsed several times on a start's way through a stage (its queue, its ledger
+        rows, its slot): the last keys parsed are kept, so most of those are a lookup."""
+        return _parse(key)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _parse(key: str | bytes) -> ControlKey:
+    raw = key.decode(errors="replace") if isinstance(key, bytes) else key
+    budget, _, text = raw.partition(SEP)
+    return ControlKey(budget, text)
 
 
 def key_text(key: str | bytes) -> str:

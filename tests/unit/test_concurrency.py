@@ -933,3 +933,33 @@ def test_a_waiting_starts_index_row_is_its_queue_row_unless_rolling_from_a_relea
                                           waits) is not None
             if not restarted:
                 d.restart()
+
+
+def test_a_start_handed_over_is_parked_with_the_bytes_it_was_sent_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handed over in-process (docs/decisions/encoded-once-per-hop.md), a start that waits is
+    encoded once on its way to this hop, and its queue row is those very bytes: what the
+    stage's topic would have carried."""
+    driver = TestDriver(App([Workflow(name="w", payload=Job,
+                                      concurrency=Concurrency(limit=1, key="tenant"))]),
+                        Settings(partitions=1), start_ms=T0, in_order=True)
+    try:
+        start(driver, "w", {"tenant": "a"})
+        encode = codec.encode
+        encoded: list[bytes] = []
+
+        def counting(record: Any) -> bytes:
+            data = encode(record)
+            if isinstance(record, PendingStart):
+                encoded.append(data)
+            return data
+
+        monkeypatch.setattr(codec, "encode", counting)
+        waiting = start(driver, "w", {"tenant": "a"})
+        assert outcomes(driver, waiting) == [Outcome.queued]
+        assert len(encoded) == 1, "encoded once, when it left identity's hop"
+        rows = [value for _, value in driver.context(NAME).store.items(pending.ROW_PREFIX)]
+        assert rows == encoded
+        assert codec.decode(PendingStart, rows[0]).execution_id == waiting
+    finally:
+        driver.close()

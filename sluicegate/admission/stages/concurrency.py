@@ -65,6 +65,7 @@ from sluicegate.schemas.records import (
     Release,
     ReleaseKind,
     RunStatus,
+    record,
 )
 from sluicegate.topology.keys import ControlKey, key_text
 from sluicegate.topology.route import DEPLOYMENT_BUDGET, Hop, Route
@@ -73,7 +74,7 @@ NAME = "concurrency"
 
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Holder:
     """A run holding a slot of a key: its workflow, and which of its limits it is."""
 
@@ -147,7 +148,7 @@ class Limit:
     max_queued: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Occupancy:
     """One key of one budget: slots held and starts waiting."""
 
@@ -465,13 +466,13 @@ class ConcurrencyStage(QueueStage):
                 for (_, execution_id) in ctx.table(table).keys(SIZED.head(key))]
 
     @staticmethod
-    def _holder(ctx: StageContext, key: str, execution_id: str) -> tuple[Holder | None, str]:
-        """The holder of one of `key`'s slots that `execution_id` is, and its table."""
-        where = (key, execution_id)
-        holder: Holder | None = ctx.table("run_holders").get(where)
+    def _holder(ctx: StageContext, where: bytes) -> tuple[Holder | None, str]:
+        """The holder of one of a key's slots that an execution is (`where`: the two, as
+        the holders' tables encode them), and its table."""
+        holder: Holder | None = ctx.table("run_holders").get_encoded(where)
         if holder is not None:
             return holder, "run_holders"
-        return ctx.table("holders").get(where), "holders"
+        return ctx.table("holders").get_encoded(where), "holders"
 
     def _holder_table(self, ctx: StageContext, start: PendingStart) -> str:
         """Where the slot `start` takes is kept: derived from its run's row when that row
@@ -533,7 +534,10 @@ class ConcurrencyStage(QueueStage):
         if record.key is None:
             self._rekey(ctx, start, record.headers)
             return
-        self._arrive(ctx, record.key.decode(), start, record.headers)
+        # The record's bytes are the start's own encoding when it was handed over with
+        # it in this process: parked, it is not encoded again.
+        self._arrive(ctx, record.key.decode(), start, record.headers,
+                     record.value if record.message is start else None)
 
     def on_release(self, ctx: StageContext, release: Release) -> None:
         self._release(ctx, release)
@@ -549,7 +553,7 @@ class ConcurrencyStage(QueueStage):
         ctx.send(ctx.topics.stage(self.name), key.encode(), codec.encode(start), None, headers)
 
     def _arrive(self, ctx: StageContext, key: str, start: PendingStart,
-                headers: Headers | None) -> None:
+                headers: Headers | None, encoded: bytes | None = None) -> None:
         wf = self.router.workflow(start.workflow)
         resume = start.kind is AdmittedKind.resume
         if wf is None and not resume:
@@ -567,13 +571,16 @@ class ConcurrencyStage(QueueStage):
         limit = self.limit_at(wf, hop, key)
         queue = self.queue(ctx, key)
         occupancy = Occupancy(self.held(ctx, key), len(queue))
-        where = (key, start.execution_id)
+        # The key and the execution id as the holders' and the waiting index's tables
+        # encode them, once.
+        where = SIZED.encode((key, start.execution_id))
         verdict = arrive(
             occupancy, limit,
-            holding=where in ctx.table("run_holders") or where in ctx.table("holders"),
-            queued=where in ctx.table("waiting"), resume=resume)
+            holding=(ctx.table("run_holders").has_encoded(where)
+                     or ctx.table("holders").has_encoded(where)),
+            queued=ctx.table("waiting").has_encoded(where), resume=resume)
         if verdict is Verdict.take:
-            self._take(ctx, key, start, hop, headers)
+            self._take(ctx, key, start, hop, headers, held=occupancy.held)
         elif verdict is Verdict.keep:
             self.router.forward(ctx, with_slot(start, NAME, key), headers=headers)
         elif verdict is Verdict.full:
@@ -585,16 +592,17 @@ class ConcurrencyStage(QueueStage):
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue, headers,
                        waits_for=f"{occupancy.held} of {limit.limit} slots",
-                       whence=self._whence(wf, hop, limit))
+                       whence=self._whence(wf, hop, limit), encoded=encoded)
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
-                self._drain(ctx, key)
+                self._drain(ctx, key, queue=queue, held=occupancy.held)
 
     def _take(self, ctx: StageContext, key: str, start: PendingStart, hop: Hop,
-              headers: Headers | None, lane: str | None = None) -> None:
+              headers: Headers | None, lane: str | None = None, *, held: int) -> None:
+        """`start` takes one of `key`'s slots, of which `held` were held."""
         ctx.table(self._holder_table(ctx, start)).put((key, start.execution_id),
                                                       Holder(start.workflow, hop.index))
-        self._set_held(ctx, key, self.held(ctx, key) + 1)
+        self._set_held(ctx, key, held + 1)
         if hop.budget in self.floors:
             wf = self.router.workflow(start.workflow)
             if lane is None and wf is not None:
@@ -605,11 +613,11 @@ class ConcurrencyStage(QueueStage):
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
               queue: FairQueue, headers: Headers | None, *, waits_for: str,
-              whence: str = "") -> None:
+              whence: str = "", encoded: bytes | None = None) -> None:
         lane = self._lane(wf, start)
-        parked, position = queue.park(lane, start, headers)
+        parked, position = queue.park(lane, start, headers, encoded)
         where = SIZED.encode((key, start.execution_id))
-        ctx.table("waiting").put((key, start.execution_id), (lane, parked.row))
+        ctx.table("waiting").put_encoded(where, (lane, parked.row))
         self.sweeps.add(ctx, start.workflow, where)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
         due = expires_at(start, timeout)
@@ -652,7 +660,7 @@ class ConcurrencyStage(QueueStage):
     def _unpark(self, ctx: StageContext, key: str, start: PendingStart) -> None:
         """Drop a start's waiting index and expiry timer once it leaves the queue."""
         where = SIZED.encode((key, start.execution_id))
-        ctx.table("waiting").delete((key, start.execution_id))
+        ctx.table("waiting").delete_encoded(where)
         self.sweeps.remove(ctx, start.workflow, where)
         wf = self.router.workflow(start.workflow)
         timeout = wf.timeouts.start_ms if wf is not None and wf.timeouts is not None else None
@@ -666,7 +674,9 @@ class ConcurrencyStage(QueueStage):
 
     def _release(self, ctx: StageContext, release: Release) -> None:
         key = release.key
-        holder, table = self._holder(ctx, key, release.execution_id)
+        # The key and the execution id as the holders' tables encode them, once.
+        where = SIZED.encode((key, release.execution_id))
+        holder, table = self._holder(ctx, where)
         if holder is None:
             if release.kind is not ReleaseKind.suspended:
                 # The run ended while its resume waited here: it no longer needs a slot.
@@ -678,11 +688,12 @@ class ConcurrencyStage(QueueStage):
             return
         if not frees(release.kind, self._mode_of_holder(holder.workflow, holder.index)):
             return
-        ctx.table(table).delete((key, release.execution_id))
-        self._set_held(ctx, key, self.held(ctx, key) - 1)
+        ctx.table(table).delete_encoded(where)
+        held = self.held(ctx, key) - 1
+        self._set_held(ctx, key, held)
         if self.floors:
             floors.released(ctx.store, _prefixed(key), release.execution_id)
-        self._drain(ctx, key)
+        self._drain(ctx, key, held=held)
 
     def _forget_waiting_resume(self, ctx: StageContext, key: str, execution_id: str) -> None:
         found = self._waiting(ctx, key, execution_id)
@@ -692,18 +703,25 @@ class ConcurrencyStage(QueueStage):
         self.queue(ctx, key).remove(lane, parked)
         self._unpark(ctx, key, parked.start)
 
-    def _drain(self, ctx: StageContext, key: str, sweeping: bool = False) -> None:
-        """Admit waiting starts while the key has room, in the queue's fair order.
+    def _drain(self, ctx: StageContext, key: str, sweeping: bool = False, *,
+               queue: FairQueue | None = None, held: int | None = None) -> None:
+        """Admit waiting starts while the key has room, in the queue's fair order. `queue`
+        and `held`: the key's queue and the slots it holds, when the caller has them.
 
         Once the key holds the widest limit of its budget nobody waiting can take a slot,
         and the queue is not read. Only a sweep at restore reads it anyway: starts whose
         route changed with a redeploy wait there, and leave without a slot."""
-        queue = self.queue(ctx, key)
+        if queue is None:
+            queue = self.queue(ctx, key)
         budget = ControlKey.parse(key).budget
         widest = self._widest(budget)
         floor = self.floors.get(budget)
+        # Only a start taking a slot here changes it while this runs (what it sends, a
+        # release among it, is handed over after): counted here, not read again.
+        if held is None:
+            held = self.held(ctx, key)
         while True:
-            if not sweeping and widest is not None and self.held(ctx, key) >= widest:
+            if not sweeping and widest is not None and held >= widest:
                 return
             head = (queue.next() if floor is None
                     else floors.next_start(queue, ctx.store, _prefixed(key), floor))
@@ -723,11 +741,12 @@ class ConcurrencyStage(QueueStage):
                 self._unpark(ctx, key, start)
                 self.router.forward(ctx, start, headers=parked.headers)
                 continue
-            if self.held(ctx, key) >= self.limit_at(wf, hop, key).limit:
+            if held >= self.limit_at(wf, hop, key).limit:
                 return
             queue.take(lane, parked, self._weight(wf, hop, lane))
             self._unpark(ctx, key, start)
-            self._take(ctx, key, start, hop, parked.headers, lane)
+            self._take(ctx, key, start, hop, parked.headers, lane, held=held)
+            held += 1
 
     def on_sweep(self, ctx: StageContext, sweep: CancelSweep) -> None:
         """cancelOn discards this partition's waiting starts that match the event, read

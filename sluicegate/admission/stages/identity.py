@@ -320,14 +320,13 @@ class IdentityStage(AdmissionStage):
             self._decided(ctx, start, wf, Outcome.admitted, key, execution_id, now, None, trace)
             return
 
+        # Positional, as the admitted start above.
+        priority = wf.priority
         pending = PendingStart(
-            execution_id=execution_id, workflow=name, payload=start.payload,
-            origin=start.origin, kind=AdmittedKind.start, declaration_version=wf.version,
-            hop=0, request_id=start.request_id, request_ids=[start.request_id],
-            requested_at_ms=start.requested_at_ms, arrived_at_ms=now,
-            priority=wf.priority.value(payload) if wf.priority is not None else 0.0,
-            slots=slots, reply_partition=start.reply_partition, identity_key=key,
-            retry_of=start.retry_of, on_failure=wf.on_failure,
+            execution_id, name, start.payload, start.origin, AdmittedKind.start, wf.version,
+            0, start.request_id, [start.request_id], start.requested_at_ms, now,
+            priority.value(payload) if priority is not None else 0.0, slots,
+            start.reply_partition, key, start.retry_of, wf.on_failure,
         )
         if start.at_ms is not None and start.at_ms > now:
             self.delayed.park(ctx, pending, start.at_ms, wf, trace)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from sluicegate.admission.decisions import RUNS_STAGE, record_decision, reject
 from sluicegate.admission.lease import LEASED_STAGE, lease_of
@@ -58,6 +57,7 @@ from sluicegate.schemas.records import (
     RunStatus,
     StartRequest,
     changed,
+    record,
 )
 from sluicegate.topology.keys import identity_store_key, key_text
 
@@ -160,7 +160,7 @@ def apply_event(row: RunRow, event: RunEvent, cancel_reason: str | None = None) 
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Backstop:
     """The deadlines of one live run: `finish_at_ms` (timeouts.finish) never moves; the
     lease (`lease_until_ms`, `lease_ms` long) moves forward each time the run reports."""
@@ -173,6 +173,10 @@ class Backstop:
     def idle(self) -> bool:
         return self.finish_at_ms is None and self.lease_ms is None
 
+
+# No deadline: one value, shared (a frozen dataclass costs a call per field to build, and
+# every run with deadlines is disarmed to it when it ends).
+NO_BACKSTOP = Backstop()
 
 # execution id -> a live run's deadlines, derived from its row.
 BACKSTOPS = TableSpec("backstops", STATE_PREFIX + b"B", TEXT, text_fields(Backstop),
@@ -195,7 +199,7 @@ def backstop_for(admitted_at_ms: int, finish_ms: int | None, lease_ms: int,
     if finish_ms is not None:
         return Backstop(finish_at_ms=admitted_at_ms + finish_ms)
     if not holding:
-        return Backstop()
+        return NO_BACKSTOP
     return Backstop(lease_ms=lease_ms, lease_until_ms=admitted_at_ms + lease_ms)
 
 
@@ -610,7 +614,7 @@ class RunsStage(AdmissionStage):
     def _store_backstop(self, ctx: StageContext, execution_id: str, old: Backstop | None,
                         new: Backstop) -> None:
         ident = execution_id.encode()
-        old = old or Backstop()
+        old = old or NO_BACKSTOP
         for kind, before, after in ((_FINISH, old.finish_at_ms, new.finish_at_ms),
                                     (_LEASE, old.lease_until_ms, new.lease_until_ms)):
             if before == after:
@@ -629,7 +633,7 @@ class RunsStage(AdmissionStage):
         for runs in (self._heard, self._armed):
             runs[ctx.partition].pop(execution_id, None)
         if backstop is not None:
-            self._store_backstop(ctx, execution_id, backstop, Backstop())
+            self._store_backstop(ctx, execution_id, backstop, NO_BACKSTOP)
 
     # -- releases ------------------------------------------------------------------------
 
