@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from sluicegate.schemas import RECORD_TYPES, codec, records
 from sluicegate.schemas.native import speedups
-from sluicegate.schemas.records import Slot, changed, record
+from sluicegate.schemas.records import (
+    AdmittedStart,
+    LedgerRecord,
+    PendingStart,
+    Slot,
+    changed,
+    record,
+)
 
 # Any object will do as a field's value: construction neither checks nor converts.
 VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.binary(max_size=8),
@@ -128,3 +135,27 @@ def test_changed_refuses_a_field_the_record_does_not_have() -> None:
     slot = Slot("concurrency", "k")
     with pytest.raises(TypeError, match="Slot has no field 'nope'"):
         changed(slot, nope=1)
+
+
+# The gated path builds these positionally (Router.admit and decide, IdentityStage):
+# a field inserted among them would take another's value without a word.
+POSITIONAL_FIELDS = {
+    LedgerRecord: ["request_id", "workflow", "outcome", "requested_at_ms", "decided_at_ms",
+                   "waited_ms", "folded", "key", "stage", "reason", "execution_id",
+                   "retry_after_ms", "deferral", "due_at_ms", "position",
+                   "declaration_version", "payload", "control"],
+    AdmittedStart: ["execution_id", "workflow", "payload", "declaration_version", "origin",
+                    "kind", "slots", "request_ids", "requested_at_ms", "admitted_at_ms",
+                    "retry_of", "lease_ms", "heartbeat_every_ms"],
+    PendingStart: ["execution_id", "workflow", "payload", "origin", "kind",
+                   "declaration_version", "hop", "request_id", "request_ids",
+                   "requested_at_ms", "arrived_at_ms", "priority", "slots",
+                   "reply_partition", "identity_key", "retry_of", "on_failure"],
+}
+
+
+@pytest.mark.parametrize("cls", list(POSITIONAL_FIELDS), ids=lambda cls: cls.__name__)
+def test_records_built_positionally_keep_their_fields_order(cls: type) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert names[:len(POSITIONAL_FIELDS[cls])] == POSITIONAL_FIELDS[cls], (
+        "a field added to a record built positionally goes after these")
