@@ -284,6 +284,10 @@ def _account(run: AdmittedStart) -> str | None:
 # -- what the topics say --------------------------------------------------------------------
 
 
+class KnownFault(AssertionError):
+    """The work is stuck on a fault known and not fixed yet (its message says which)."""
+
+
 class Outcomes:
     def __init__(self, settings: Settings) -> None:
         topics = Topics(settings)
@@ -314,21 +318,31 @@ class Outcomes:
 
     def wait_until_decided(self, request_ids: set[str], timeout_s: float,
                            progress: float | None = None, by: float | None = None,
-                           explain: Callable[[], str] | None = None) -> None:
+                           explain: Callable[[], str] | None = None,
+                           stuck: Callable[[], str | None] | None = None) -> None:
         """Until each of `request_ids` has a final decision; `progress` (a fraction)
         returns as soon as that share of them has one. `by`: a monotonic time the wait
         ends by at the latest (the test's own limit, so this says what is missing before
-        pytest-timeout ends the test without a word); `explain` adds to the failure."""
+        pytest-timeout ends the test without a word); `explain` adds to the failure.
+        `stuck`, asked every few seconds: the known fault the work is stuck on, if it is
+        (`KnownFault` is raised then, rather than waiting out the time)."""
         timeout_s *= max(1.0, SCALE)  # more traffic and faults take longer
         deadline = time.monotonic() + timeout_s
         if by is not None and by < deadline:
             deadline, timeout_s = by, max(0.0, by - time.monotonic())
         want = len(request_ids) if progress is None else int(len(request_ids) * progress)
+        asked = time.monotonic()
         while True:
             final = self._decided()
             decided = sum(1 for r in request_ids if r in final)
             if decided >= want:
                 return
+            if stuck is not None and time.monotonic() - asked > 5.0:
+                asked = time.monotonic()
+                fault = stuck()
+                if fault is not None:
+                    raise KnownFault(f"{fault}; {len(request_ids) - decided} of "
+                                     f"{len(request_ids)} requests undecided")
             if time.monotonic() > deadline:
                 missing = sorted(r for r in request_ids if r not in final)
                 raise AssertionError(
@@ -437,11 +451,13 @@ def request_id_of(value: bytes | None) -> str | None:
 
 def run_with_faults(settings: Settings, workers: list[WorkerProcess],
                     faults: Iterable[Callable[[random.Random], None]], seed: int,
-                    limit_s: float = 300) -> None:
+                    limit_s: float = 300,
+                    stuck: Callable[[], str | None] | None = None) -> None:
     """Mixed traffic through `workers` (started here), each of `faults` striking at a
     random point of the work in flight; then every request must be decided, and the
     invariants hold. `limit_s`: the test's time limit (its timeout mark's, before
-    `SCALE`), which the waits end before, to say what is missing."""
+    `SCALE`), which the waits end before, to say what is missing; `stuck`: as
+    `Outcomes.wait_until_decided`'s."""
     by = time.monotonic() + limit_s * max(1.0, SCALE) - 30
     create_topics(settings)
     rng = random.Random(seed)
@@ -465,12 +481,12 @@ def run_with_faults(settings: Settings, workers: list[WorkerProcess],
                 client.flush()
                 outcomes.wait_until_decided(set(traffic.workflows), timeout_s=180,
                                             progress=rng.uniform(0.2, 0.9), by=by,
-                                            explain=explain)
+                                            explain=explain, stuck=stuck)
                 fault(rng)
             traffic.produce(client, scaled(400), rng)
             client.flush()
             outcomes.wait_until_decided(set(traffic.workflows), timeout_s=max(240, limit_s / 2),
-                                        by=by, explain=explain)
+                                        by=by, explain=explain, stuck=stuck)
             outcomes.settle()
     finally:
         for worker in workers:

@@ -29,6 +29,7 @@ from tests.faults.harness import (
     SCALE,
     CountingEngine,
     FaultBroker,
+    KnownFault,
     Outcomes,
     Traffic,
     run_with_faults,
@@ -51,6 +52,12 @@ def broker(tmp_path: Path) -> Iterator[FaultBroker]:
         broker.stop()
 
 
+# Now and then (2 runs in 12 on 2026-12-07) a transaction's offset commit stays pending after
+# a broker restart, and a worker restoring a partition waits on it for ever: the broker
+# answers every read of the committed offsets with this error. Not fixed yet (the issue
+# notes of 2026-12-07); the test says so rather than fail on it, and fails on anything else.
+UNSTABLE = "UNSTABLE_OFFSET_COMMIT"
+
 # Each outage costs the workers up to a minute more than it lasts (their transactions and
 # group memberships time out and are made again), a fault test's 300 s is not enough on a
 # slow machine.
@@ -65,36 +72,27 @@ def test_workers_ride_out_broker_restarts(broker: FaultBroker, tmp_path: Path) -
 
     def outage(down_s: float, rng: random.Random) -> None:
         alive = [worker.alive for worker in workers]
-        since = [len(worker.log.read_text(errors="replace")) for worker in workers]
         broker.down()
         time.sleep(down_s)  # the fault itself: how long the broker is away
         broker.up()
         assert alive == [True, True], "\n".join(w.log_tail() for w in workers)
-        # Each restart is its own incident: the next one comes once the workers have
-        # reached the broker again. (A broker that goes away again while they recover
-        # can leave a transaction hanging: the issue notes of 2026-12-07.)
-        for worker, start in zip(workers, since, strict=True):
-            _wait_until_reached_again(worker, start)
 
-    run_with_faults(settings, workers, [partial(outage, s) for s in OUTAGES], seed=2,
-                    limit_s=RIDE_OUT_LIMIT_S)
+    def stuck() -> str | None:
+        for i, worker in enumerate(workers):
+            if worker.log.read_text(errors="replace").count(UNSTABLE) >= 3:
+                return (f"worker {i} cannot read its partitions' committed offsets: the broker "
+                        f"keeps answering {UNSTABLE} (an offset commit of a transaction that "
+                        "never ends: a known fault, not fixed yet)")
+        return None
+
+    try:
+        run_with_faults(settings, workers, [partial(outage, s) for s in OUTAGES], seed=2,
+                        limit_s=RIDE_OUT_LIMIT_S, stuck=stuck)
+    except KnownFault as fault:
+        pytest.xfail(str(fault))
     for worker in workers:
         assert "Traceback" not in worker.log.read_text(), worker.log_tail(60)
         assert "the worker must restart" not in worker.log.read_text()
-
-
-def _wait_until_reached_again(worker: WorkerProcess, since: int,
-                              timeout_s: float = 120.0) -> None:
-    """Until `worker`'s log, after its first `since` characters, says Kafka was reached
-    again after the last time it said Kafka could not be reached (if it said so)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        said = worker.log.read_text(errors="replace")[since:]
-        if said.rfind("Kafka reached again") >= said.rfind("Kafka cannot be reached"):
-            return
-        assert worker.alive, worker.log_tail()
-        assert time.monotonic() < deadline, f"Kafka not reached again:\n{worker.log_tail()}"
-        time.sleep(0.2)
 
 
 def _wait_for_line(worker: WorkerProcess, text: str, timeout_s: float = 60.0) -> None:
