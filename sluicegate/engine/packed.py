@@ -19,6 +19,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from itertools import accumulate, pairwise
 
+from sluicegate.engine.keyfilter import KeyFilter
+
 # Rows per block when blocks are made; a block grown past twice that by a merge is cut
 # again. A lookup is a bisect over the blocks' first keys (in C) then a binary search of
 # log2(rows) steps in one block (in Python): small blocks keep it short, large ones keep
@@ -84,7 +86,7 @@ _EMPTY = Block([], [])
 class Packed:
     """Rows in key order in immutable blocks; changed only by `merge`."""
 
-    __slots__ = ("block_rows", "blocks", "count", "firsts")
+    __slots__ = ("block_rows", "blocks", "count", "filter", "firsts")
 
     def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
         self.block_rows = block_rows
@@ -92,11 +94,37 @@ class Packed:
         # Each block's first key, for the bisect that finds a key's block.
         self.firsts: list[bytes] = []
         self.count = 0
+        # The packed keys' Bloom filter (engine.keyfilter): made at the first read that
+        # needs it, given the keys each merge adds, and dropped to be made again at the
+        # next such read once it took as many as it was made for (deleted keys' bits stay).
+        self.filter: KeyFilter | None = None
 
     def __len__(self) -> int:
         return self.count
 
+    def keys(self) -> Iterator[bytes]:
+        for block in self.blocks:
+            keys = block.keys
+            for a, b in pairwise(block.key_offsets):
+                yield keys[a:b]
+
+    def may_hold(self, key: bytes) -> bool:
+        """False if `key` is certainly not packed; True if it may be (a search says)."""
+        found = self.filter
+        if found is None:
+            if not self.count:
+                return False
+            # Room for half as many keys again before it is made anew.
+            found = self.filter = KeyFilter(self.count + (self.count >> 1), self.keys())
+        return found.may_hold(key)
+
     def get(self, key: bytes) -> bytes | None:
+        if not self.may_hold(key):
+            return None
+        return self.search(key)
+
+    def search(self, key: bytes) -> bytes | None:
+        """`get` without the filter: a search of the block `key` would be in."""
         at = bisect_right(self.firsts, key) - 1
         if at < 0:
             return None
@@ -130,6 +158,7 @@ class Packed:
         out_firsts: list[bytes] = []
         count = self.count
         remade = 0
+        added: list[bytes] = []  # keys that were not packed: for the filter
         rows = self.block_rows
         done = 0  # blocks before this index are copied to the output or replaced
         pending = list(changes)
@@ -164,6 +193,7 @@ class Packed:
                 elif value is not None:
                     keys.insert(i, key)
                     values.insert(i, value)
+                    added.append(key)
             if keys and len(keys) < rows // 4 and out_blocks:
                 # Too few rows left for a block of their own: joined to the one before.
                 before = out_blocks.pop()
@@ -181,4 +211,9 @@ class Packed:
         out_blocks.extend(blocks[done:])
         out_firsts.extend(firsts[done:])
         self.blocks, self.firsts, self.count = out_blocks, out_firsts, count
+        found = self.filter
+        if found is not None:
+            found.add_all(added)
+            if found.full:
+                self.filter = None
         return remade
