@@ -5,8 +5,8 @@ is put, a run's row before its first write) is answered without a search of the 
 
 Two bits a key, at places taken from the halves of the key's 64-bit hash (`hash` of a
 bytes object, computed once and kept by the object), in `BITS_PER_KEY` bits for each key
-it was made for: ~1-2.5% of the keys it does not hold answer "maybe" (the search then
-finds nothing), ~1.5-2.3 bytes a key. Keys are only ever added; a deleted key leaves its
+it was made for: ~1-3.3% of the keys it does not hold answer "maybe" (the search then
+finds nothing), 1.25 bytes for each key it was made for. Keys are only ever added; a deleted key leaves its
 bits, so the owner makes the filter again once it has taken as many keys as it was made
 for (`full`). The hash is the process's own (randomised per process), which is all an
 in-memory filter needs: it is never kept or sent.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# Bits per key the filter is made for: at that many keys, two bits a key give ~2.4% of
-# false "maybe"s, at two thirds of them ~1.1%.
-BITS_PER_KEY = 12
+# Bits per key the filter is made for: at that many keys, two bits a key give ~3.3% of
+# false "maybe"s, at half of them (as made, by `Packed`) ~0.9%.
+BITS_PER_KEY = 10
 _LOW = 0xFFFFFFFF
 
 

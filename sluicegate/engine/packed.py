@@ -114,8 +114,9 @@ class Packed:
         if found is None:
             if not self.count:
                 return False
-            # Room for half as many keys again before it is made anew.
-            found = self.filter = KeyFilter(self.count + (self.count >> 1), self.keys())
+            # Room for as many keys again before it is made anew: a key added to the
+            # blocks costs its own bits and those of one key at the next making.
+            found = self.filter = KeyFilter(2 * self.count, self.keys())
         return found.may_hold(key)
 
     def get(self, key: bytes) -> bytes | None:
