@@ -6,10 +6,10 @@ is put, a run's row before its first write) is answered without a search of the 
 Two bits a key, at places taken from the halves of the key's 64-bit hash (`hash` of a
 bytes object, computed once and kept by the object), in `BITS_PER_KEY` bits for each key
 it was made for: ~1-3.3% of the keys it does not hold answer "maybe" (the search then
-finds nothing), 1.25 bytes for each key it was made for. Keys are only ever added; a deleted key leaves its
-bits, so the owner makes the filter again once it has taken as many keys as it was made
-for (`full`). The hash is the process's own (randomised per process), which is all an
-in-memory filter needs: it is never kept or sent.
+finds nothing), 1.25 bytes for each key it was made for. Keys are only ever added; a
+deleted key leaves its bits, so the owner makes the filter again once it has taken as
+many keys as it was made for (`full`). The hash is the process's own (randomised per
+process), which is all an in-memory filter needs: it is never kept or sent.
 """
 
 from __future__ import annotations
