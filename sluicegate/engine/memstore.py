@@ -114,19 +114,15 @@ class MemoryStore(LogOffsets):
         return value  # type: ignore[return-value]
 
     def _packed_get(self, key: bytes) -> bytes | None:
-        """The packed row of `key` (not the recent one), through `_seen` and the packed
-        keys' filter: a key in no block is answered without a search."""
-        packed = self._packed
-        if not packed.count:
+        """The packed row of `key` (not the recent one), through `_seen`."""
+        if not self._packed.count:
             return None
         seen = self._seen
         value = seen.get(key, _ABSENT)
         if value is _ABSENT:
-            if not packed.may_hold(key):
-                return None
             if len(seen) >= _SEEN_AT:
                 seen = self._seen = {}
-            value = seen[key] = packed.search(key)
+            value = seen[key] = self._packed.get(key)
         return value  # type: ignore[return-value]
 
     def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -213,8 +209,6 @@ class MemoryStore(LogOffsets):
         fresh = self._fresh
         seen = self._seen
         nothing_packed = not self._packed.count
-        # The packed keys' filter if a read made it (a restore's writes do not make it).
-        packed_keys = self._packed.filter
         for key, value in changes.items():
             if value is None:
                 if nothing_packed:
@@ -237,9 +231,7 @@ class MemoryStore(LogOffsets):
                     continue
                 # Maybe packed (finding out would cost a search): a None that hides it
                 # until the next merge, which drops it.
-            elif not nothing_packed and key not in rows and (
-                    seen.get(key, _ABSENT) is None
-                    or (packed_keys is not None and not packed_keys.may_hold(key))):
+            elif not nothing_packed and key not in rows and seen.get(key, _ABSENT) is None:
                 fresh.add(key)
             if key not in rows:
                 unsorted.add(key)

@@ -20,8 +20,6 @@ from collections.abc import Iterable, Iterator
 from itertools import accumulate, pairwise, repeat
 from operator import add
 
-from sluicegate.engine.keyfilter import KeyFilter
-
 # Rows per block when blocks are made; a block grown past twice that by a merge is cut
 # again. A lookup is a bisect over the blocks' first keys (in C) then a binary search of
 # log2(rows) steps in one block (in Python): small blocks keep it short, large ones keep
@@ -172,7 +170,7 @@ def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]], added: lis
 class Packed:
     """Rows in key order in immutable blocks; changed only by `merge`."""
 
-    __slots__ = ("block_rows", "blocks", "count", "filter", "firsts")
+    __slots__ = ("block_rows", "blocks", "count", "firsts")
 
     def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
         self.block_rows = block_rows
@@ -180,38 +178,11 @@ class Packed:
         # Each block's first key, for the bisect that finds a key's block.
         self.firsts: list[bytes] = []
         self.count = 0
-        # The packed keys' Bloom filter (engine.keyfilter): made at the first read that
-        # needs it, given the keys each merge adds, and dropped to be made again at the
-        # next such read once it took as many as it was made for (deleted keys' bits stay).
-        self.filter: KeyFilter | None = None
 
     def __len__(self) -> int:
         return self.count
 
-    def keys(self) -> Iterator[bytes]:
-        for block in self.blocks:
-            keys = block.keys
-            for a, b in pairwise(block.key_offsets):
-                yield keys[a:b]
-
-    def may_hold(self, key: bytes) -> bool:
-        """False if `key` is certainly not packed; True if it may be (a search says)."""
-        found = self.filter
-        if found is None:
-            if not self.count:
-                return False
-            # Room for as many keys again before it is made anew: a key added to the
-            # blocks costs its own bits and those of one key at the next making.
-            found = self.filter = KeyFilter(2 * self.count, self.keys())
-        return found.may_hold(key)
-
     def get(self, key: bytes) -> bytes | None:
-        if not self.may_hold(key):
-            return None
-        return self.search(key)
-
-    def search(self, key: bytes) -> bytes | None:
-        """`get` without the filter: a search of the block `key` would be in."""
         at = bisect_right(self.firsts, key) - 1
         if at < 0:
             return None
@@ -245,7 +216,7 @@ class Packed:
         out_firsts: list[bytes] = []
         count = self.count
         remade = 0
-        added: list[bytes] = []  # keys that were not packed: for the filter
+        added: list[bytes] = []  # the keys that were not packed (not used here)
         rows = self.block_rows
         done = 0  # blocks before this index are copied to the output or replaced
         pending = list(changes)
@@ -305,9 +276,4 @@ class Packed:
         out_blocks.extend(blocks[done:])
         out_firsts.extend(firsts[done:])
         self.blocks, self.firsts, self.count = out_blocks, out_firsts, count
-        found = self.filter
-        if found is not None:
-            found.add_all(added)
-            if found.full:
-                self.filter = None
         return remade

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sluicegate.engine.keyfilter import KeyFilter
 from sluicegate.engine.memstore import MemoryStore
 from sluicegate.engine.packed import Block, Packed, _spliced, _unpacked
 
@@ -71,24 +70,6 @@ def test_a_block_spliced_is_the_block_unpacked_with_the_same_changes(
         b"".join(unpacked[0]), unpacked[1], b"".join(unpacked[2]), unpacked[3])
     assert spliced_added == unpacked_added == sorted(
         k for k, v in batch.items() if v is not None and k not in rows)
-
-
-@settings(max_examples=100, deadline=None)
-@given(added=st.lists(st.binary(max_size=12), max_size=200), capacity=st.integers(0, 300))
-def test_a_key_filter_holds_every_key_added_to_it(added: list[bytes], capacity: int) -> None:
-    """No false "not held", however full: a packed key is never answered absent."""
-    found = KeyFilter(capacity, added[:len(added) // 2])
-    found.add_all(added[len(added) // 2:])
-    assert all(found.may_hold(key) for key in added)
-    assert found.full == (len(added) > max(capacity, 64))
-
-
-def test_a_key_filter_rules_out_most_keys_it_was_not_given() -> None:
-    given = [b"\x00SW\x03k12" + b"%08d" % i for i in range(20_000)]
-    found = KeyFilter(len(given), given)
-    others = [b"\x00SW\x03k12" + b"%08d" % i for i in range(20_000, 40_000)]
-    maybe = sum(found.may_hold(key) for key in others)
-    assert maybe < len(others) * 0.06  # ~3.3% at its capacity
 
 
 def test_a_packed_key_is_found_only_whole_however_often_it_is_part_of_others() -> None:
@@ -198,21 +179,3 @@ MemoryStoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_
                                                 deadline=None)
 test_a_memory_store_behaves_like_a_dict = MemoryStoreMachine.TestCase
 
-
-def test_a_read_of_a_key_in_no_block_is_answered_without_a_search(monkeypatch: Any) -> None:
-    """A holder or a waiting start looked for before it is put: the packed keys' filter
-    answers, the blocks are not searched (but for its rare false "maybe")."""
-    store = MemoryStore(pack_at=4, block_rows=2)
-    store.write({b"a%d" % i: b"%d" % i for i in range(8)}, 0)
-    assert store._packed.count == 8
-    searched: list[bytes] = []
-    search = Packed.search
-    monkeypatch.setattr(Packed, "search",
-                        lambda self, key: searched.append(key) or search(self, key))
-    assert all(store.get(b"b%d" % i) is None for i in range(200))
-    assert len(searched) <= 5
-    assert [store.get(b"a%d" % i) for i in range(8)] == [b"%d" % i for i in range(8)]
-    # Put after the filter ruled it out: known not packed, its delete drops it at once.
-    store.write({b"b1": b"1"}, 1)
-    store.write({b"b1": None}, 2)
-    assert b"b1" not in store._rows
