@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import subprocess
 import time
 from collections import deque
 
@@ -98,13 +100,22 @@ def records(driver: TestDriver) -> int:
     return sum(driver.counts().values())
 
 
+def instrument(on: bool) -> None:
+    """Callgrind's instrumentation on or off in this process (run under `valgrind
+    --tool=callgrind --instr-atstart=no`, as bench.instructions --depth does): the starts
+    queued first are not counted, and not slowed fifty times over."""
+    subprocess.run(["callgrind_control", "--instr=" + ("on" if on else "off"),
+                    str(os.getpid())], check=True, capture_output=True)
+
+
 def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
         profiler: cProfile.Profile | None = None, priority: str = "none",
         at_once: bool = False, counts: dict[str, float] | None = None,
-        through_topics: bool = False, made: int = 0) -> float:
+        through_topics: bool = False, made: int = 0, window: bool = False) -> float:
     """CPU per start; `at_once`: each run completes before the next start arrives, which
     then takes the slot it freed at once (nothing queued: `depth` is ignored). `counts`
-    gets the records written per measured start."""
+    gets the records written per measured start. `window`: callgrind counts the measured
+    starts only (`instrument`)."""
     if at_once:
         depth = 0
     app = gate_app(limit, priority)
@@ -134,6 +145,8 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
         t0 = time.process_time()
         if profiler:
             profiler.enable()
+        if window:
+            instrument(True)
         end = fill + starts
         for first in range(fill, end, per_cycle):
             with gate.driver.cycle():
@@ -145,6 +158,8 @@ def run(depth: int, starts: int, keys: int, limit: int, commit_every: int,
                         gate.arrive(value)
                         gate.complete(engine.popleft())
                     engine.extend(gate.admitted_since())
+        if window:
+            instrument(False)
         if profiler:
             profiler.disable()
         us = (time.process_time() - t0) / starts * 1e6
@@ -174,6 +189,9 @@ def main() -> None:
     parser.add_argument("--made", type=int, default=0,
                         help="make at least this many starts up front (the SDK's work), "
                              "measured or not")
+    parser.add_argument("--callgrind-window", action="store_true",
+                        help="under callgrind with --instr-atstart=no: count the measured "
+                             "starts only (bench.instructions --depth)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="cProfile order (--profile)")
     args = parser.parse_args()
@@ -188,7 +206,8 @@ def main() -> None:
         profiler = cProfile.Profile() if args.profile else None
         counts: dict[str, float] = {}
         us = run(depth, args.starts, args.keys, args.limit, args.commit_every, profiler,
-                 args.priority, args.at_once, counts, args.through_topics, args.made)
+                 args.priority, args.at_once, counts, args.through_topics, args.made,
+                 args.callgrind_window)
         print(f"| {0 if args.at_once else depth:,} | {us:.1f} | {counts['records']:.2f} |",
               flush=True)
         if profiler is not None:

@@ -12,6 +12,12 @@ Unlike a time, the count does not move with other load on the machine, so it is 
 steady guide while working on the stages (docs/benchmarks.md); the broker benchmarks
 (`bench.passthrough`, `bench.gate`) say what a change is worth in the worker. Needs
 valgrind (`apt-get install valgrind`); takes about a minute (the gate: several).
+
+`python -m bench.instructions --depth 100000 [--tree DIR]`: the gate's cost per start as
+state grows: `bench.gate_micro` with that many starts queued first (not counted: the
+counting is turned on for the 20,000 starts measured alone, by `callgrind_control`), so
+the figure is the instructions of those starts divided by their number; compare it with
+`--depth 1000`. Takes tens of minutes.
 """
 
 from __future__ import annotations
@@ -57,13 +63,46 @@ def gate_instructions(tree: Path, starts: int, at_once: bool) -> tuple[int, floa
     return int(found.group(1)), float(row.group(1))
 
 
+WINDOW_STARTS = 20_000
+
+
+def window_instructions(tree: Path, depth: int, starts: int,
+                        at_once: bool) -> tuple[float, float]:
+    """Instructions per start of the starts `bench.gate_micro` measures at a queue depth,
+    callgrind's instrumentation on for them alone (the starts queued first are neither
+    counted nor slowed), and the records written per start."""
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+         "--callgrind-out-file=/dev/null", sys.executable, "-m", "bench.gate_micro",
+         "--depths", str(depth), "--starts", str(starts), "--commit-every", "680",
+         "--made", str(starts), "--callgrind-window", *(["--at-once"] if at_once else [])],
+        cwd=tree, capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    row = re.search(r"^\|[^|]*\|[^|]*\| ([\d.]+) \|$", out.stdout, re.MULTILINE)
+    if found is None or row is None or int(found.group(1)) == 0:
+        raise SystemExit(f"no instruction count (or none counted: callgrind_control did not "
+                         f"reach the process) or records in the output:\n{out.stdout}"
+                         f"\n{out.stderr}")
+    return int(found.group(1)) / starts, float(row.group(1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tree", type=Path, default=Path.cwd(),
                         help="the source tree to count (an exported commit, say)")
     parser.add_argument("--gate", action="store_true",
                         help="the concurrency gate rather than the passthrough")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="the gate's measured starts alone, with this many queued "
+                             f"({WINDOW_STARTS:,} starts; callgrind_control turns the "
+                             "counting on and off)")
     args = parser.parse_args()
+    if args.depth is not None:
+        per_start, records = window_instructions(args.tree, args.depth, WINDOW_STARTS,
+                                                 at_once=False)
+        print(f"{args.tree}: {per_start:,.0f} instructions per queued gated start at a depth "
+              f"of {args.depth:,}, {records:.2f} records per start")
+        return
     if args.gate:
         for at_once, what in ((False, "queued gated start"),
                               (True, "gated start admitted at once")):

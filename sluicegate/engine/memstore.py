@@ -254,7 +254,9 @@ class MemoryStore(LogOffsets):
         `keep`, the write just made."""
         rows = self._rows
         kept = {key: rows[key] for key in keep if key in rows}
-        remade = self._packed.merge(sorted(item for item in rows.items() if item[0] not in kept))
+        # In order already (the sorted list of the recent keys): no sort of the rows.
+        remade = self._packed.merge([(key, rows[key]) for key in self._sorted()
+                                     if key not in kept])
         if remade >= _TRIM_AFTER:
             # The old blocks freed are mostly kept by the allocator (the new ones are made
             # beside them): handed back, or RSS holds a merge's worth more than the rows.

@@ -17,7 +17,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
-from itertools import accumulate, pairwise
+from itertools import accumulate, pairwise, repeat
+from operator import add
 
 # Rows per block when blocks are made; a block grown past twice that by a merge is cut
 # again. A lookup is a bisect over the blocks' first keys (in C) then a binary search of
@@ -43,6 +44,15 @@ class Block:
     def first(self) -> bytes:
         return self.keys[:self.key_offsets[1]]
 
+    @classmethod
+    def made(cls, keys: bytes, key_offsets: array[int], values: bytes,
+             value_offsets: array[int]) -> Block:
+        """A block of rows already joined, with their offsets."""
+        block = cls.__new__(cls)
+        block.keys, block.key_offsets = keys, key_offsets
+        block.values, block.value_offsets = values, value_offsets
+        return block
+
     def key(self, i: int) -> bytes:
         offsets = self.key_offsets
         return self.keys[offsets[i]:offsets[i + 1]]
@@ -51,11 +61,12 @@ class Block:
         offsets = self.value_offsets
         return self.values[offsets[i]:offsets[i + 1]]
 
-    def position(self, key: bytes, after: bool = False) -> int:
-        """Index of the first row whose key is >= `key` (> `key` when `after`)."""
+    def position(self, key: bytes, after: bool = False, lo: int = 0) -> int:
+        """Index of the first row whose key is >= `key` (> `key` when `after`), from
+        `lo` on."""
         keys = self.keys
         offsets = self.key_offsets
-        lo, hi = 0, len(offsets) - 1
+        hi = len(offsets) - 1
         while lo < hi:
             mid = (lo + hi) >> 1
             found = keys[offsets[mid]:offsets[mid + 1]]
@@ -79,6 +90,81 @@ class Block:
 
 
 _EMPTY = Block([], [])
+# A merge splices a block's changes into it, rather than unpacking its rows, when the
+# block has more than this many rows per change (`_spliced`).
+_SPLICE_BELOW = 6
+
+
+def _shifted(offsets: array[int], by: int) -> array[int]:
+    return array("I", map(add, offsets, repeat(by)))
+
+
+def _unpacked(block: Block, changes: list[tuple[bytes, bytes | None]], added: list[bytes],
+              ) -> tuple[list[bytes], array[int], list[bytes], array[int]]:
+    """The rows of `block` with `changes` (puts and deletes, ascending) applied, as the
+    pieces of their keys and of their values to join (here a row each), with the offsets
+    of the rows in each. The keys the changes add are appended to `added`."""
+    keys, values = block.unpack()
+    for key, value in changes:
+        i = bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            if value is None:
+                del keys[i]
+                del values[i]
+            else:
+                values[i] = value
+        elif value is not None:
+            keys.insert(i, key)
+            values.insert(i, value)
+            added.append(key)
+    return (keys, array("I", accumulate(map(len, keys), initial=0)),
+            values, array("I", accumulate(map(len, values), initial=0)))
+
+
+def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]], added: list[bytes],
+             ) -> tuple[list[bytes], array[int], list[bytes], array[int]]:
+    """As `_unpacked`, for a block with few changes: a run of rows between two changes
+    is copied as one piece, its offsets shifted, so its cost is per change rather than
+    per row (a change costs about what four rows unpacked and joined again do)."""
+    keys, key_offsets = block.keys, block.key_offsets
+    values, value_offsets = block.values, block.value_offsets
+    n = len(key_offsets) - 1
+    key_pieces: list[bytes] = []
+    value_pieces: list[bytes] = []
+    new_key_offsets = array("I", (0,))
+    new_value_offsets = array("I", (0,))
+    kept = 0  # the old rows before this index are copied or replaced
+    for key, value in changes:
+        i = block.position(key, lo=kept)
+        if i > kept:
+            a, b = key_offsets[kept], key_offsets[i]
+            key_pieces.append(keys[a:b])
+            new_key_offsets.extend(map(add, key_offsets[kept + 1:i + 1],
+                                       repeat(new_key_offsets[-1] - a)))
+            a, b = value_offsets[kept], value_offsets[i]
+            value_pieces.append(values[a:b])
+            new_value_offsets.extend(map(add, value_offsets[kept + 1:i + 1],
+                                         repeat(new_value_offsets[-1] - a)))
+        if i < n and keys[key_offsets[i]:key_offsets[i + 1]] == key:
+            kept = i + 1
+        else:
+            kept = i
+            if value is not None:
+                added.append(key)
+        if value is not None:
+            key_pieces.append(key)
+            new_key_offsets.append(new_key_offsets[-1] + len(key))
+            value_pieces.append(value)
+            new_value_offsets.append(new_value_offsets[-1] + len(value))
+    if kept < n:
+        a = key_offsets[kept]
+        key_pieces.append(keys[a:])
+        new_key_offsets.extend(map(add, key_offsets[kept + 1:], repeat(new_key_offsets[-1] - a)))
+        a = value_offsets[kept]
+        value_pieces.append(values[a:])
+        new_value_offsets.extend(map(add, value_offsets[kept + 1:],
+                                     repeat(new_value_offsets[-1] - a)))
+    return key_pieces, new_key_offsets, value_pieces, new_value_offsets
 
 
 class Packed:
@@ -130,6 +216,7 @@ class Packed:
         out_firsts: list[bytes] = []
         count = self.count
         remade = 0
+        added: list[bytes] = []  # the keys that were not packed (not used here)
         rows = self.block_rows
         done = 0  # blocks before this index are copied to the output or replaced
         pending = list(changes)
@@ -142,41 +229,49 @@ class Packed:
             # This block's changes: every one before the next block's first key.
             end = bisect_left(pending, (firsts[at + 1],), c) if at + 1 < len(firsts) else n
             if at < len(blocks):
-                keys, values = blocks[at].unpack()
+                block = blocks[at]
                 # Freed now rather than with the old list, so the blocks made next can
                 # take its memory: a merge that rewrites every block does not need the
                 # old and the new ones at once (the allocator would keep the high mark).
                 blocks[at] = _EMPTY
                 done = at + 1
             else:
-                keys, values = [], []
+                block = _EMPTY
                 done = at
-            count -= len(keys)
-            remade += len(keys)
-            for key, value in pending[c:end]:
-                i = bisect_left(keys, key)
-                if i < len(keys) and keys[i] == key:
-                    if value is None:
-                        del keys[i]
-                        del values[i]
-                    else:
-                        values[i] = value
-                elif value is not None:
-                    keys.insert(i, key)
-                    values.insert(i, value)
-            if keys and len(keys) < rows // 4 and out_blocks:
+            count -= len(block)
+            remade += len(block)
+            changed = pending[c:end]
+            keys, key_offsets, values, value_offsets = (
+                _spliced if len(changed) * _SPLICE_BELOW < len(block) else _unpacked)(
+                    block, changed, added)
+            made = len(key_offsets) - 1
+            if made and made < rows // 4 and out_blocks:
                 # Too few rows left for a block of their own: joined to the one before.
                 before = out_blocks.pop()
                 out_firsts.pop()
                 count -= len(before)
-                before_keys, before_values = before.unpack()
-                keys = before_keys + keys
-                values = before_values + values
-            count += len(keys)
-            step = max(len(keys), 1) if len(keys) <= 2 * rows else rows
-            for i in range(0, len(keys), step):
-                out_blocks.append(Block(keys[i:i + step], values[i:i + step]))
-                out_firsts.append(keys[i])
+                made += len(before)
+                keys.insert(0, before.keys)
+                values.insert(0, before.values)
+                key_offsets = before.key_offsets + _shifted(key_offsets[1:], len(before.keys))
+                value_offsets = before.value_offsets + _shifted(value_offsets[1:],
+                                                                len(before.values))
+            count += made
+            joined_keys, joined_values = b"".join(keys), b"".join(values)
+            if made <= 2 * rows:
+                if made:
+                    out_blocks.append(Block.made(joined_keys, key_offsets, joined_values,
+                                                 value_offsets))
+                    out_firsts.append(joined_keys[:key_offsets[1]])
+            else:
+                for i in range(0, made, rows):
+                    j = min(i + rows, made)
+                    k0, v0 = key_offsets[i], value_offsets[i]
+                    out_blocks.append(Block.made(
+                        joined_keys[k0:key_offsets[j]], _shifted(key_offsets[i:j + 1], -k0),
+                        joined_values[v0:value_offsets[j]],
+                        _shifted(value_offsets[i:j + 1], -v0)))
+                    out_firsts.append(joined_keys[k0:key_offsets[i + 1]])
             c = end
         out_blocks.extend(blocks[done:])
         out_firsts.extend(firsts[done:])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sluicegate.engine.memstore import MemoryStore
-from sluicegate.engine.packed import Packed
+from sluicegate.engine.packed import Block, Packed, _spliced, _unpacked
 
 # Few distinct bytes, so keys share prefixes and collide often.
 keys = st.binary(min_size=0, max_size=4).map(lambda b: bytes(x % 4 for x in b))
@@ -26,7 +26,8 @@ def _rows(model: dict[bytes, bytes], prefix: bytes = b"",
 
 
 @settings(max_examples=200, deadline=None)
-@given(batches=st.lists(changes, max_size=12), block_rows=st.integers(1, 6), probe=keys)
+@given(batches=st.lists(changes, max_size=12),
+       block_rows=st.sampled_from([1, 2, 3, 4, 5, 6, 16, 64]), probe=keys)
 def test_packed_rows_are_those_of_a_dict_given_the_same_changes(
     batches: list[dict[bytes, bytes | None]], block_rows: int, probe: bytes,
 ) -> None:
@@ -51,6 +52,24 @@ def test_packed_rows_are_those_of_a_dict_given_the_same_changes(
         assert all(0 < len(b) <= 2 * block_rows for b in packed.blocks)
         assert packed.firsts == [b.first() for b in packed.blocks]
         assert packed.firsts == sorted(packed.firsts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.dictionaries(keys, values, max_size=40), batch=changes)
+def test_a_block_spliced_is_the_block_unpacked_with_the_same_changes(
+    rows: dict[bytes, bytes], batch: dict[bytes, bytes | None],
+) -> None:
+    """A merge remakes a block with few changes by copying the runs of rows between them
+    whole: the same rows, offsets and added keys as applying them to its rows one by one."""
+    block = Block(sorted(rows), [rows[k] for k in sorted(rows)])
+    spliced_added: list[bytes] = []
+    unpacked_added: list[bytes] = []
+    spliced = _spliced(block, sorted(batch.items()), spliced_added)
+    unpacked = _unpacked(block, sorted(batch.items()), unpacked_added)
+    assert (b"".join(spliced[0]), spliced[1], b"".join(spliced[2]), spliced[3]) == (
+        b"".join(unpacked[0]), unpacked[1], b"".join(unpacked[2]), unpacked[3])
+    assert spliced_added == unpacked_added == sorted(
+        k for k, v in batch.items() if v is not None and k not in rows)
 
 
 def test_a_packed_key_is_found_only_whole_however_often_it_is_part_of_others() -> None:
@@ -159,3 +178,4 @@ class MemoryStoreMachine(RuleBasedStateMachine):
 MemoryStoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
                                                 deadline=None)
 test_a_memory_store_behaves_like_a_dict = MemoryStoreMachine.TestCase
+
