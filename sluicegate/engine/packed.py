@@ -99,11 +99,11 @@ def _shifted(offsets: array[int], by: int) -> array[int]:
     return array("I", map(add, offsets, repeat(by)))
 
 
-def _unpacked(block: Block, changes: list[tuple[bytes, bytes | None]], added: list[bytes],
+def _unpacked(block: Block, changes: list[tuple[bytes, bytes | None]],
               ) -> tuple[list[bytes], array[int], list[bytes], array[int]]:
     """The rows of `block` with `changes` (puts and deletes, ascending) applied, as the
     pieces of their keys and of their values to join (here a row each), with the offsets
-    of the rows in each. The keys the changes add are appended to `added`."""
+    of the rows in each."""
     keys, values = block.unpack()
     for key, value in changes:
         i = bisect_left(keys, key)
@@ -116,12 +116,11 @@ def _unpacked(block: Block, changes: list[tuple[bytes, bytes | None]], added: li
         elif value is not None:
             keys.insert(i, key)
             values.insert(i, value)
-            added.append(key)
     return (keys, array("I", accumulate(map(len, keys), initial=0)),
             values, array("I", accumulate(map(len, values), initial=0)))
 
 
-def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]], added: list[bytes],
+def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]],
              ) -> tuple[list[bytes], array[int], list[bytes], array[int]]:
     """As `_unpacked`, for a block with few changes: a run of rows between two changes
     is copied as one piece, its offsets shifted, so its cost is per change rather than
@@ -145,12 +144,7 @@ def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]], added: lis
             value_pieces.append(values[a:b])
             new_value_offsets.extend(map(add, value_offsets[kept + 1:i + 1],
                                          repeat(new_value_offsets[-1] - a)))
-        if i < n and keys[key_offsets[i]:key_offsets[i + 1]] == key:
-            kept = i + 1
-        else:
-            kept = i
-            if value is not None:
-                added.append(key)
+        kept = i + 1 if i < n and keys[key_offsets[i]:key_offsets[i + 1]] == key else i
         if value is not None:
             key_pieces.append(key)
             new_key_offsets.append(new_key_offsets[-1] + len(key))
@@ -216,7 +210,6 @@ class Packed:
         out_firsts: list[bytes] = []
         count = self.count
         remade = 0
-        added: list[bytes] = []  # the keys that were not packed (not used here)
         rows = self.block_rows
         done = 0  # blocks before this index are copied to the output or replaced
         pending = list(changes)
@@ -243,7 +236,7 @@ class Packed:
             changed = pending[c:end]
             keys, key_offsets, values, value_offsets = (
                 _spliced if len(changed) * _SPLICE_BELOW < len(block) else _unpacked)(
-                    block, changed, added)
+                    block, changed)
             made = len(key_offsets) - 1
             if made and made < rows // 4 and out_blocks:
                 # Too few rows left for a block of their own: joined to the one before.
