@@ -48,9 +48,11 @@ DEFAULT_DELETE_RETENTION_MS = 86_400_000
 
 
 # How long a replay waits at a log's last stable offset for the transactions above it to
-# end: twice the longest a live producer's transaction stays open before the broker
-# aborts it (docs/decisions/restore-to-the-high-watermark.md).
+# end before it says so (it waits on): twice the longest a live producer's transaction
+# stays open before the broker aborts it (docs/decisions/restore-to-the-high-watermark.md).
 HANGING_AFTER_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
+# And how often it says so again while it waits.
+HANGING_REPEAT_S = 60.0
 
 
 class RestoreError(RuntimeError):
@@ -87,8 +89,10 @@ class Restoration:
         self.timeout_s = timeout_s
         self.settle_s = settle_s
         self.admin = admin
-        # Since when the replay of the current log has read nothing new.
+        # Since when the replay of the current log has read nothing new, and when it last
+        # said that it waits at an open transaction.
         self._stable_end_since: float | None = None
+        self._said_open_at: float | None = None
         self.replayed = 0
         # (state, topic, the store key prefix of its rows, the table's name or None)
         logs: list[tuple[StageState, str, bytes, str | None]] = []
@@ -163,6 +167,7 @@ class Restoration:
                 self._assigned = True
                 self._deadline = time.monotonic() + self.timeout_s
                 self._stable_end_since = None
+                self._said_open_at = None
             if self._fetch(store, tp, high, prefix, table):
                 self.consumer.unassign()
                 self._assigned = False
@@ -231,19 +236,26 @@ class Restoration:
         now = time.monotonic()
         if last >= 0 or self._stable_end_since is None:
             self._stable_end_since = now
+            self._said_open_at = None
         elif (now - self._stable_end_since > self.settle_s
+              and (self._said_open_at is None
+                   or now - self._said_open_at > HANGING_REPEAT_S)
               and at >= log_ranges(self.admin, [tp], committed=True)[(tp.topic,
                                                                       tp.partition)][1]):
-            # Nothing new for that long, and at the last stable offset: no transaction of a
-            # live producer stays open this long (the broker aborts one at
-            # transaction.timeout.ms), so this is one the broker lost track of, whose
-            # records no reader will ever get past. Restored up to them, said once.
-            log.error("%s[%d]: offsets %d to %d belong to a transaction that has not ended "
-                      "after %.0fs (a hanging transaction): restored up to offset %d; "
-                      "read_committed readers of this partition stop there until it is "
-                      "aborted (kafka-transactions.sh find-hanging, then abort)", tp.topic,
-                      tp.partition, at, high - 1, self.settle_s, at)
-            return True
+            # Nothing new for that long, at the last stable offset: a transaction still
+            # open above it (after a broker restart, one can outlive the transaction
+            # timeout by a while; one the broker lost track of never ends). The replay
+            # waits on: going on without what it wrote would lose it if it commits
+            # (a store short of a freed slot, a queued start). Said now and every minute.
+            self._said_open_at = now
+            log.error("%s[%d]: offsets %d to %d belong to a transaction still open after "
+                      "%.0fs: partition %d waits for it to end (if it never does, a hanging "
+                      "transaction: kafka-transactions.sh find-hanging, then abort)",
+                      tp.topic, tp.partition, at, high - 1, now - self._stable_end_since,
+                      self.task.partition)
+        if self._said_open_at is not None:
+            # Waiting for a transaction to end is not a replay that stopped short.
+            self._deadline = now + self.timeout_s
         return False
 
 
