@@ -120,6 +120,15 @@ def _unpacked(block: Block, changes: list[tuple[bytes, bytes | None]],
             values, array("I", accumulate(map(len, values), initial=0)))
 
 
+def _copy_rows(data: bytes, offsets: array[int], lo: int, hi: int, pieces: list[bytes],
+               out: array[int]) -> None:
+    """Rows `lo` to `hi` (excluded) of one side of a block (`data`, cut at `offsets`)
+    appended to `pieces` as one piece, their offsets shifted onto the end of `out`."""
+    a = offsets[lo]
+    pieces.append(data[a:offsets[hi]])
+    out.extend(map(add, offsets[lo + 1:hi + 1], repeat(out[-1] - a)))
+
+
 def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]],
              ) -> tuple[list[bytes], array[int], list[bytes], array[int]]:
     """As `_unpacked`, for a block with few changes: a run of rows between two changes
@@ -136,14 +145,8 @@ def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]],
     for key, value in changes:
         i = block.position(key, lo=kept)
         if i > kept:
-            a, b = key_offsets[kept], key_offsets[i]
-            key_pieces.append(keys[a:b])
-            new_key_offsets.extend(map(add, key_offsets[kept + 1:i + 1],
-                                       repeat(new_key_offsets[-1] - a)))
-            a, b = value_offsets[kept], value_offsets[i]
-            value_pieces.append(values[a:b])
-            new_value_offsets.extend(map(add, value_offsets[kept + 1:i + 1],
-                                         repeat(new_value_offsets[-1] - a)))
+            _copy_rows(keys, key_offsets, kept, i, key_pieces, new_key_offsets)
+            _copy_rows(values, value_offsets, kept, i, value_pieces, new_value_offsets)
         kept = i + 1 if i < n and keys[key_offsets[i]:key_offsets[i + 1]] == key else i
         if value is not None:
             key_pieces.append(key)
@@ -151,13 +154,8 @@ def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]],
             value_pieces.append(value)
             new_value_offsets.append(new_value_offsets[-1] + len(value))
     if kept < n:
-        a = key_offsets[kept]
-        key_pieces.append(keys[a:])
-        new_key_offsets.extend(map(add, key_offsets[kept + 1:], repeat(new_key_offsets[-1] - a)))
-        a = value_offsets[kept]
-        value_pieces.append(values[a:])
-        new_value_offsets.extend(map(add, value_offsets[kept + 1:],
-                                     repeat(new_value_offsets[-1] - a)))
+        _copy_rows(keys, key_offsets, kept, n, key_pieces, new_key_offsets)
+        _copy_rows(values, value_offsets, kept, n, value_pieces, new_value_offsets)
     return key_pieces, new_key_offsets, value_pieces, new_value_offsets
 
 

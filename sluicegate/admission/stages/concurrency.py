@@ -592,7 +592,7 @@ class ConcurrencyStage(QueueStage):
         elif verdict is Verdict.wait:
             self._park(ctx, key, start, wf, queue, headers,
                        waits_for=f"{occupancy.held} of {limit.limit} slots",
-                       whence=self._whence(wf, hop, limit), encoded=encoded)
+                       whence=self._whence(wf, hop, limit), where=where, encoded=encoded)
             if has_room(occupancy, limit):
                 # Room, but others were waiting first (a limit raised by a redeploy).
                 self._drain(ctx, key, queue=queue, held=occupancy.held)
@@ -613,10 +613,10 @@ class ConcurrencyStage(QueueStage):
 
     def _park(self, ctx: StageContext, key: str, start: PendingStart, wf: Workflow,
               queue: FairQueue, headers: Headers | None, *, waits_for: str,
-              whence: str = "", encoded: bytes | None = None) -> None:
+              where: bytes, whence: str = "", encoded: bytes | None = None) -> None:
+        """`where`: the key and the execution id as the waiting index encodes them."""
         lane = self._lane(wf, start)
         parked, position = queue.park(lane, start, headers, encoded)
-        where = SIZED.encode((key, start.execution_id))
         ctx.table("waiting").put_encoded(where, (lane, parked.row))
         self.sweeps.add(ctx, start.workflow, where)
         timeout = wf.timeouts.start_ms if wf.timeouts is not None else None
