@@ -76,6 +76,26 @@ class Block:
                 hi = mid
         return lo
 
+    def find(self, key: bytes) -> bytes | None:
+        """The value of the row of `key`, or None. A search of the joined keys (in C)
+        rather than a binary search of the rows (in Python): a match is the row's only if
+        it starts at a row's offset and is that row's length, since a key may also appear
+        across two neighbours or inside a longer one."""
+        keys, offsets = self.keys, self.key_offsets
+        if not key:
+            # Only the first row's key can be empty; an empty key is found anywhere.
+            return self.value(0) if len(offsets) > 1 and offsets[1] == 0 else None
+        at = keys.find(key)
+        while at >= 0:
+            # The last row starting at or before `at` (rows start at the same offset only
+            # after an empty first key).
+            i = bisect_right(offsets, at) - 1
+            if offsets[i] == at and offsets[i + 1] - at == len(key):
+                offsets = self.value_offsets
+                return self.values[offsets[i]:offsets[i + 1]]
+            at = keys.find(key, at + 1)
+        return None
+
     def unpack(self) -> tuple[list[bytes], list[bytes]]:
         keys, values = self.keys, self.values
         return ([keys[a:b] for a, b in pairwise(self.key_offsets)],
@@ -178,11 +198,7 @@ class Packed:
         at = bisect_right(self.firsts, key) - 1
         if at < 0:
             return None
-        block = self.blocks[at]
-        i = block.position(key)
-        if i < len(block) and block.key(i) == key:
-            return block.value(i)
-        return None
+        return self.blocks[at].find(key)
 
     def rows(self, start: bytes, after: bool = False) -> Iterator[tuple[bytes, bytes]]:
         """Rows from `start` (inclusive, or exclusive when `after`), ascending. Good until

@@ -179,3 +179,11 @@ MemoryStoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_
                                                 deadline=None)
 test_a_memory_store_behaves_like_a_dict = MemoryStoreMachine.TestCase
 
+
+
+def test_a_block_finds_a_key_only_where_a_row_of_it_starts_and_ends() -> None:
+    # b"bc" appears across b"ab" and b"cd", b"b" inside b"ab", b"a" first in b"ab": none
+    # of those is a row.
+    block = Block([b"", b"a", b"ab", b"cd"], [b"0", b"1", b"2", b"3"])
+    assert [block.find(k) for k in (b"", b"a", b"ab", b"cd")] == [b"0", b"1", b"2", b"3"]
+    assert [block.find(k) for k in (b"bc", b"b", b"abc", b"d", b"x")] == [None] * 5
