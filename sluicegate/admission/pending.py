@@ -336,14 +336,13 @@ class PendingQueue:
         self._last_key = _LAST + named
 
     def __len__(self) -> int:
-        raw = self.tx.get(self._count_key)
-        return int(raw) if raw else 0
+        return self.tx.count(self._count_key) or 0
 
     def _set_count(self, n: int) -> None:
         if n:
-            self.tx.put(self._count_key, str(n).encode())
+            self.tx.set_count(self._count_key, n)
         else:
-            self.tx.delete(self._count_key)
+            self.tx.set_count(self._count_key, None)
             self.tx.delete(self._last_key)
 
     def push(self, start: PendingStart, mode: str = "strict",
@@ -361,9 +360,9 @@ class PendingQueue:
         (docs/decisions/queue-position-bound.md). `encoded`: `start` as this process's
         codec encodes it, when the caller has it (the record it was handed over with),
         so it is not encoded a second time (docs/decisions/encoded-once-per-hop.md)."""
-        raw = self.tx.get(self._seq_key)
-        seq = int(raw) + 1 if raw else 0
-        self.tx.put(self._seq_key, str(seq).encode())
+        last_seq = self.tx.count(self._seq_key)
+        seq = 0 if last_seq is None else last_seq + 1
+        self.tx.set_count(self._seq_key, seq)
         row = self._prefix + rank_key(start, mode) + struct.pack(">Q", seq)
         if headers:
             row += _WITH_HEADERS
@@ -426,7 +425,7 @@ class PendingQueue:
         return self.tx.items(self._prefix, self._floors.floor(self._prefix))
 
     def peek(self) -> Parked | None:
-        if self.tx.get(self._count_key) is None:
+        if not self.tx.count(self._count_key):
             # Empty: a point read of its count, not an iterator over the store.
             return None
         return self.head()
@@ -508,9 +507,9 @@ class PendingQueue:
         """An empty queue that may not be used again (a key gone idle) drops its last
         row, its sequence. Should it fill again, its rows start from the sequence's
         beginning, below the rows taken before: those are read over once more."""
-        if len(self) == 0 and self.tx.get(self._seq_key) is not None:
-            # Only when it has one: a key that never queued would log a tombstone.
-            self.tx.delete(self._seq_key)
+        if len(self) == 0 and self.tx.count(self._seq_key) is not None:
+            # Only when it has one: a key that never queued would write a delete.
+            self.tx.set_count(self._seq_key, None)
 
     def clear(self) -> None:
         rows = [key for key, _ in self._rows()]
@@ -624,15 +623,14 @@ class FairQueue:
             lanes[lane] = turn
 
     def __len__(self) -> int:
-        raw = self.tx.get(self._total_key)
-        return int(raw) if raw else 0
+        return self.tx.count(self._total_key) or 0
 
     def _add(self, n: int) -> None:
         total = len(self) + n
         if total:
-            self.tx.put(self._total_key, str(total).encode())
+            self.tx.set_count(self._total_key, total)
         else:
-            self.tx.delete(self._total_key)
+            self.tx.set_count(self._total_key, None)
             self.tx.delete(self._turn_key)
 
     def next(self, among: Callable[[str], bool] | None = None) -> tuple[str, Parked] | None:
@@ -640,7 +638,7 @@ class FairQueue:
         among equal priorities the lane served least recently; in `age` mode the head
         with the earliest arrival less its boost, then the earliest arrival, then the lane
         served least recently. With `among`, only the lanes it accepts (a floor's)."""
-        if self.tx.get(self._total_key) is None:
+        if not self.tx.count(self._total_key):
             # Nothing waits: one point read, where listing the lanes is an iterator over a
             # range that the lanes emptied before have left with tombstones. A key that
             # keeps up with its arrivals asks this at every release.

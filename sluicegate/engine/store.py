@@ -416,6 +416,10 @@ def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
 
 
 _ABSENT = object()
+# The owner of the counts read (`StoreTransaction.count`) in a transaction's cache, and how
+# many it keeps at most (a forgotten one is read again).
+_COUNTS = "counts"
+_MAX_COUNTS = 65_536
 # How many of a key's first bytes decide which ordered reads may need it indexed (a
 # stage's table prefix: 0x00, 'S' and its letter).
 _FAMILY = 3
@@ -465,12 +469,62 @@ class StoreTransaction:
         # commit that could never succeed.
         self._max_row = (None if max_record_bytes is None
                          else max_record_bytes - RECORD_OVERHEAD_BYTES)
+        # Counters changed in this cycle (`set_count`), as ints, and the key prefixes
+        # (`_FAMILY` bytes) they fall under: written to their rows once, when the cycle's
+        # writes are read (`changes`), an ordered read may cover them, or it commits.
+        self._counts: dict[bytes, int | None] = {}
+        self._count_families: set[bytes] = set()
 
     def get(self, key: bytes) -> bytes | None:
+        if self._counts:
+            n = self._counts.get(key, _ABSENT)
+            if n is not _ABSENT:
+                return None if n is None else str(n).encode()
         value = self._buffer.get(key, _ABSENT)
         if value is _ABSENT:
             return self.store.get(key)
         return value  # type: ignore[return-value]
+
+    # -- counters: a derived count read and changed many times a cycle ------------------
+
+    def count(self, key: bytes) -> int | None:
+        """The count in row `key` (its decimal text; None when there is no row), as
+        `set_count` left it in this cycle, else as last read: a queue's length or a key's
+        slots held, read and changed at every start, cost a dict lookup rather than a read
+        of the store and a parse (docs/decisions/counts-written-once-a-cycle.md)."""
+        n = self._counts.get(key, _ABSENT)
+        if n is not _ABSENT:
+            return n  # type: ignore[return-value]
+        known = self.cache(_COUNTS)
+        n = known.get(key, _ABSENT)
+        if n is _ABSENT:
+            value = self._buffer.get(key, _ABSENT)
+            raw = self.store.get(key) if value is _ABSENT else value
+            n = None if raw is None else int(raw)
+            if len(known) >= _MAX_COUNTS:
+                known.clear()
+            known[key] = n
+        return n
+
+    def set_count(self, key: bytes, n: int | None) -> None:
+        """Set the count in row `key` (None deletes the row): the row is written once,
+        when the cycle's writes are next read or committed."""
+        if key not in self._counts:
+            self._count_families.add(key[:_FAMILY])
+        self._counts[key] = n
+
+    def _write_counts(self) -> None:
+        """The counters changed since they were last written, to their rows."""
+        counts = self._counts
+        self._counts = {}
+        self._count_families.clear()
+        known = self.cache(_COUNTS)
+        for key, n in counts.items():
+            if n is None:
+                self.delete(key)
+            else:
+                self.put(key, str(n).encode())
+            known[key] = n
 
     def put(self, key: bytes, value: bytes) -> None:
         if self._max_row is not None and len(key) + len(value) > self._max_row:
@@ -494,6 +548,9 @@ class StoreTransaction:
         fired timers) is safe. Rows put ahead of the iteration while it runs may or may
         not be seen: take a list first to write more than that.
         """
+        if self._count_families and (prefix[:_FAMILY] in self._count_families
+                                     or len(prefix) < _FAMILY):
+            self._write_counts()
         lo = prefix if start is None or start < prefix else start
         stored = self.store.items(prefix, start)
         if not self._buffer:
@@ -566,6 +623,8 @@ class StoreTransaction:
     @property
     def changes(self) -> dict[bytes, bytes | None]:
         """Last write per key, in first-write order (None = delete). Do not mutate."""
+        if self._counts:
+            self._write_counts()
         return self._buffer
 
     @property
@@ -577,6 +636,8 @@ class StoreTransaction:
 
     def commit(self, changelog_offset: int | None,
                tables: Mapping[str, int] | None = None) -> None:
+        if self._counts:
+            self._write_counts()
         if self._buffer:
             self.store.write(self._buffer, changelog_offset, tables, synced=True)
             self._commits += 1
@@ -590,10 +651,12 @@ class StoreTransaction:
         self._buffer = {}
         self._index = None
         self._unindexed.clear()
+        self._counts = {}
+        self._count_families.clear()
         self._discards += 1
 
     def __len__(self) -> int:
-        return len(self._buffer)
+        return len(self.changes)
 
 
 _END: tuple[None, None] = (None, None)

@@ -497,3 +497,48 @@ def test_a_store_that_cannot_be_opened_is_moved_aside_and_opened_empty(
     (aside,) = path.parent.glob("0.unreadable-*")
     assert (aside / "CURRENT").read_bytes() == b"garbage"
     assert "cannot be opened" in caplog.text and str(path) in caplog.text
+
+
+def test_a_count_set_in_a_cycle_is_written_to_its_row_once_at_the_commit(
+        store: PartitionStore) -> None:
+    store.write({b"\x00SNq": b"4", b"\x00SNgone": b"1"}, 1)
+    tx = StoreTransaction(store)
+    assert tx.count(b"\x00SNq") == 4 and tx.count(b"\x00SNnone") is None
+    for n in (5, 6, 7):
+        tx.set_count(b"\x00SNq", n)
+    tx.set_count(b"\x00SNgone", None)
+    tx.set_count(b"\x00SNnew", 0)  # a count of 0 is a row; None is none
+    # Seen by every read of the cycle, not yet by the store.
+    assert tx.count(b"\x00SNq") == 7 and tx.get(b"\x00SNq") == b"7"
+    assert tx.get(b"\x00SNgone") is None and tx.get(b"\x00SNnew") == b"0"
+    assert store.get(b"\x00SNq") == b"4"
+    tx.commit(2)
+    assert (store.get(b"\x00SNq"), store.get(b"\x00SNgone"), store.get(b"\x00SNnew")) == (
+        b"7", None, b"0")
+    assert tx.count(b"\x00SNq") == 7 and not tx.changes
+
+
+def test_counts_set_before_an_ordered_read_of_their_prefix_are_in_it(
+        store: PartitionStore) -> None:
+    store.write({b"\x00SNa": b"1", b"\x00SNb": b"2"}, 1)
+    tx = StoreTransaction(store)
+    tx.set_count(b"\x00SNa", None)
+    tx.set_count(b"\x00SNc", 3)
+    assert list(tx.items(b"\x00SN")) == [(b"\x00SNb", b"2"), (b"\x00SNc", b"3")]
+    # The cycle's writes, as its logs see them, hold the counts too.
+    tx.set_count(b"\x00SNb", 9)
+    assert tx.changes == {b"\x00SNa": None, b"\x00SNc": b"3", b"\x00SNb": b"9"}
+
+
+def test_an_abort_drops_the_counts_set_and_the_next_read_is_the_stores(
+        store: PartitionStore) -> None:
+    store.write({b"\x00SNq": b"4"}, 1)
+    tx = StoreTransaction(store)
+    tx.set_count(b"\x00SNq", 5)
+    tx.discard()
+    assert tx.count(b"\x00SNq") == 4 and not tx.changes
+    tx.set_count(b"\x00SNq", 6)
+    tx.commit(2)
+    # A write to the store that is not this transaction's commit (a restore) is seen.
+    store.write({b"\x00SNq": b"1"}, 3)
+    assert tx.count(b"\x00SNq") == 1

@@ -449,15 +449,13 @@ class ConcurrencyStage(QueueStage):
 
     @staticmethod
     def held(ctx: StageContext, key: str) -> int:
-        n: int | None = ctx.table("held").get(key)
-        return n or 0
+        return ctx.store.count(HELD.prefix + SIZED_TEXT.encode(key)) or 0
 
     @staticmethod
     def _set_held(ctx: StageContext, key: str, n: int) -> None:
-        if n:
-            ctx.table("held").put(key, n)
-        else:
-            ctx.table("held").delete(key)
+        # A counter of the transaction, written to its row once a cycle (HELD's codec is
+        # the counters' decimal text).
+        ctx.store.set_count(HELD.prefix + SIZED_TEXT.encode(key), n or None)
 
     @staticmethod
     def holders(ctx: StageContext, key: str) -> list[str]:
