@@ -416,9 +416,8 @@ def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
 
 
 _ABSENT = object()
-# The owner of the counts read (`StoreTransaction.count`) in a transaction's cache, and how
-# many it keeps at most (a forgotten one is read again).
-_COUNTS = "counts"
+# How many counts read a transaction keeps at most (`StoreTransaction.count`; a forgotten
+# one is read again).
 _MAX_COUNTS = 65_536
 # How many of a key's first bytes decide which ordered reads may need it indexed (a
 # stage's table prefix: 0x00, 'S' and its letter).
@@ -474,6 +473,10 @@ class StoreTransaction:
         # writes are read (`changes`), an ordered read may cover them, or it commits.
         self._counts: dict[bytes, int | None] = {}
         self._count_families: set[bytes] = set()
+        # And the counts read, good while the store is at revision `_known_at` (a write to
+        # it that is not this transaction's commit, a restore, drops them; so does an abort).
+        self._known: dict[bytes, int | None] = {}
+        self._known_at = store.revision
 
     def get(self, key: bytes) -> bytes | None:
         if self._counts:
@@ -495,16 +498,18 @@ class StoreTransaction:
         n = self._counts.get(key, _ABSENT)
         if n is not _ABSENT:
             return n  # type: ignore[return-value]
-        known = self.cache(_COUNTS)
+        known = self._known
+        if self._known_at != self.store.revision:
+            known = self._known = {}
+            self._known_at = self.store.revision
         n = known.get(key, _ABSENT)
         if n is _ABSENT:
-            value = self._buffer.get(key, _ABSENT)
-            raw = self.store.get(key) if value is _ABSENT else value
+            raw = self._buffer[key] if key in self._buffer else self.store.get(key)
             n = None if raw is None else int(raw)
             if len(known) >= _MAX_COUNTS:
                 known.clear()
             known[key] = n
-        return n
+        return n  # type: ignore[return-value]
 
     def set_count(self, key: bytes, n: int | None) -> None:
         """Set the count in row `key` (None deletes the row): the row is written once,
@@ -518,7 +523,7 @@ class StoreTransaction:
         counts = self._counts
         self._counts = {}
         self._count_families.clear()
-        known = self.cache(_COUNTS)
+        known = self._known
         for key, n in counts.items():
             if n is None:
                 self.delete(key)
@@ -639,8 +644,11 @@ class StoreTransaction:
         if self._counts:
             self._write_counts()
         if self._buffer:
+            known = self._known_at == self.store.revision
             self.store.write(self._buffer, changelog_offset, tables, synced=True)
             self._commits += 1
+            if known:
+                self._known_at = self.store.revision
         # A new dict rather than clear(): a caller still holding `changes`
         # (e.g. to log what was committed) keeps an intact copy.
         self._buffer = {}
@@ -653,6 +661,7 @@ class StoreTransaction:
         self._unindexed.clear()
         self._counts = {}
         self._count_families.clear()
+        self._known = {}
         self._discards += 1
 
     def __len__(self) -> int:
