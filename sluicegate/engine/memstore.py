@@ -27,6 +27,10 @@ _PACK_SHARE = 16
 _SEEN_AT = 4096
 # Packed rows a merge makes again past which the memory it freed is handed back.
 _TRIM_AFTER = 65536
+# How many of a key's first bytes name the table it belongs to (0x00, 'S' and a stage
+# table's letter; 0x00, 'T' or 't' and a timer's first byte): the keys of a table are
+# indexed in order only when a read in order may need them.
+_FAMILY = 3
 _ABSENT = object()
 _END: tuple[None, None] = (None, None)
 
@@ -73,10 +77,12 @@ class MemoryStore(LogOffsets):
         # The recent rows; None for a packed row deleted since the last merge.
         self._rows: dict[bytes, bytes | None] = {}
         # The recent keys in order, for reads by prefix (queues, timers), but for the keys
-        # written since the last ordered read: those wait in `_unsorted` and join it at
-        # the next one.
+        # not read in order since they were written: those wait in `_unsorted`, by their
+        # first `_FAMILY` bytes (their table), and join it at the next ordered read of a
+        # prefix that may hold them. The rows only ever read by key (a run's row, a count,
+        # a holder) are never put in order one by one.
         self._keys = SortedList()
-        self._unsorted: set[bytes] = set()
+        self._unsorted: dict[bytes, set[bytes]] = {}
         self._packed = Packed(block_rows)
         # What reads found in the packed rows since the last merge (None: not there), up
         # to `_SEEN_AT` keys: the rows read at every start and seldom written (a lane's
@@ -135,11 +141,17 @@ class MemoryStore(LogOffsets):
         from_key = prefix if start is None or start < prefix else start
         return self._walk(prefix, from_key)
 
-    def _sorted(self) -> SortedList:
-        """The recent keys in order, the keys written since the last ordered read included."""
-        if self._unsorted:
-            self._keys.update(self._unsorted)
-            self._unsorted = set()
+    def _sorted(self, prefix: bytes) -> SortedList:
+        """The recent keys in order, those `prefix` may hold written since included."""
+        unsorted = self._unsorted
+        if unsorted:
+            if len(prefix) >= _FAMILY:
+                keys = unsorted.pop(prefix[:_FAMILY], None)
+                if keys:
+                    self._keys.update(keys)
+            else:
+                for family in [f for f in unsorted if f.startswith(prefix)]:
+                    self._keys.update(unsorted.pop(family))
         return self._keys
 
     def _walk(self, prefix: bytes, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -147,7 +159,7 @@ class MemoryStore(LogOffsets):
         after = False
         while not self._packed.count:
             # Nothing packed (a store of fewer than `_PACK_AT` rows): the recent rows only.
-            keys = self._sorted().irange(from_key, inclusive=(not after, True))
+            keys = self._sorted(prefix).irange(from_key, inclusive=(not after, True))
             for key in keys:
                 if not key.startswith(prefix):
                     return
@@ -164,7 +176,7 @@ class MemoryStore(LogOffsets):
         while True:
             # The recent rows and the packed ones merged; a recent one (or its delete)
             # wins over a packed one of the same key.
-            recent = self._sorted().irange(from_key, inclusive=(not after, True))
+            recent = self._sorted(prefix).irange(from_key, inclusive=(not after, True))
             packed = self._packed.rows(from_key, after)
             rows = self._rows
             rkey = next(recent, None)
@@ -214,27 +226,25 @@ class MemoryStore(LogOffsets):
                 if nothing_packed:
                     # As when nothing is packed (a store of fewer than `_PACK_AT` rows).
                     if rows.pop(key, _ABSENT) is not _ABSENT:
-                        if key in unsorted:
-                            unsorted.discard(key)
-                        else:
-                            self._keys.remove(key)
+                        self._unindex(key)
                     continue
                 if key in fresh:
                     # Not packed: the row goes for good (a row put and deleted between two
                     # merges, a holder's or a waiting start's, never reaches the blocks).
                     fresh.discard(key)
                     del rows[key]
-                    if key in unsorted:
-                        unsorted.discard(key)
-                    else:
-                        self._keys.remove(key)
+                    self._unindex(key)
                     continue
                 # Maybe packed (finding out would cost a search): a None that hides it
                 # until the next merge, which drops it.
             elif not nothing_packed and key not in rows and seen.get(key, _ABSENT) is None:
                 fresh.add(key)
             if key not in rows:
-                unsorted.add(key)
+                family = unsorted.get(key[:_FAMILY])
+                if family is None:
+                    unsorted[key[:_FAMILY]] = {key}
+                else:
+                    family.add(key)
             rows[key] = value
         # The rows of a commit's write are the likeliest to be read by the next cycles:
         # they stay recent at a merge, but for a write as large as a merge (a restore's
@@ -249,13 +259,22 @@ class MemoryStore(LogOffsets):
             self._tables.update(tables)
         self.revision += 1
 
+    def _unindex(self, key: bytes) -> None:
+        """A recent key whose row went for good leaves the index of the recent keys."""
+        family = self._unsorted.get(key[:_FAMILY])
+        if family is not None and key in family:
+            family.discard(key)
+        else:
+            self._keys.remove(key)
+
     def _pack(self, keep: Mapping[bytes, bytes | None]) -> None:
         """Merge the recent rows (and deletes) into the packed blocks, but for those of
         `keep`, the write just made."""
         rows = self._rows
         kept = {key: rows[key] for key in keep if key in rows}
-        # In order already (the sorted list of the recent keys): no sort of the rows.
-        remade = self._packed.merge([(key, rows[key]) for key in self._sorted()
+        # The recent keys in order: a sort of them all (in C) rather than the keys not read
+        # in order yet joining the sorted list one by one.
+        remade = self._packed.merge([(key, rows[key]) for key in sorted(rows)
                                      if key not in kept])
         if remade >= _TRIM_AFTER:
             # The old blocks freed are mostly kept by the allocator (the new ones are made
@@ -265,12 +284,12 @@ class MemoryStore(LogOffsets):
         self._fresh = set()
         self._rows = kept
         self._keys = SortedList(kept)
-        self._unsorted = set()
+        self._unsorted = {}
 
     def wipe(self) -> None:
         self._rows = {}
         self._keys = SortedList()
-        self._unsorted = set()
+        self._unsorted = {}
         self._packed = Packed(self._block_rows)
         self._seen = {}
         self._fresh = set()
@@ -282,7 +301,7 @@ class MemoryStore(LogOffsets):
         """Drop the rows: the next owner of the partition replays its logs."""
         self._rows = {}
         self._keys = SortedList()
-        self._unsorted = set()
+        self._unsorted = {}
         self._packed = Packed(self._block_rows)
         self._seen = {}
         self._fresh = set()
