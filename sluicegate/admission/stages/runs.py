@@ -163,7 +163,8 @@ def apply_event(row: RunRow, event: RunEvent, cancel_reason: str | None = None) 
 @record
 class Backstop:
     """The deadlines of one live run: `finish_at_ms` (timeouts.finish) never moves; the
-    lease (`lease_until_ms`, `lease_ms` long) moves forward each time the run reports."""
+    lease (`lease_until_ms`, `lease_ms` long) moves forward when its timer finds the run
+    reported since (lease-moved-when-due.md)."""
 
     finish_at_ms: int | None = None
     lease_ms: int | None = None
@@ -559,9 +560,9 @@ class RunsStage(AdmissionStage):
 
     def derive(self, store: StoreReader,
                beside: Mapping[str, StoreReader] | None = None) -> dict[bytes, bytes]:
-        """Every live run's backstop and its timers, as `_arm` made them and the run's
-        reports moved them, but for the lease, which runs from the run's admission (its
-        timer then finds the run quiet only since the restore, and moves on)."""
+        """Every live run's backstop and its timers, as `_arm` made them, but for a run
+        that gave its slot back (no lease): the lease runs from the run's admission, and
+        its timer then finds the run quiet only since the restore, and moves on."""
         rows: dict[bytes, bytes] = {}
         for _, row in RUNS.read(store):
             if row.status in ENDED:
@@ -609,6 +610,11 @@ class RunsStage(AdmissionStage):
             return
         self._heard[ctx.partition][row.execution_id] = ctx.monotonic_ms
         holding = holds_lease(row, self._needs_readmission(row))
+        if holding and old.lease_until_ms is not None:
+            # The lease runs on from this report, on this worker's own time: its timer,
+            # once due, finds the run heard of since and moves itself on (`fire`), rather
+            # than being moved at every report (docs/decisions/lease-moved-when-due.md).
+            return
         self._store_backstop(ctx, row.execution_id, old, alive(old, holding, ctx.now_ms))
 
     def _store_backstop(self, ctx: StageContext, execution_id: str, old: Backstop | None,
