@@ -579,8 +579,11 @@ class FairQueue:
         """Park `start` (with the headers it came with, and `encoded` as
         `PendingQueue.park` takes it) in its lane; returns its row and its position in
         that lane."""
-        marker = self._lanes_prefix + lane.encode()
-        if self.tx.get(marker) is None:
+        # Whether the lane has a marker: its memo of the lanes when it has one (true while
+        # kept), else the marker's row.
+        lanes: dict[str, int] | None = _memo(self.tx, self._lanes_prefix)
+        if (lane not in lanes if lanes is not None
+                else self.tx.get(self._lanes_prefix + lane.encode()) is None):
             # A new lane joins the round behind every lane already waiting, as if served
             # just now (a turn of its own, so lanes that join together keep their order):
             # a lane that empties and refills cannot jump the queue.
