@@ -418,7 +418,7 @@ def _with_prefix(rows: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
 _ABSENT = object()
 # How many counts read a transaction keeps at most (`StoreTransaction.count`; a forgotten
 # one is read again).
-_MAX_COUNTS = 65_536
+_MAX_COUNTS = 4_096
 # How many of a key's first bytes decide which ordered reads may need it indexed (a
 # stage's table prefix: 0x00, 'S' and its letter).
 _FAMILY = 3
