@@ -53,10 +53,6 @@ class Block:
         block.values, block.value_offsets = values, value_offsets
         return block
 
-    def key(self, i: int) -> bytes:
-        offsets = self.key_offsets
-        return self.keys[offsets[i]:offsets[i + 1]]
-
     def value(self, i: int) -> bytes:
         offsets = self.value_offsets
         return self.values[offsets[i]:offsets[i + 1]]
@@ -91,8 +87,7 @@ class Block:
             # after an empty first key).
             i = bisect_right(offsets, at) - 1
             if offsets[i] == at and offsets[i + 1] - at == len(key):
-                offsets = self.value_offsets
-                return self.values[offsets[i]:offsets[i + 1]]
+                return self.value(i)
             at = keys.find(key, at + 1)
         return None
 

@@ -504,7 +504,7 @@ class StoreTransaction:
             self._known_at = self.store.revision
         n = known.get(key, _ABSENT)
         if n is _ABSENT:
-            raw = self._buffer[key] if key in self._buffer else self.store.get(key)
+            raw = self.get(key)
             n = None if raw is None else int(raw)
             if len(known) >= _MAX_COUNTS:
                 known.clear()
@@ -644,10 +644,10 @@ class StoreTransaction:
         if self._counts:
             self._write_counts()
         if self._buffer:
-            known = self._known_at == self.store.revision
+            current = self._known_at == self.store.revision
             self.store.write(self._buffer, changelog_offset, tables, synced=True)
             self._commits += 1
-            if known:
+            if current:
                 self._known_at = self.store.revision
         # A new dict rather than clear(): a caller still holding `changes`
         # (e.g. to log what was committed) keeps an intact copy.

@@ -97,6 +97,11 @@ RUN_HOLDERS = TableSpec("run_holders", _RUN_HOLDER, SIZED, Fields(Holder), deriv
 HELD = TableSpec("held", STATE_PREFIX + b"C", SIZED_TEXT, Decimal(1), derived=True)
 
 
+def _held_row(key: str) -> bytes:
+    """The store row of the slots `key` holds (a HELD row)."""
+    return HELD.prefix + SIZED_TEXT.encode(key)
+
+
 class Where:
     """A waiting start's place, (lane, queue row): the waiting index's value. Kept as the
     queue row alone, the very bytes object the queue's table keys the start by, so a
@@ -447,15 +452,16 @@ class ConcurrencyStage(QueueStage):
 
     # -- rows ------------------------------------------------------------------------------
 
+    # The slots a key holds: a counter of the transaction, written to its HELD row once a
+    # cycle (HELD's codec is the counters' decimal text).
+
     @staticmethod
     def held(ctx: StageContext, key: str) -> int:
-        return ctx.store.count(HELD.prefix + SIZED_TEXT.encode(key)) or 0
+        return ctx.store.count(_held_row(key)) or 0
 
     @staticmethod
     def _set_held(ctx: StageContext, key: str, n: int) -> None:
-        # A counter of the transaction, written to its row once a cycle (HELD's codec is
-        # the counters' decimal text).
-        ctx.store.set_count(HELD.prefix + SIZED_TEXT.encode(key), n or None)
+        ctx.store.set_count(_held_row(key), n or None)
 
     @staticmethod
     def holders(ctx: StageContext, key: str) -> list[str]:
