@@ -439,7 +439,7 @@ class Executor:
         # table the stage publishes), in its partition; derived rows to none.
         self._log_offsets.clear()
         changed = [(task.partition, state) for task in self.tasks.values()
-                   for state in task.stateful() if state.tx is not None and state.tx.changes]
+                   for state in task.stateful() if state.tx is not None and state.tx.pending]
         for partition, state in changed:
             for topic, rows in state.logged(self.log_derived).items():
                 self.io.produce_log(topic, partition, rows, self._delivered)

@@ -9,6 +9,7 @@ runtime cannot tell the two apart (docs/decisions/state-backends.md).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Self
@@ -16,6 +17,7 @@ from typing import Self
 from sortedcontainers import SortedList
 
 from sluicegate.engine.allocator import give_back_free_memory
+from sluicegate.engine.held import Held
 from sluicegate.engine.packed import BLOCK_ROWS, Packed
 
 _NO_OFFSET = -1
@@ -98,6 +100,13 @@ class MemoryStore(LogOffsets):
         # Bumped by every write and wipe, so anything caching a view of the store (the
         # timer index, a transaction's floors and memos) can tell it changed.
         self.revision = 0
+        # The derived tables and timers held as values (engine.held), once a task says
+        # which: their rows are never in `_rows` or the blocks.
+        self.held = Held()
+
+    def holds(self, key: bytes) -> bool:
+        """Whether the row of `key` is one of those held as values."""
+        return self.held.holder(key) is not None
 
     @property
     def synced_at_ms(self) -> int | None:
@@ -108,7 +117,7 @@ class MemoryStore(LogOffsets):
 
     def __len__(self) -> int:
         packed = self._packed
-        count = len(packed)
+        count = len(packed) + self.held.count()
         for key, value in self._rows.items():
             count += (value is not None) - (packed.get(key) is not None)
         return count
@@ -116,7 +125,11 @@ class MemoryStore(LogOffsets):
     def get(self, key: bytes) -> bytes | None:
         value = self._rows.get(key, _ABSENT)
         if value is _ABSENT:
-            return self._packed_get(key)
+            found = self._packed_get(key)
+            if found is None and self.held.active:
+                holder = self.held.holder(key)
+                return None if holder is None else holder.get_row(key)
+            return found
         return value  # type: ignore[return-value]
 
     def _packed_get(self, key: bytes) -> bytes | None:
@@ -139,7 +152,12 @@ class MemoryStore(LogOffsets):
         if self._closed:
             raise RuntimeError("store is closed")
         from_key = prefix if start is None or start < prefix else start
-        return self._walk(prefix, from_key)
+        walk = self._walk(prefix, from_key)
+        if self.held.active:
+            held = self.held.under(prefix)
+            if held:
+                return heapq.merge(walk, *(h.items(prefix, from_key) for h in held))
+        return walk
 
     def _sorted(self, prefix: bytes) -> SortedList:
         """The recent keys in order, those `prefix` may hold written since included."""
@@ -221,7 +239,13 @@ class MemoryStore(LogOffsets):
         fresh = self._fresh
         seen = self._seen
         nothing_packed = not self._packed.count
+        holder = self.held.holder if self.held.active else None
         for key, value in changes.items():
+            if holder is not None:
+                held = holder(key)
+                if held is not None:
+                    held.write_row(key, value)
+                    continue
             if value is None:
                 if nothing_packed:
                     # As when nothing is packed (a store of fewer than `_PACK_AT` rows).
@@ -287,6 +311,7 @@ class MemoryStore(LogOffsets):
         self._unsorted = {}
 
     def wipe(self) -> None:
+        self.held.clear()
         self._rows = {}
         self._keys = SortedList()
         self._unsorted = {}
@@ -299,6 +324,7 @@ class MemoryStore(LogOffsets):
 
     def close(self, synced: bool = False) -> None:
         """Drop the rows: the next owner of the partition replays its logs."""
+        self.held.clear()
         self._rows = {}
         self._keys = SortedList()
         self._unsorted = {}

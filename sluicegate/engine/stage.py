@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from sluicegate.engine.store import StoreTransaction
-from sluicegate.engine.tables import StateTable, StoreReader, TableSpec
+from sluicegate.engine.tables import HeldStateTable, StateTable, StoreReader, TableSpec
 from sluicegate.engine.timers import Timers
 
 T = TypeVar("T")
@@ -91,13 +91,18 @@ class StageContext(Generic[T]):
         self._clock = clock
         self._monotonic = monotonic or clock
         self._dead_letter = dead_letter
-        self._tables: dict[str, StateTable[Any, Any]] = {}
+        self._tables: dict[str, StateTable[Any, Any] | HeldStateTable[Any, Any]] = {}
         if tables:
             if store is None:
                 raise RuntimeError(f"stage {stage} declares tables and has no store")
-            self._tables = {spec.name: StateTable(spec, store, legacy_rows) for spec in tables}
+            held = store.held
+            self._tables = {
+                spec.name: (HeldStateTable(spec, held.tables[spec.prefix])
+                            if held is not None and spec.prefix in held.tables
+                            else StateTable(spec, store, legacy_rows))
+                for spec in tables}
 
-    def table(self, name: str) -> StateTable[Any, Any]:
+    def table(self, name: str) -> StateTable[Any, Any] | HeldStateTable[Any, Any]:
         """The stage's table `name` (`Stage.tables`) in this cycle's transaction."""
         try:
             return self._tables[name]

@@ -32,6 +32,7 @@ from rocksdict import (
 )
 from sortedcontainers import SortedList
 
+from sluicegate.engine.held import Held
 from sluicegate.engine.memstore import LogOffsets, MemoryStore
 
 # The offsets live in their own column family so that user keys can be any bytes.
@@ -477,6 +478,20 @@ class StoreTransaction:
         # it that is not this transaction's commit, a restore, drops them; so does an abort).
         self._known: dict[bytes, int | None] = {}
         self._known_at = store.revision
+        # The derived rows a memory store holds as values (engine.held): written there at
+        # once, undone if this transaction aborts. What an earlier transaction over the
+        # store wrote and never committed (its worker crashed, as the test driver plays
+        # it) is undone now.
+        held = getattr(store, "held", None)
+        self.held: Held | None = held if held is not None and held.active else None
+        if held is not None:
+            held.rollback()
+
+    @property
+    def pending(self) -> bool:
+        """Whether this cycle wrote anything to commit: rows, or values held."""
+        return bool(self._buffer or self._counts
+                    or (self.held is not None and self.held.writing))
 
     def get(self, key: bytes) -> bytes | None:
         if self._counts:
@@ -641,6 +656,8 @@ class StoreTransaction:
 
     def commit(self, changelog_offset: int | None,
                tables: Mapping[str, int] | None = None) -> None:
+        if self.held is not None:
+            self.held.keep()
         if self._counts:
             self._write_counts()
         if self._buffer:
@@ -656,6 +673,8 @@ class StoreTransaction:
         self._unindexed.clear()
 
     def discard(self) -> None:
+        if self.held is not None:
+            self.held.rollback()
         self._buffer = {}
         self._index = None
         self._unindexed.clear()

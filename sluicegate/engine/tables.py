@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, Union
 
+from sluicegate.engine.held import HeldTable
 from sluicegate.engine.store import StoreTransaction
 
 V = TypeVar("V")
@@ -347,13 +348,21 @@ def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
 class TableSpec(Generic[K, V]):
     """A table a stage declares: its name, the prefix of its rows' keys in the stage's
     store (under STATE_PREFIX), and its codecs. `derived`: its rows are computed from the
-    other tables' and made again at restore, never logged."""
+    other tables' and made again at restore, never logged. `held`: derived, and a memory
+    store holds its rows as the values written, not as rows (engine.held): for a table
+    read by key only, whose rows are as few as the live runs (an ordered read of it sorts
+    its keys)."""
 
     name: str
     prefix: bytes
     key: Codec[K]
     value: Codec[V]
     derived: bool = False
+    held: bool = False
+
+    def __post_init__(self) -> None:
+        if self.held and not self.derived:
+            raise ValueError(f"table {self.name}: only a derived table is held as values")
 
     def row(self, key: K, value: V) -> tuple[bytes, bytes]:
         """The store row of (key, value): for a stage's `derive`, which returns rows."""
@@ -442,6 +451,60 @@ class StateTable(Generic[K, V]):
         cut = len(self._prefix)
         decode_key = self._key_decode
         return (decode_key(k[cut:]) for k, _ in self._tx.items(self._prefix + start))
+
+
+class HeldStateTable(Generic[K, V]):
+    """A held table (`TableSpec.held`) of a stage on a memory store: `StateTable`'s calls,
+    over the values the store holds (engine.held.HeldTable) rather than the transaction's
+    rows. A value put is kept as it is: the stages never change a value after writing it
+    (they write a changed copy)."""
+
+    __slots__ = ("_delete", "_key", "_key_decode", "_put", "_rows", "_table", "name")
+
+    def __init__(self, spec: TableSpec[K, V], table: HeldTable) -> None:
+        self.name = spec.name
+        self._table = table
+        self._rows = table.rows
+        self._put, self._delete = table.put, table.delete
+        self._key = _FAST_ENCODE.get(id(spec.key), spec.key.encode)
+        self._key_decode = _FAST_DECODE.get(id(spec.key), spec.key.decode)
+
+    def get(self, key: K) -> V | None:
+        value: V | None = self._rows.get(self._key(key))
+        return value
+
+    def __contains__(self, key: K) -> bool:
+        return self._key(key) in self._rows
+
+    def put(self, key: K, value: V) -> None:
+        self._put(self._key(key), value)
+
+    def delete(self, key: K) -> None:
+        self._delete(self._key(key))
+
+    def encode_key(self, key: K) -> bytes:
+        return self._key(key)
+
+    def get_encoded(self, raw: bytes) -> V | None:
+        value: V | None = self._rows.get(raw)
+        return value
+
+    def has_encoded(self, raw: bytes) -> bool:
+        return raw in self._rows
+
+    def put_encoded(self, raw: bytes, value: V) -> None:
+        self._put(raw, value)
+
+    def delete_encoded(self, raw: bytes) -> None:
+        self._delete(raw)
+
+    def items(self, start: bytes = b"", after: bytes | None = None) -> Iterator[tuple[K, V]]:
+        decode_key = self._key_decode
+        return ((decode_key(k), v) for k, v in self._table.ordered(start, after))
+
+    def keys(self, start: bytes = b"") -> Iterator[K]:
+        decode_key = self._key_decode
+        return (decode_key(k) for k, _ in self._table.ordered(start))
 
 
 def derived_prefixes(*specs: TableSpec[Any, Any]) -> tuple[bytes, ...]:

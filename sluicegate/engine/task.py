@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from sluicegate.engine.memstore import MemoryStore
 from sluicegate.engine.stage import Send, Stage, StageContext
 from sluicegate.engine.store import Store, StoreTransaction, StoreUnwritable, open_store
 from sluicegate.engine.timers import Timers
@@ -97,8 +98,16 @@ class Task:
             if node.changelog is not None:
                 store = (stores or {}).get(node.name) or open_store(
                     backend, state_dir / node.name / str(partition), clock)
+                held = None
+                if isinstance(store, MemoryStore) and not log_derived:
+                    # Its held tables and derived timers kept as values (engine.held).
+                    for spec in node.stage.tables:
+                        if spec.held:
+                            store.held.table(spec)
+                    if node.stage.derived_timers:
+                        held = store.held.held_timers()
                 tx = StoreTransaction(store, max_record_bytes)
-                timers = Timers(tx, () if log_derived else node.stage.derived_timers)
+                timers = Timers(tx, () if log_derived else node.stage.derived_timers, held)
             ctx = StageContext(node.name, partition, topology.topics, tx, timers, send, clock,
                                topology.dead_letter, monotonic, node.stage.tables,
                                log_derived, beside)

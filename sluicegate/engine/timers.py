@@ -13,34 +13,19 @@ their keys as STATE_PREFIX + key, never with a bare first byte 0x00.
 
 from __future__ import annotations
 
-import struct
-
+from sluicegate.engine.held import HeldTimers
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.tables import Floors
+from sluicegate.engine.timerkeys import (
+    DERIVED_TIMER_PREFIX,
+    STATE_PREFIX,
+    TIMER_PREFIX,
+    parse_timer_key,
+    timer_key,
+)
 
-TIMER_PREFIX = b"\x00T"
-STATE_PREFIX = b"\x00S"
-# The timers a stage derives from its other rows (`Stage.derived_timers`): an index of
-# their own, never logged, made again at restore (docs/decisions/derived-rows.md).
-DERIVED_TIMER_PREFIX = b"\x00t"
-
-_DUE = struct.Struct(">Q")
-_HEAD = len(TIMER_PREFIX) + _DUE.size
-_MAX_DUE = 2**64 - 1
-
-
-def timer_key(due_ms: int, key: bytes, prefix: bytes = TIMER_PREFIX) -> bytes:
-    # Big-endian unsigned, so byte order is due order and a scan from
-    # the prefix visits timers earliest first (ties by key).
-    if not 0 <= due_ms <= _MAX_DUE:
-        raise ValueError(f"timer due time {due_ms} ms is outside 0..2**64-1 (epoch ms)")
-    return prefix + _DUE.pack(due_ms) + key
-
-
-def parse_timer_key(raw: bytes, prefix: bytes = TIMER_PREFIX) -> tuple[int, bytes]:
-    if len(raw) < _HEAD or not raw.startswith(prefix):
-        raise ValueError(f"{raw!r} is not a timer key (expected {prefix!r} + 8-byte due + key)")
-    return _DUE.unpack_from(raw, len(prefix))[0], raw[_HEAD:]
+__all__ = ["DERIVED_TIMER_PREFIX", "STATE_PREFIX", "TIMER_PREFIX", "TimerIndex", "Timers",
+           "parse_timer_key", "timer_key"]
 
 
 class Timers:
@@ -50,12 +35,17 @@ class Timers:
 
     __slots__ = ("_derived", "_derived_keys", "_logged")
 
-    def __init__(self, tx: StoreTransaction, derived: tuple[bytes, ...] = ()) -> None:
+    def __init__(self, tx: StoreTransaction, derived: tuple[bytes, ...] = (),
+                 held: HeldTimers | None = None) -> None:
+        """`held`: the derived timers a memory store holds as values (engine.held), where
+        they are kept instead of in an index of rows."""
         self._logged = TimerIndex(tx)
         self._derived_keys = derived
-        self._derived = TimerIndex(tx, DERIVED_TIMER_PREFIX) if derived else None
+        self._derived: TimerIndex | HeldTimers | None = (
+            None if not derived else held if held is not None
+            else TimerIndex(tx, DERIVED_TIMER_PREFIX))
 
-    def _index(self, key: bytes) -> TimerIndex:
+    def _index(self, key: bytes) -> TimerIndex | HeldTimers:
         if self._derived is not None and key.startswith(self._derived_keys):
             return self._derived
         return self._logged

@@ -93,7 +93,8 @@ _RUN_HOLDER = STATE_PREFIX + b"h"
 _WAITING = STATE_PREFIX + b"W"
 HOLDERS = TableSpec("holders", _HOLDER, SIZED, legacy(
     Fields(Holder), lambda t: Holder(t[0], int(t[1])), lambda h: (h.workflow, h.index)))
-RUN_HOLDERS = TableSpec("run_holders", _RUN_HOLDER, SIZED, Fields(Holder), derived=True)
+RUN_HOLDERS = TableSpec("run_holders", _RUN_HOLDER, SIZED, Fields(Holder), derived=True,
+                        held=True)
 HELD = TableSpec("held", STATE_PREFIX + b"C", SIZED_TEXT, Decimal(1), derived=True)
 
 

@@ -181,7 +181,7 @@ NO_BACKSTOP = Backstop()
 
 # execution id -> a live run's deadlines, derived from its row.
 BACKSTOPS = TableSpec("backstops", STATE_PREFIX + b"B", TEXT, text_fields(Backstop),
-                      derived=True)
+                      derived=True, held=True)
 
 
 def holds_lease(row: RunRow, steps_mode: bool) -> bool:
