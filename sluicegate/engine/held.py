@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 _ABSENT: Any = object()
 _MAX_DUE = 2**64 - 1
+# How many of a key's first bytes name its table (0x00, 'S' and the table's letter).
+_FAMILY = 3
 # A heap of timers is compacted once it holds this many entries more than twice its live
 # timers (a timer cancelled stays in the heap until it comes to the top, or until then).
 _COMPACT_SLACK = 1024
@@ -185,11 +187,14 @@ class Held:
     """What a memory store holds as values: its held tables by prefix, its derived timers,
     and the undo log of the transaction writing them."""
 
-    __slots__ = ("_undo", "active", "tables", "timers")
+    __slots__ = ("_families", "_short", "_undo", "active", "tables", "timers")
 
     def __init__(self) -> None:
         self._undo: list[Any] = []
         self.tables: dict[bytes, HeldTable] = {}
+        # The tables by their prefix's first `_FAMILY` bytes, and those of a shorter prefix.
+        self._families: dict[bytes, HeldTable] = {}
+        self._short: list[HeldTable] = []
         self.timers: HeldTimers | None = None
         # Whether anything is held: a store of a stage with no held table asks no more.
         self.active = False
@@ -198,6 +203,11 @@ class Held:
         found = self.tables.get(spec.prefix)
         if found is None:
             found = self.tables[spec.prefix] = HeldTable(spec, self._undo)
+            family = spec.prefix[:_FAMILY]
+            if len(spec.prefix) < _FAMILY or family in self._families:
+                self._short.append(found)
+            else:
+                self._families[family] = found
             self.active = True
         return found
 
@@ -227,11 +237,15 @@ class Held:
         return found
 
     def holder(self, key: bytes) -> HeldTable | HeldTimers | None:
-        """Which of these holds the row of `key`, if any."""
+        """Which of these holds the row of `key`, if any: asked at each miss of the store's
+        reads, so first by the key's first `_FAMILY` bytes (a table's prefix)."""
+        found = self._families.get(key[:_FAMILY])
+        if found is not None and key.startswith(found.prefix):
+            return found
         if key.startswith(DERIVED_TIMER_PREFIX):
             return self.timers
-        for prefix, table in self.tables.items():
-            if key.startswith(prefix):
+        for table in self._short:
+            if key.startswith(table.prefix):
                 return table
         return None
 
