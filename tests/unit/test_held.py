@@ -169,3 +169,9 @@ def test_held_values_and_timers_follow_their_commits_and_aborts(ops: list[tuple[
         assert {k.decode(): v for k, v in table.rows.items()} == now.rows
         assert [(d, k) for d, k, _ in timers.due(10**6, limit=10**6)] == sorted(now.timers)
         assert timers.next_due == (min(now.timers)[0] if now.timers else None)
+
+
+def test_a_replayed_derived_row_that_does_not_decode_is_left_for_the_rebuild() -> None:
+    store, _, table = _store()
+    store.write({BACKSTOPS.prefix + b"old": b"\x07not a backstop row"}, 5)
+    assert table.get("old") is None and store.changelog_offset == 5
