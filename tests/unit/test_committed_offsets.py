@@ -52,3 +52,15 @@ def test_a_broker_answering_lets_the_admin_client_ask_the_coordinator() -> None:
     with pytest.raises(AssertionError, match="not reached"):
         committed_offsets(_TimesOut(), admin, "g", TPS, timeout_s=1.0)  # type: ignore[arg-type]
     assert len(admin.asked) == 1
+
+
+def test_the_metrics_lag_read_asks_no_coordinator_when_no_broker_answers() -> None:
+    """The metrics server's and `status`'s read of the workers' lag (ops.services.metrics'
+    `input_offsets`) asks the topics' metadata first, and stops there in an outage."""
+    from sluicegate.config import Settings
+    from sluicegate.ops.services.metrics import input_offsets
+
+    admin = _Admin(up=False)
+    with pytest.raises(KafkaException, match="Connection refused"):
+        input_offsets(admin, Settings(), timeout_s=1.0)  # type: ignore[arg-type]
+    assert admin.asked == []

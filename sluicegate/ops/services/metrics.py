@@ -325,15 +325,20 @@ def input_offsets(admin: AdminClient, settings: Settings,
                   timeout_s: float = 5.0) -> list[InputOffsets]:
     """Where the workers' group stands on each of its input partitions: every topic it has
     committed offsets on, and always `starts` and `run-events`, whose partitions a stuck
-    worker may never have committed on."""
+    worker may never have committed on.
+
+    The topics' metadata is asked first: the group's coordinator is asked only once a
+    broker has just answered, never into an outage, where librdkafka aborts the process
+    when that request's connection drops (confluentinc/librdkafka#4605;
+    docs/decisions/committed-offsets-not-asked-into-an-outage.md)."""
     topics = Topics(settings)
+    meta = admin.list_topics(timeout=timeout_s).topics
     group = ConsumerGroupTopicPartitions(topics.group)
     done = admin.list_consumer_group_offsets([group], request_timeout=timeout_s)
     found = done[topics.group].result(timeout=timeout_s).topic_partitions or []
     committed = {(tp.topic, tp.partition): tp.offset for tp in found
                  if tp.error is None and tp.offset >= 0}
     names = {topics.starts, topics.run_events} | {t for t, _ in committed}
-    meta = admin.list_topics(timeout=timeout_s).topics
     wanted = [TopicPartition(t, p) for t in sorted(names) if t in meta
               for p in sorted(meta[t].partitions)]
     if not wanted:
