@@ -241,6 +241,12 @@ class Held:
             found.append(self.timers)
         return found
 
+    def may_hold(self, key: bytes) -> bool:
+        """Whether `key` may be a held row's (`holder` then says whose): a miss of the
+        store's reads, at almost every start, asks this much."""
+        return (key[:_FAMILY] in self._families or key.startswith(DERIVED_TIMER_PREFIX)
+                or bool(self._short))
+
     def holder(self, key: bytes) -> HeldTable | HeldTimers | None:
         """Which of these holds the row of `key`, if any: asked at each miss of the store's
         reads, so first by the key's first `_FAMILY` bytes (a table's prefix)."""

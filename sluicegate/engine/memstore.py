@@ -126,7 +126,7 @@ class MemoryStore(LogOffsets):
         value = self._rows.get(key, _ABSENT)
         if value is _ABSENT:
             found = self._packed_get(key)
-            if found is None and self.held.active:
+            if found is None and self.held.active and self.held.may_hold(key):
                 holder = self.held.holder(key)
                 return None if holder is None else holder.get_row(key)
             return found
