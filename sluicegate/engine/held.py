@@ -119,7 +119,7 @@ class HeldTimers:
         at = (due_ms, key)
         live = self._live
         old = live.get(at, _ABSENT)
-        self._undo.append((live, at, old))
+        self._undo.append((self, at, old))
         if old is _ABSENT:
             heapq.heappush(self._heap, at)
         live[at] = value
@@ -129,15 +129,26 @@ class HeldTimers:
         old = self._live.pop(at, _ABSENT)
         if old is _ABSENT:
             return
-        self._undo.append((self._live, at, old))
+        self._undo.append((self, at, old))
         heap = self._heap
         if len(heap) > 2 * len(self._live) + _COMPACT_SLACK:
             self._heap = list(self._live)
             heapq.heapify(self._heap)
 
-    def restored(self, at: tuple[int, bytes]) -> None:
-        """An undone cancel: the timer is live again, so in the heap again."""
-        heapq.heappush(self._heap, at)
+    def undo(self, at: tuple[int, bytes], old: Any) -> None:
+        """One write of this transaction undone: the timer `at` as it was (`old` its value,
+        or absent), back in the heap if an undone cancel makes it live again."""
+        live = self._live
+        if old is _ABSENT:
+            live.pop(at, None)
+            return
+        if at not in live:
+            heapq.heappush(self._heap, at)
+        live[at] = old
+
+    def clear(self) -> None:
+        self._live.clear()
+        self._heap.clear()
 
     def due(self, now_ms: int, limit: int = 1000) -> list[tuple[int, bytes, bytes]]:
         """Timers due at or before `now_ms`, earliest first; the caller cancels each it
@@ -269,11 +280,11 @@ class Held:
         undo = self._undo
         timers = self.timers
         for rows, at, old in reversed(undo):
-            if old is _ABSENT:
+            if rows is timers:
+                timers.undo(at, old)
+            elif old is _ABSENT:
                 rows.pop(at, None)
             else:
-                if timers is not None and rows is timers._live and at not in rows:
-                    timers.restored(at)
                 rows[at] = old
         undo.clear()
 
@@ -282,5 +293,4 @@ class Held:
         for table in self.tables.values():
             table.rows.clear()
         if self.timers is not None:
-            self.timers._live.clear()
-            self.timers._heap.clear()
+            self.timers.clear()
