@@ -158,9 +158,13 @@ class Scene:
         self.until(what, lambda: all(outcome in self.outcomes_of(r) for r in request_ids))
 
     def parked(self) -> set[str]:
-        """The requests whose every row so far says queued."""
+        """The requests whose every ledger row so far says queued and that no admitted start
+        read so far names: the ledger and the admitted starts are read apart, so one can be
+        read ahead of the other (`end_one_by_one` once ended a run with nothing left
+        waiting, the last start's admission read but not yet its ledger row)."""
+        admitted = {r for a in self.outcomes.admitted.records for r in a.request_ids}
         return {r for r in self.traffic.workflows
-                if set(self.outcomes_of(r)) == {Outcome.queued}}
+                if r not in admitted and set(self.outcomes_of(r)) == {Outcome.queued}}
 
     def runs(self, workflow: str) -> list[AdmittedStart]:
         return [a for a in self.outcomes.admitted.records if a.workflow == workflow]
