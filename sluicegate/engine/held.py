@@ -25,13 +25,17 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from sluicegate.engine.timerkeys import DERIVED_TIMER_PREFIX, parse_timer_key, timer_key
+from sluicegate.engine.timerkeys import (
+    DERIVED_TIMER_PREFIX,
+    check_due,
+    parse_timer_key,
+    timer_key,
+)
 
 if TYPE_CHECKING:
     from sluicegate.engine.tables import TableSpec
 
 _ABSENT: Any = object()
-_MAX_DUE = 2**64 - 1
 # How many of a key's first bytes name its table (0x00, 'S' and the table's letter).
 _FAMILY = 3
 # A heap of timers is compacted once it holds this many entries more than twice its live
@@ -114,8 +118,7 @@ class HeldTimers:
         return len(self._live)
 
     def schedule(self, due_ms: int, key: bytes, value: bytes = b"") -> None:
-        if not 0 <= due_ms <= _MAX_DUE:
-            raise ValueError(f"timer due time {due_ms} ms is outside 0..2**64-1 (epoch ms)")
+        check_due(due_ms)
         at = (due_ms, key)
         live = self._live
         old = live.get(at, _ABSENT)
@@ -251,12 +254,6 @@ class Held:
                                         or prefix.startswith(DERIVED_TIMER_PREFIX)):
             found.append(self.timers)
         return found
-
-    def may_hold(self, key: bytes) -> bool:
-        """Whether `key` may be a held row's (`holder` then says whose): a miss of the
-        store's reads, at almost every start, asks this much."""
-        return (key[:_FAMILY] in self._families or key.startswith(DERIVED_TIMER_PREFIX)
-                or bool(self._short))
 
     def holder(self, key: bytes) -> HeldTable | HeldTimers | None:
         """Which of these holds the row of `key`, if any: asked at each miss of the store's

@@ -104,10 +104,6 @@ class MemoryStore(LogOffsets):
         # which: their rows are never in `_rows` or the blocks.
         self.held = Held()
 
-    def holds(self, key: bytes) -> bool:
-        """Whether the row of `key` is one of those held as values."""
-        return self.held.holder(key) is not None
-
     @property
     def synced_at_ms(self) -> int | None:
         return None
@@ -126,7 +122,7 @@ class MemoryStore(LogOffsets):
         value = self._rows.get(key, _ABSENT)
         if value is _ABSENT:
             found = self._packed_get(key)
-            if found is None and self.held.active and self.held.may_hold(key):
+            if found is None and self.held.active:
                 holder = self.held.holder(key)
                 return None if holder is None else holder.get_row(key)
             return found

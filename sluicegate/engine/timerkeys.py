@@ -16,11 +16,16 @@ _HEAD = len(TIMER_PREFIX) + _DUE.size
 _MAX_DUE = 2**64 - 1
 
 
+def check_due(due_ms: int) -> None:
+    """A timer's due time must fit its key's 8 bytes."""
+    if not 0 <= due_ms <= _MAX_DUE:
+        raise ValueError(f"timer due time {due_ms} ms is outside 0..2**64-1 (epoch ms)")
+
+
 def timer_key(due_ms: int, key: bytes, prefix: bytes = TIMER_PREFIX) -> bytes:
     # Big-endian unsigned, so byte order is due order and a scan from
     # the prefix visits timers earliest first (ties by key).
-    if not 0 <= due_ms <= _MAX_DUE:
-        raise ValueError(f"timer due time {due_ms} ms is outside 0..2**64-1 (epoch ms)")
+    check_due(due_ms)
     return prefix + _DUE.pack(due_ms) + key
 
 
