@@ -85,7 +85,7 @@ class MemoryStore(LogOffsets):
         # a holder) are never put in order one by one.
         self._keys = SortedList()
         self._unsorted: dict[bytes, set[bytes]] = {}
-        self._packed = Packed(block_rows)
+        self._packed = Packed(block_rows, _FAMILY)
         # What reads found in the packed rows since the last merge (None: not there), up
         # to `_SEEN_AT` keys: the rows read at every start and seldom written (a lane's
         # marker, a key's counters) and the keys just looked for and not found (about to
@@ -311,7 +311,7 @@ class MemoryStore(LogOffsets):
         self._rows = {}
         self._keys = SortedList()
         self._unsorted = {}
-        self._packed = Packed(self._block_rows)
+        self._packed = Packed(self._block_rows, _FAMILY)
         self._seen = {}
         self._fresh = set()
         self._offset = _NO_OFFSET
@@ -324,7 +324,7 @@ class MemoryStore(LogOffsets):
         self._rows = {}
         self._keys = SortedList()
         self._unsorted = {}
-        self._packed = Packed(self._block_rows)
+        self._packed = Packed(self._block_rows, _FAMILY)
         self._seen = {}
         self._fresh = set()
         self._closed = True

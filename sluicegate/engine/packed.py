@@ -174,22 +174,45 @@ def _spliced(block: Block, changes: list[tuple[bytes, bytes | None]],
     return key_pieces, new_key_offsets, value_pieces, new_value_offsets
 
 
+def _families(blocks: list[Block], width: int) -> set[bytes]:
+    """The first `width` bytes of every key in `blocks` (all of a shorter key)."""
+    found: set[bytes] = set()
+    for block in blocks:
+        keys, offsets = block.keys, block.key_offsets
+        last = offsets[-2]
+        first = keys[:min(width, offsets[1])]
+        if first == keys[last:min(last + width, offsets[-1])]:
+            found.add(first)  # keys in order: all between share them
+        else:
+            found.update(keys[a:min(a + width, b)] for a, b in pairwise(offsets))
+    return found
+
+
 class Packed:
-    """Rows in key order in immutable blocks; changed only by `merge`."""
+    """Rows in key order in immutable blocks; changed only by `merge`.
 
-    __slots__ = ("block_rows", "blocks", "count", "firsts")
+    `family`: how many of a key's first bytes name the table it belongs to. The tables
+    with a row here are known (`families`), so a key of a table with none is found
+    missing without a search: a store whose live runs' or holders' rows never last to a
+    merge looks for a new start's among them at every arrival."""
 
-    def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
+    __slots__ = ("block_rows", "blocks", "count", "families", "family", "firsts")
+
+    def __init__(self, block_rows: int = BLOCK_ROWS, family: int = 3) -> None:
         self.block_rows = block_rows
+        self.family = family
         self.blocks: list[Block] = []
         # Each block's first key, for the bisect that finds a key's block.
         self.firsts: list[bytes] = []
         self.count = 0
+        self.families: set[bytes] = set()
 
     def __len__(self) -> int:
         return self.count
 
     def get(self, key: bytes) -> bytes | None:
+        if key[:self.family] not in self.families:
+            return None
         at = bisect_right(self.firsts, key) - 1
         if at < 0:
             return None
@@ -278,4 +301,5 @@ class Packed:
         out_blocks.extend(blocks[done:])
         out_firsts.extend(firsts[done:])
         self.blocks, self.firsts, self.count = out_blocks, out_firsts, count
+        self.families = _families(out_blocks, self.family)
         return remade

@@ -27,11 +27,12 @@ def _rows(model: dict[bytes, bytes], prefix: bytes = b"",
 
 @settings(max_examples=200, deadline=None)
 @given(batches=st.lists(changes, max_size=12),
-       block_rows=st.sampled_from([1, 2, 3, 4, 5, 6, 16, 64]), probe=keys)
+       block_rows=st.sampled_from([1, 2, 3, 4, 5, 6, 16, 64]), probe=keys,
+       family=st.sampled_from([1, 2, 3]))
 def test_packed_rows_are_those_of_a_dict_given_the_same_changes(
-    batches: list[dict[bytes, bytes | None]], block_rows: int, probe: bytes,
+    batches: list[dict[bytes, bytes | None]], block_rows: int, probe: bytes, family: int,
 ) -> None:
-    packed = Packed(block_rows)
+    packed = Packed(block_rows, family)
     model: dict[bytes, bytes] = {}
     for batch in batches:
         packed.merge(sorted(batch.items()))
@@ -41,6 +42,9 @@ def test_packed_rows_are_those_of_a_dict_given_the_same_changes(
             else:
                 model[key] = value
         assert len(packed) == len(model)
+        # The tables it knows to have rows are exactly those of its rows: a key whose
+        # table it does not know is missing without a search.
+        assert packed.families == {key[:family] for key in model}
         assert list(packed.rows(b"")) == sorted(model.items())
         assert packed.get(probe) == model.get(probe)
         assert list(packed.rows(probe)) == [r for r in sorted(model.items()) if r[0] >= probe]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -222,6 +223,10 @@ def lane_hop(route: Route, position: int) -> Hop | None:
 
 # Length-prefixed, so one key is never a prefix of another's rows.
 _prefixed = SIZED.head
+# Keys' queues a transaction's cache keeps at most (`ConcurrencyStage.queue`): a queue
+# forgotten is only made again.
+_MAX_QUEUES = 16_384
+_STAGES_MADE = itertools.count()
 
 
 def _unprefix(raw: bytes) -> tuple[str, bytes]:
@@ -316,6 +321,9 @@ class ConcurrencyStage(QueueStage):
         self.deployment_cap = deployment_cap
         self.partitions = partitions
         self.sweeps = cancelon.SweepIndex(app)
+        # The owner of this stage's queues in a transaction's cache (`queue`): its own, so
+        # a stage made again for a new declaration never finds queues made by the old one.
+        self._queues = f"concurrency queues {next(_STAGES_MADE)}"
         self._limits: dict[tuple[str, int], Limit] = {}
         self._declared = hashlib.sha256("\n".join(sorted(
             f"{wf.name}\x1f{wf.version}" for wf in app.workflows.values())).encode()
@@ -447,9 +455,19 @@ class ConcurrencyStage(QueueStage):
         return wf.concurrency[index].mode
 
     def queue(self, ctx: StageContext, key: str) -> FairQueue:
-        budget = ControlKey.parse(key).budget
-        return FairQueue(ctx.store, key.encode(), self.modes.get(budget, "strict"),
-                         budget in self.fair)
+        """`key`'s queue, made once a transaction's view (a start's arrival and its
+        release each ask for it) and kept in its cache under this stage's own name, since
+        the mode and fairness it is made with are this stage's declarations."""
+        queues = ctx.store.cache(self._queues)
+        queue: FairQueue | None = queues.get(key)
+        if queue is None:
+            if len(queues) >= _MAX_QUEUES:
+                queues.clear()
+            budget = ControlKey.parse(key).budget
+            queue = queues[key] = FairQueue(ctx.store, key.encode(),
+                                            self.modes.get(budget, "strict"),
+                                            budget in self.fair)
+        return queue
 
     # -- rows ------------------------------------------------------------------------------
 
