@@ -206,33 +206,46 @@ class Held:
     """What a memory store holds as values: its held tables by prefix, its derived timers,
     and the undo log of the transaction writing them."""
 
-    __slots__ = ("_families", "_short", "_undo", "active", "tables", "timers")
+    __slots__ = ("_families", "_short", "_undo", "active", "families", "short", "tables",
+                 "timers")
 
     def __init__(self) -> None:
         self._undo: list[Any] = []
         self.tables: dict[bytes, HeldTable] = {}
-        # The tables by their prefix's first `_FAMILY` bytes, and those of a shorter prefix.
+        # The tables by their prefix's first `_FAMILY` bytes, and those of a shorter prefix
+        # or of a family another table took first.
         self._families: dict[bytes, HeldTable] = {}
         self._short: list[HeldTable] = []
         self.timers: HeldTimers | None = None
         # Whether anything is held: a store of a stage with no held table asks no more.
         self.active = False
+        # Only a key whose first `_FAMILY` bytes are in `families`, or that starts with
+        # one of `short` (the timers' prefix, a table's shorter than that), can be held:
+        # the store asks `holder` about no other, so a miss of a row it keeps (a run's
+        # row, a spent key) costs no call here.
+        self.families: set[bytes] = set()
+        self.short: tuple[bytes, ...] = ()
 
     def table(self, spec: TableSpec[Any, Any]) -> HeldTable:
         found = self.tables.get(spec.prefix)
         if found is None:
             found = self.tables[spec.prefix] = HeldTable(spec, self._undo)
             family = spec.prefix[:_FAMILY]
-            if len(spec.prefix) < _FAMILY or family in self._families:
+            if len(spec.prefix) < _FAMILY:
+                self._short.append(found)
+                self.short += (spec.prefix,)
+            elif family in self._families:
                 self._short.append(found)
             else:
                 self._families[family] = found
+                self.families.add(family)
             self.active = True
         return found
 
     def held_timers(self) -> HeldTimers:
         if self.timers is None:
             self.timers = HeldTimers(self._undo)
+            self.short += (DERIVED_TIMER_PREFIX,)
             self.active = True
         return self.timers
 
@@ -256,8 +269,9 @@ class Held:
         return found
 
     def holder(self, key: bytes) -> HeldTable | HeldTimers | None:
-        """Which of these holds the row of `key`, if any: asked at each miss of the store's
-        reads, so first by the key's first `_FAMILY` bytes (a table's prefix)."""
+        """Which of these holds the row of `key`, if any: asked at a miss of the store's
+        reads of a key that may be held (`families`, `short`), so first by the key's first
+        `_FAMILY` bytes (a table's prefix)."""
         found = self._families.get(key[:_FAMILY])
         if found is not None and key.startswith(found.prefix):
             return found

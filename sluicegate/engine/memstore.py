@@ -121,17 +121,18 @@ class MemoryStore(LogOffsets):
     def get(self, key: bytes) -> bytes | None:
         value = self._rows.get(key, _ABSENT)
         if value is _ABSENT:
-            found = self._packed_get(key)
-            if found is None and self.held.active:
-                holder = self.held.holder(key)
+            found = self._packed_get(key) if self._packed.count else None
+            held = self.held
+            if found is None and held.active and (key[:_FAMILY] in held.families
+                                                  or key.startswith(held.short)):
+                holder = held.holder(key)
                 return None if holder is None else holder.get_row(key)
             return found
         return value  # type: ignore[return-value]
 
     def _packed_get(self, key: bytes) -> bytes | None:
-        """The packed row of `key` (not the recent one), through `_seen`."""
-        if not self._packed.count:
-            return None
+        """The packed row of `key` (not the recent one), through `_seen`; asked only of a
+        store with rows packed."""
         seen = self._seen
         value = seen.get(key, _ABSENT)
         if value is _ABSENT:
@@ -235,10 +236,12 @@ class MemoryStore(LogOffsets):
         fresh = self._fresh
         seen = self._seen
         nothing_packed = not self._packed.count
-        holder = self.held.holder if self.held.active else None
+        held_values = self.held if self.held.active else None
+        families, short = self.held.families, self.held.short
         for key, value in changes.items():
-            if holder is not None:
-                held = holder(key)
+            if held_values is not None and (key[:_FAMILY] in families
+                                            or key.startswith(short)):
+                held = held_values.holder(key)
                 if held is not None:
                     held.write_row(key, value)
                     continue

@@ -14,7 +14,7 @@ from sluicegate.admission.stages.runs import BACKSTOPS, Backstop
 from sluicegate.engine.held import Held
 from sluicegate.engine.memstore import MemoryStore
 from sluicegate.engine.store import StoreTransaction
-from sluicegate.engine.tables import HeldStateTable, StateTable
+from sluicegate.engine.tables import TEXT, HeldStateTable, StateTable, TableSpec
 from sluicegate.engine.timers import DERIVED_TIMER_PREFIX, STATE_PREFIX, Timers, timer_key
 from sluicegate.testing import TestDriver
 from tests.unit.test_clock_steps import APP as RUNS_APP
@@ -91,6 +91,33 @@ def test_held_rows_read_and_written_as_rows_through_the_store() -> None:
     assert len(store) == 2 + 1 + 2, "the rows, the held row and the two timers"
     store.wipe()
     assert table.get("r2") is None and ctx_timers.next_due is None
+
+
+def test_a_held_row_of_any_prefix_is_found_through_the_store_and_no_other_row_is() -> None:
+    """The store asks its held values only about a key whose table may be held (its first
+    bytes, the timers' prefix, a table's shorter prefix): every held row is still read and
+    written through it, whatever its table's prefix, and a kept row of a neighbouring
+    table stays a row."""
+    store = MemoryStore()
+    short = TableSpec("short", b"\x00Q", TEXT, TEXT, derived=True, held=True)
+    # Two tables whose prefixes begin alike: the second is not found by its first bytes.
+    first = TableSpec("first", STATE_PREFIX + b"Ya", TEXT, TEXT, derived=True, held=True)
+    shared = TableSpec("shared", STATE_PREFIX + b"Yb", TEXT, TEXT, derived=True, held=True)
+    for spec in (BACKSTOPS, short, first, shared):
+        store.held.table(spec)
+    store.held.held_timers()
+    rows = {BACKSTOPS.prefix + b"r": BACKSTOPS.value.encode(Backstop(lease_ms=1)),
+            short.prefix + b"q": b"v1", first.prefix + b"f": b"v0",
+            shared.prefix + b"s": b"v2", timer_key(9, b"Lr", DERIVED_TIMER_PREFIX): b""}
+    kept = {STATE_PREFIX + b"Rr": b"a run's row", b"\x00Qx"[:1] + b"P": b"a neighbour"}
+    store.write({**rows, **kept}, None)
+    for key, value in {**rows, **kept}.items():
+        assert store.get(key) == value, key
+    assert store.held.tables[short.prefix].rows == {b"q": "v1"}
+    assert store.held.tables[shared.prefix].rows == {b"s": "v2"}
+    assert store.held.timers is not None and store.held.timers.next_due == 9
+    assert store._rows == kept, "only the rows of tables not held are rows"
+    assert store.get(STATE_PREFIX + b"Rmissing") is None
 
 
 def test_a_memory_store_holds_the_tables_marked_held_and_rocksdb_keeps_them_as_rows() -> None:
