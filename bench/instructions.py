@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from bench.controls_micro import SCENARIOS as CONTROL_SCENARIOS
 
 SMALL, LARGE = 4_000, 12_000
 
@@ -86,6 +89,35 @@ def window_instructions(tree: Path, depth: int, starts: int,
     return int(found.group(1)) / starts, float(row.group(1))
 
 
+CONTROLS_STARTS = 2_000
+# The copies `--controls` puts beside a tree without them (its own `bench` package has
+# neither: an older tree), as bench.gate copies the scenarios beside a baseline's worker.
+CONTROLS_MODULE, SCENARIOS_MODULE = "sg_bench_controls_micro", "sg_bench_gate_apps"
+
+
+def controls_instructions(tree: Path, scenario: str, starts: int) -> tuple[float, float]:
+    """Instructions and records per measured start of one scenario of
+    `bench.controls_micro`, callgrind counting its measured starts alone."""
+    here = Path(__file__).resolve().parent
+    if (tree / "bench" / "controls_micro.py").exists():
+        module = "bench.controls_micro"
+    else:
+        shutil.copyfile(here / "controls_micro.py", tree / f"{CONTROLS_MODULE}.py")
+        shutil.copyfile(here / "gate_apps.py", tree / f"{SCENARIOS_MODULE}.py")
+        module = CONTROLS_MODULE
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+         "--callgrind-out-file=/dev/null", sys.executable, "-m", module,
+         "--scenario", scenario, "--starts", str(starts), "--callgrind-window"],
+        cwd=tree, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    row = re.search(r"([\d.]+) records per start", out.stdout)
+    if out.returncode != 0 or found is None or row is None or int(found.group(1)) == 0:
+        raise RuntimeError(f"{scenario}: no instruction count or records in the output:\n"
+                           f"{out.stdout}\n{out.stderr[-2000:]}")
+    return int(found.group(1)) / starts, float(row.group(1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tree", type=Path, default=Path.cwd(),
@@ -96,7 +128,25 @@ def main() -> None:
                         help="the gate's measured starts alone, with this many queued "
                              f"({WINDOW_STARTS:,} starts; callgrind_control turns the "
                              "counting on and off)")
+    parser.add_argument("--controls", nargs="?", const=",".join(CONTROL_SCENARIOS),
+                        metavar="SCENARIO[,...]",
+                        help="every control's scenario (bench.controls_micro; default all "
+                             "of them), instructions and records per start")
     args = parser.parse_args()
+    if args.controls is not None:
+        print(f"{args.tree}: instructions per start in memory ({CONTROLS_STARTS:,} starts "
+              "each, bench.controls_micro)\n| scenario | instructions/start | records/start |"
+              "\n|---|---:|---:|", flush=True)
+        for scenario in args.controls.split(","):
+            try:
+                per_start, records = controls_instructions(args.tree, scenario,
+                                                           CONTROLS_STARTS)
+            except RuntimeError as exc:
+                print(f"| {scenario} | failed: {str(exc).splitlines()[0]} | |", flush=True)
+                print(exc, file=sys.stderr)
+                continue
+            print(f"| {scenario} | {per_start:,.0f} | {records:.2f} |", flush=True)
+        return
     if args.depth is not None:
         per_start, records = window_instructions(args.tree, args.depth, WINDOW_STARTS,
                                                  at_once=False)
