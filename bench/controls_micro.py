@@ -4,8 +4,8 @@
     python -m bench.controls_micro --scenario conc50 [--starts 2000] [--callgrind-window]
 
 The scenarios and their declarations are `bench.gate`'s (bench/gate_apps.py), and so are
-the keys each spreads its starts over (`bench.gate.payload`'s rules, with --starts as the
-scale): what a control costs is measured on the same input on the broker and here. The
+the keys each spreads its starts over (`payload`, which `bench.gate` makes its input with,
+--starts the scale): a control is measured on the same input on the broker and here. The
 worker's stages run in the test driver (`sluicegate.testing.TestDriver`), all of them, on
 one partition, handing records over in process as a worker does once it has caught up.
 
@@ -69,12 +69,15 @@ def admitted_expected(scenario: str, starts: int) -> int:
     return starts
 
 
-def payload(scenario: str, phase: str, i: int, scale: int) -> dict[str, Any]:
-    """Start `i` of `phase` (w: warm-up, m: measured): bench.gate's rules."""
+def payload(scenario: str, phase: str, i: int, scale: int, warm: int) -> dict[str, Any]:
+    """Start `i` of `phase` (w: warm-up, m: measured, l: latency, ...), of `warm` warm-up
+    starts. The keys a scenario spreads over follow `scale` (the measured starts) in every
+    phase: a latency phase with fewer keys would be slower for that alone (conc1: each key
+    admits one run per round trip through the engine). `bench.gate` makes its input so."""
     uid = f"{phase}{i}"
     grp = "g"
     if scenario == "idem":
-        uid = f"w{i}" if phase == "w" else f"w{i % WARM}"  # a key the warm-up spent
+        uid = f"w{i}" if phase == "w" else f"w{i % warm}"  # a key the warm-up spent
     elif scenario == "rl-drop":
         grp = f"g{i % RL_DROP_KEYS}"
     elif scenario in ("rl-admit", "throttle", "throttles"):
@@ -128,7 +131,7 @@ class Bench:
         def made(phase: str, n: int) -> list[tuple[bytes, bytes]]:
             out = []
             for i in range(n):
-                start, key = builder.build(scenario, payload(scenario, phase, i, starts),
+                start, key = builder.build(scenario, payload(scenario, phase, i, starts, WARM),
                                            request_id=f"{phase}{i}",
                                            requested_at_ms=requested)
                 out.append((key, codec.encode(start)))
@@ -162,18 +165,16 @@ class Bench:
         return admitted + self._settle()
 
     def _settle(self) -> int:
+        """The clock moves on (debounce's period, and more) and the engine answers, until a
+        round finds nothing admitted: no report was sent, so nothing more can be."""
         admitted = 0
         for _ in range(10_000):
-            self.driver.advance(1_100)  # debounce's period, and more
+            self.driver.advance(1_100)
             with self.driver.cycle():
                 n = self._engine()
-            admitted += n
             if n == 0:
-                with self.driver.cycle():
-                    n = self._engine()
-                admitted += n
-                if n == 0:
-                    return admitted
+                return admitted
+            admitted += n
         raise SystemExit(f"{self.scenario}: the engine's rounds never ended")
 
     def records(self) -> int:

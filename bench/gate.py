@@ -144,6 +144,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from bench import gate_apps
 from bench.apps import WORKFLOW as RAW_WORKFLOW
 from bench.apps import app as raw_app
+from bench.controls_micro import ENGINE_MODE, RL_DROP_KEYS, payload
 from bench.passthrough import (
     CLK_TCK,
     OutputReader,
@@ -181,12 +182,8 @@ from sluicegate.topology.topics import ROUTED_STAGES, Topics
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("passthrough", "idem", "rl-admit", "rl-drop", "throttle", "throttles", "debounce",
              "batch", "singleton", "conc50", "conc1", "steps", "pause", "priority", "depth")
-# The scenarios whose runs hold something until the engine reports their end.
-ENGINE_MODE = {"singleton": "runs", "conc50": "runs", "conc1": "runs", "steps": "steps",
-               "priority": "runs"}
 DEPTHS = (1_000, 10_000, 100_000)
 DEPTH_SLOTS = 1_000  # bench.gate_apps' `depth` limit: the runs held, and the window
-RL_DROP_KEYS = 10
 BATCH_SIZE = 10
 # The module name bench/gate_apps.py is copied to beside every worker (a baseline tree's
 # own `bench` package, first on its path, has no gate_apps).
@@ -204,29 +201,6 @@ class Start(NamedTuple):
     request_id: str
     key: bytes
     value: bytes
-
-
-def payload(scenario: str, phase: str, i: int, scale: int, warm: int) -> dict[str, Any]:
-    """Start `i` of `phase` (w: warm-up, m: measured, l: latency, ...). The keys a
-    scenario spreads over follow `scale` (`--starts`) in every phase: a latency phase with
-    fewer keys would be slower for that alone (conc1: each key admits one run per round
-    trip through the engine)."""
-    uid = f"{phase}{i}"
-    grp = "g"
-    if scenario == "idem":
-        uid = f"w{i}" if phase == "w" else f"w{i % warm}"  # a key the warm-up spent
-    elif scenario == "rl-drop":
-        grp = f"g{i % RL_DROP_KEYS}"
-    elif scenario in ("rl-admit", "throttle", "throttles"):
-        grp = f"{phase}{i % max(1, scale // 20)}"
-    elif scenario == "debounce":
-        grp = uid
-    elif scenario in ("conc50", "steps", "priority"):
-        grp = f"g{i % max(1, scale // 500)}"
-    elif scenario == "conc1":
-        grp = f"g{i % max(1, scale // 100)}"
-    prio = (i * 37) % 1201 - 600 if scenario == "priority" else 0
-    return {"id": uid, "grp": grp, "prio": prio}
 
 
 class Inputs:

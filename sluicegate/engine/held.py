@@ -206,24 +206,22 @@ class Held:
     """What a memory store holds as values: its held tables by prefix, its derived timers,
     and the undo log of the transaction writing them."""
 
-    __slots__ = ("_families", "_short", "_undo", "active", "families", "short", "tables",
-                 "timers")
+    __slots__ = ("_short", "_undo", "active", "families", "short", "tables", "timers")
 
     def __init__(self) -> None:
         self._undo: list[Any] = []
         self.tables: dict[bytes, HeldTable] = {}
         # The tables by their prefix's first `_FAMILY` bytes, and those of a shorter prefix
         # or of a family another table took first.
-        self._families: dict[bytes, HeldTable] = {}
+        self.families: dict[bytes, HeldTable] = {}
         self._short: list[HeldTable] = []
         self.timers: HeldTimers | None = None
         # Whether anything is held: a store of a stage with no held table asks no more.
         self.active = False
-        # Only a key whose first `_FAMILY` bytes are in `families`, or that starts with
+        # Only a key whose first `_FAMILY` bytes are among `families`, or that starts with
         # one of `short` (the timers' prefix, a table's shorter than that), can be held:
         # the store asks `holder` about no other, so a miss of a row it keeps (a run's
         # row, a spent key) costs no call here.
-        self.families: set[bytes] = set()
         self.short: tuple[bytes, ...] = ()
 
     def table(self, spec: TableSpec[Any, Any]) -> HeldTable:
@@ -234,11 +232,10 @@ class Held:
             if len(spec.prefix) < _FAMILY:
                 self._short.append(found)
                 self.short += (spec.prefix,)
-            elif family in self._families:
+            elif family in self.families:
                 self._short.append(found)
             else:
-                self._families[family] = found
-                self.families.add(family)
+                self.families[family] = found
             self.active = True
         return found
 
@@ -272,7 +269,7 @@ class Held:
         """Which of these holds the row of `key`, if any: asked at a miss of the store's
         reads of a key that may be held (`families`, `short`), so first by the key's first
         `_FAMILY` bytes (a table's prefix)."""
-        found = self._families.get(key[:_FAMILY])
+        found = self.families.get(key[:_FAMILY])
         if found is not None and key.startswith(found.prefix):
             return found
         if key.startswith(DERIVED_TIMER_PREFIX):
