@@ -42,14 +42,12 @@ unit: setup
 integration: setup
 	$(BIN)/pytest tests/integration tests/faults -q
 
-# Every suite on the default state backend (memory), then the unit suite and the fault
-# tests of stores kept on disk and of upgrades again on RocksDB
-# (docs/decisions/state-backends.md; the whole broker suite on RocksDB: make integration
-# with SLUICEGATE_STATE_BACKEND=rocksdb).
+# Every suite (unit, broker, faults) on each state backend: the default (memory), then
+# RocksDB (docs/decisions/state-backends.md). A test that runs on both backends itself
+# (marked both_backends) runs in the first pass only.
 test: lint rules
 	$(BIN)/pytest -q
-	SLUICEGATE_STATE_BACKEND=rocksdb $(BIN)/pytest -q tests/unit tests/faults/test_stale_state.py \
-	  tests/faults/test_state_disk.py tests/faults/test_restore_failures.py tests/faults/test_upgrade.py
+	SLUICEGATE_STATE_BACKEND=rocksdb $(BIN)/pytest -q -m "not both_backends"
 
 # The fault suite (tests/faults, part of `make test`) with ten times the traffic and faults.
 faults: setup

@@ -203,6 +203,7 @@ def scene(settings: Settings, tmp_path: Path,
         outcomes.close()
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_store_kept_across_a_restart_is_rebuilt_once_its_tombstones_are_cleaned(
         settings: Settings, tmp_path: Path, backend: str) -> None:
@@ -217,6 +218,7 @@ def test_a_store_kept_across_a_restart_is_rebuilt_once_its_tombstones_are_cleane
         _assert_rebuilt(s.a, s.client, s.outcomes)
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_store_of_a_partition_lost_and_got_back_is_rebuilt_once_its_tombstones_are_cleaned(
         settings: Settings, tmp_path: Path, backend: str) -> None:

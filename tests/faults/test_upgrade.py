@@ -214,6 +214,7 @@ class Scene:
 # -- a worker of this release takes over from one of the release before -----------------
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_a_worker_of_this_release_decides_once_every_start_the_release_before_parked(
         settings: Settings, tmp_path: Path, old_tree: Path, backend: str) -> None:
