@@ -23,6 +23,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sluicegate.admission.queue_values import QueueValues
 from sluicegate.declare import Workflow
 from sluicegate.engine.stage import Headers, StoreReader
 from sluicegate.engine.store import StoreTransaction
@@ -121,7 +122,7 @@ def unpack_headers(raw: bytes) -> Headers:
 # (docs/decisions/derived-rows.md); a stage whose queues these are lists them among its
 # `derived` prefixes.
 TABLES: tuple[TableSpec[Any, Any], ...] = (
-    TableSpec("queue", _QUEUE, RAW, RAW),
+    TableSpec("queue", _QUEUE, RAW, RAW, values=QueueValues),
     TableSpec("queue.headers", _HEADERS, RAW, RAW),
     TableSpec("queue.lanes", _LANES, RAW, RAW),
     TableSpec("queue.turn", _TURN, RAW, Decimal(1)),
@@ -152,9 +153,16 @@ def agrees(kept: dict[bytes, bytes], derived: dict[bytes, bytes]) -> bool:
 def derive(store: StoreReader) -> dict[bytes, bytes]:
     """The bookkeeping rows of every queue in `store`, from the queues' rows: per queue its
     count, the highest sequence it holds and its last row (its rows are read in order, so
-    the last read is the last), and per fair queue the count of all its lanes."""
+    the last read is the last), and per fair queue the count of all its lanes. A store
+    that holds its queues as values (`HeldQueue`) gets the fair queues' counts only: a
+    held queue's count, sequence and last row are its own."""
     rows: dict[bytes, bytes] = {}
     counts: dict[bytes, int] = {}
+    held = getattr(store, "held", None)
+    if held is not None and isinstance(held.tables.get(_QUEUE), QueueValues):
+        lanes: dict[bytes, Any] = held.tables[_QUEUE].lanes
+        counts = {name[len(_QUEUE):]: len(lane) for name, lane in lanes.items()}
+        return _totals(store, counts)
     named = b""
     n = 0
     last = b""
@@ -176,6 +184,13 @@ def derive(store: StoreReader) -> dict[bytes, bytes]:
         counts[named] = n
         rows[_COUNT + named], rows[_SEQ + named] = str(n).encode(), str(seq).encode()
         rows[_LAST + named] = last
+    rows.update(_totals(store, counts))
+    return rows
+
+
+def _totals(store: StoreReader, counts: dict[bytes, int]) -> dict[bytes, bytes]:
+    """Each fair queue's count of all its lanes, from the queues' counts (by their
+    length-prefixed names)."""
     totals: dict[bytes, int] = {}
     for key, _ in store.items(_LANES):
         (size,) = struct.unpack_from(">H", key, len(_LANES))
@@ -183,8 +198,7 @@ def derive(store: StoreReader) -> dict[bytes, bytes]:
         lane = key[len(_LANES) + 2 + size:]
         total = _TOTAL + _name(budget)
         totals[total] = totals.get(total, 0) + counts.get(_name(budget + b"\x1f" + lane), 0)
-    rows.update((key, str(total).encode()) for key, total in totals.items() if total)
-    return rows
+    return {key: str(total).encode() for key, total in totals.items() if total}
 
 
 def lane_rows(store: StoreReader, budget: bytes) -> Iterator[tuple[str, bytes, bytes]]:
@@ -233,6 +247,10 @@ def fair_budgets(store: StoreReader) -> list[bytes]:
 
 def queue_names(tx: StoreTransaction) -> list[bytes]:
     """The names of the queues in `tx`'s store that have starts waiting."""
+    held = _held(tx)
+    if held is not None:
+        return sorted(name[len(_QUEUE) + 2:] for name, lane in held.lanes.items()
+                      if lane.values)
     return [key[len(_COUNT) + 2:] for key, _ in tx.items(_COUNT)]
 
 
@@ -301,8 +319,12 @@ def index_problems(tx: StoreTransaction) -> list[str]:
     """What is wrong with the queues' index in `tx` (none: empty): a queue with a row below
     its floor, first rows that are not the queue's first rows (or a complete memo that
     misses some), lanes that are not the markers' lanes and turns. It reads every row the
-    index covers: for tests and debugging."""
+    index covers: for tests and debugging. Queues held as values: their own rule
+    (`queue_values.Lane.problems`)."""
     problems = Floors(tx, _FLOORS).holds()
+    held = _held(tx)
+    if held is not None:
+        problems += held.problems()
     for key, memo in tx.cache(_MEMOS).items():
         if key.startswith(_QUEUE):
             heads: _Heads = memo
@@ -320,10 +342,26 @@ def index_problems(tx: StoreTransaction) -> list[str]:
     return problems
 
 
+def _held(tx: StoreTransaction) -> QueueValues | None:
+    """The queues of `tx`'s store held as values, if it holds them so (a memory store)."""
+    held = tx.held
+    if held is None:
+        return None
+    found = held.tables.get(_QUEUE)
+    return found if isinstance(found, QueueValues) else None
+
+
 class PendingQueue:
-    """One priority-ordered queue of starts under `name` in a stage's store."""
+    """One priority-ordered queue of starts under `name` in a stage's store: its rows in
+    the store, or, in a store that holds its queues as values, a `HeldQueue` (made by
+    this class, as `pathlib.Path` makes the path of its system)."""
 
     __slots__ = ("_count_key", "_floors", "_last_key", "_prefix", "_row_len", "_seq_key", "tx")
+
+    def __new__(cls, tx: StoreTransaction, name: bytes) -> PendingQueue:
+        if cls is PendingQueue and _held(tx) is not None:
+            return object.__new__(HeldQueue)
+        return object.__new__(cls)
 
     def __init__(self, tx: StoreTransaction, name: bytes) -> None:
         self.tx = tx
@@ -520,6 +558,97 @@ class PendingQueue:
             # a batch's items, was read again from its first row ever at each take.)
             self._floors.set_floor(self._prefix, rows[-1] + b"\x00")
         self._set_count(0)
+
+
+class HeldQueue(PendingQueue):
+    """A `PendingQueue` whose rows a memory store holds as values (admission/queue_values.py):
+    each write goes to them at once and to the changelog at the commit."""
+
+    __slots__ = ("_held", "_name")
+
+    def __init__(self, tx: StoreTransaction, name: bytes) -> None:
+        self.tx = tx
+        held = _held(tx)
+        assert held is not None
+        self._held = held
+        self._name = self._prefix = _QUEUE + _name(name)
+        self._row_len = len(self._prefix) + _RANK_AND_SEQ
+
+    def __len__(self) -> int:
+        lane = self._held.lanes.get(self._name)
+        return 0 if lane is None else len(lane.values)
+
+    def park(self, start: PendingStart, mode: str = "strict",
+             headers: Headers | None = None,
+             encoded: bytes | None = None) -> tuple[Parked, int | None]:
+        held = self._held
+        lane = held.lanes.get(self._name)
+        row = (self._name + rank_key(start, mode)
+               + struct.pack(">Q", 0 if lane is None else lane.seq + 1))
+        if headers:
+            row += _WITH_HEADERS
+            self.tx.put(_HEADERS + row, pack_headers(headers))
+        else:
+            headers = None
+        value = codec.encode(start) if encoded is None else encoded
+        self.tx.log(row, value)
+        position = held.put(self._name, row, value, COUNTED)
+        parked = Parked(row, start, headers)
+        if position == 0:
+            held.lanes[self._name].head = parked
+        return parked, position
+
+    def at(self, row: bytes) -> Parked | None:
+        lane = self._held.lanes.get(self._name)
+        value = None if lane is None else lane.values.get(row)
+        if value is None:
+            return None
+        assert lane is not None
+        if lane.head is not None and lane.head.row == row:
+            return lane.head
+        return self._parked(row, value)
+
+    def peek(self) -> Parked | None:
+        return self.head()
+
+    def head(self) -> Parked | None:
+        held = self._held
+        lane = held.lanes.get(self._name)
+        if lane is None:
+            return None
+        row = held.first(lane)
+        if row is None:
+            return None
+        parked = lane.head
+        if parked is None or parked.row != row:
+            parked = lane.head = self._parked(row, lane.values[row])
+        return parked
+
+    def _delete(self, row: bytes) -> None:
+        self.tx.log(row, None)
+        self._held.delete(self._name, row)
+        if len(row) > self._row_len:
+            self.tx.delete(_HEADERS + row)
+
+    def remove(self, parked: Parked) -> None:
+        self._delete(parked.row)
+
+    def __iter__(self) -> Iterator[Parked]:
+        lane = self._held.lanes.get(self._name)
+        if lane is None:
+            return
+        for row in lane.rows():
+            value = lane.values.get(row)
+            if value is not None:
+                yield self._parked(row, value)
+
+    def forget(self) -> None:
+        """Nothing to drop: an emptied queue goes when its transaction commits."""
+
+    def clear(self) -> None:
+        lane = self._held.lanes.get(self._name)
+        for row in list(lane.rows()) if lane is not None else ():
+            self._delete(row)
 
 
 def _turn(raw: bytes) -> tuple[int, int]:

@@ -1,5 +1,7 @@
 """A memory store's derived tables and derived timers held as values, beside its rows
-(docs/decisions/derived-state-held-as-values.md).
+(docs/decisions/derived-state-held-as-values.md), and the logged tables a stage keeps in a
+structure of its own there (`TableSpec.values`: the queues,
+docs/decisions/queues-held-as-values.md).
 
 A derived row (a run's backstop, a slot holder made from a run's row, a lease's timer) is
 never logged and is made again at every restore: in a memory store it has no reason to be
@@ -14,6 +16,10 @@ committed nor aborted: a worker's crash, as the test driver plays it). Bytes sti
 these rows through the store's own `get`, `items` and `write` (a restore's `derive`, a
 test), encoded and decoded by the table's codecs there.
 
+A logged table held so (`Holder`) is written the same way, at once and undone with the
+rest; its rows still go to the changelog, through the transaction (`StoreTransaction.log`),
+and a restore's replay writes them here (`write_row`).
+
 A RocksDB store keeps these rows as rows: its derived rows outlive the process and are
 not made again when it is reopened, so they are kept where it reads them.
 """
@@ -23,7 +29,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluicegate.engine.timerkeys import (
     DERIVED_TIMER_PREFIX,
@@ -41,6 +47,23 @@ _FAMILY = 3
 # A heap of timers is compacted once it holds this many entries more than twice its live
 # timers (a timer cancelled stays in the heap until it comes to the top, or until then).
 _COMPACT_SLACK = 1024
+
+
+class Holder(Protocol):
+    """What holds one table's rows in a memory store as values (a `HeldTable`, or a
+    logged table's own structure, `TableSpec.values`): the store reads and writes its rows
+    as bytes through it, and an aborted transaction's writes are undone by it, last first
+    (`undo`, given each entry it put in the undo log as (itself, at, old))."""
+
+    prefix: bytes
+
+    def __len__(self) -> int: ...
+    def get_row(self, key: bytes) -> bytes | None: ...
+    def items(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def write_row(self, key: bytes, value: bytes | None) -> None: ...
+    def undo(self, at: Any, old: Any) -> None: ...
+    def keep(self) -> None: ...
+    def clear(self) -> None: ...
 
 
 class HeldTable:
@@ -63,6 +86,19 @@ class HeldTable:
         old = self.rows.pop(raw, _ABSENT)
         if old is not _ABSENT:
             self._undo.append((self.rows, raw, old))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def undo(self, at: Any, old: Any) -> None:
+        # Its undo entries are (its rows, key, old value): `Held.rollback` undoes them.
+        raise AssertionError("a held table's writes are undone by Held.rollback")
+
+    def keep(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        self.rows.clear()
 
     def ordered(self, start: bytes = b"", after: bytes | None = None
                 ) -> Iterator[tuple[bytes, Any]]:
@@ -206,15 +242,18 @@ class Held:
     """What a memory store holds as values: its held tables by prefix, its derived timers,
     and the undo log of the transaction writing them."""
 
-    __slots__ = ("_short", "_undo", "active", "families", "short", "tables", "timers")
+    __slots__ = ("_keepers", "_short", "_undo", "active", "families", "short", "tables",
+                 "timers")
 
     def __init__(self) -> None:
         self._undo: list[Any] = []
-        self.tables: dict[bytes, HeldTable] = {}
+        self.tables: dict[bytes, Holder] = {}
         # The tables by their prefix's first `_FAMILY` bytes, and those of a shorter prefix
         # or of a family another table took first.
-        self.families: dict[bytes, HeldTable] = {}
-        self._short: list[HeldTable] = []
+        self.families: dict[bytes, Holder] = {}
+        self._short: list[Holder] = []
+        # The logged tables' holders, told when a transaction commits (`keep`).
+        self._keepers: list[Holder] = []
         self.timers: HeldTimers | None = None
         # Whether anything is held: a store of a stage with no held table asks no more.
         self.active = False
@@ -224,10 +263,15 @@ class Held:
         # row, a spent key) costs no call here.
         self.short: tuple[bytes, ...] = ()
 
-    def table(self, spec: TableSpec[Any, Any]) -> HeldTable:
+    def table(self, spec: TableSpec[Any, Any]) -> Holder:
         found = self.tables.get(spec.prefix)
         if found is None:
-            found = self.tables[spec.prefix] = HeldTable(spec, self._undo)
+            if spec.values is not None:
+                found = spec.values(spec, self._undo)
+                self._keepers.append(found)
+            else:
+                found = HeldTable(spec, self._undo)
+            self.tables[spec.prefix] = found
             family = spec.prefix[:_FAMILY]
             if len(spec.prefix) < _FAMILY:
                 self._short.append(found)
@@ -253,19 +297,19 @@ class Held:
 
     def count(self) -> int:
         """The rows held, timers included."""
-        return (sum(len(t.rows) for t in self.tables.values())
+        return (sum(len(t) for t in self.tables.values())
                 + (len(self.timers) if self.timers is not None else 0))
 
-    def under(self, prefix: bytes) -> list[HeldTable | HeldTimers]:
+    def under(self, prefix: bytes) -> list[Holder | HeldTimers]:
         """What holds rows whose keys may start with `prefix`."""
-        found: list[HeldTable | HeldTimers] = [
+        found: list[Holder | HeldTimers] = [
             t for p, t in self.tables.items() if p.startswith(prefix) or prefix.startswith(p)]
         if self.timers is not None and (DERIVED_TIMER_PREFIX.startswith(prefix)
                                         or prefix.startswith(DERIVED_TIMER_PREFIX)):
             found.append(self.timers)
         return found
 
-    def holder(self, key: bytes) -> HeldTable | HeldTimers | None:
+    def holder(self, key: bytes) -> Holder | HeldTimers | None:
         """Which of these holds the row of `key`, if any: asked at a miss of the store's
         reads of a key that may be held (`families`, `short`), so first by the key's first
         `_FAMILY` bytes (a table's prefix)."""
@@ -282,14 +326,15 @@ class Held:
     def keep(self) -> None:
         """The transaction committed: what it wrote stays."""
         self._undo.clear()
+        for holder in self._keepers:
+            holder.keep()
 
     def rollback(self) -> None:
         """The transaction aborted (or never ended): what it wrote is undone, last first."""
         undo = self._undo
-        timers = self.timers
         for rows, at, old in reversed(undo):
-            if rows is timers:
-                timers.undo(at, old)
+            if type(rows) is not dict:
+                rows.undo(at, old)  # the timers, a logged table's holder
             elif old is _ABSENT:
                 rows.pop(at, None)
             else:
@@ -299,6 +344,6 @@ class Held:
     def clear(self) -> None:
         self._undo.clear()
         for table in self.tables.values():
-            table.rows.clear()
+            table.clear()
         if self.timers is not None:
             self.timers.clear()

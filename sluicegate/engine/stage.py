@@ -11,8 +11,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
+from sluicegate.engine.held import HeldTable
 from sluicegate.engine.store import StoreTransaction
 from sluicegate.engine.tables import HeldStateTable, StateTable, StoreReader, TableSpec
 from sluicegate.engine.timers import Timers
@@ -97,8 +98,8 @@ class StageContext(Generic[T]):
                 raise RuntimeError(f"stage {stage} declares tables and has no store")
             held = store.held
             self._tables = {
-                spec.name: (HeldStateTable(spec, held.tables[spec.prefix])
-                            if held is not None and spec.prefix in held.tables
+                spec.name: (HeldStateTable(spec, cast(HeldTable, held.tables[spec.prefix]))
+                            if spec.held and held is not None and spec.prefix in held.tables
                             else StateTable(spec, store, legacy_rows))
                 for spec in tables}
 

@@ -486,12 +486,26 @@ class StoreTransaction:
         self.held: Held | None = held if held is not None and held.active else None
         if held is not None:
             held.rollback()
+        # The cycle's rows of the tables the store holds in structures of their own
+        # (`TableSpec.values`), for the changelog only: written there at once (`log`).
+        self.logged: dict[bytes, bytes | None] = {}
 
     @property
     def pending(self) -> bool:
         """Whether this cycle wrote anything to commit: rows, or values held."""
-        return bool(self._buffer or self._counts
+        return bool(self._buffer or self._counts or self.logged
                     or (self.held is not None and self.held.writing))
+
+    def log(self, key: bytes, value: bytes | None) -> None:
+        """A row of a table the store holds in a structure of its own, which its holder
+        has already written (None: deleted): it goes to the changelog at the commit, and
+        no further."""
+        if (value is not None and self._max_row is not None
+                and len(key) + len(value) > self._max_row):
+            raise RowTooLarge(
+                f"a store row of {len(key) + len(value)} bytes is over the "
+                f"{self._max_row}-byte limit of its changelog records (message.max.bytes)")
+        self.logged[key] = value
 
     def get(self, key: bytes) -> bytes | None:
         if self._counts:
@@ -671,10 +685,14 @@ class StoreTransaction:
         self._buffer = {}
         self._index = None
         self._unindexed.clear()
+        if self.logged:
+            self.logged = {}
 
     def discard(self) -> None:
         if self.held is not None:
             self.held.rollback()
+        if self.logged:
+            self.logged = {}
         self._buffer = {}
         self._index = None
         self._unindexed.clear()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, Union
 
-from sluicegate.engine.held import HeldTable
+from sluicegate.engine.held import HeldTable, Holder
 from sluicegate.engine.store import StoreTransaction
 
 V = TypeVar("V")
@@ -351,7 +351,9 @@ class TableSpec(Generic[K, V]):
     other tables' and made again at restore, never logged. `held`: derived, and a memory
     store holds its rows as the values written, not as rows (engine.held): for a table
     read by key only, whose rows are as few as the live runs (an ordered read of it sorts
-    its keys)."""
+    its keys). `values`: a logged table that a memory store keeps in a structure of its own
+    (engine.held.Holder), made by `values(spec, undo log)`, its rows still logged: the
+    queues, read in order at every start (docs/decisions/queues-held-as-values.md)."""
 
     name: str
     prefix: bytes
@@ -359,10 +361,13 @@ class TableSpec(Generic[K, V]):
     value: Codec[V]
     derived: bool = False
     held: bool = False
+    values: Callable[[TableSpec[Any, Any], list[Any]], Holder] | None = None
 
     def __post_init__(self) -> None:
         if self.held and not self.derived:
             raise ValueError(f"table {self.name}: only a derived table is held as values")
+        if self.values is not None and (self.held or self.derived):
+            raise ValueError(f"table {self.name}: a table in a structure of its own is logged")
 
     def row(self, key: K, value: V) -> tuple[bytes, bytes]:
         """The store row of (key, value): for a stage's `derive`, which returns rows."""

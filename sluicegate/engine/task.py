@@ -63,6 +63,9 @@ class StageState:
                     topic, log_key = table.topic, key[len(table.prefix):]
                     break
             logs.setdefault(topic, []).append((log_key, value))
+        if self.tx.logged:
+            # The rows of the tables a memory store holds in structures of their own.
+            logs.setdefault(changelog, []).extend(self.tx.logged.items())
         return logs
 
 
@@ -102,7 +105,7 @@ class Task:
                 if isinstance(store, MemoryStore) and not log_derived:
                     # Its held tables and derived timers kept as values (engine.held).
                     for spec in node.stage.tables:
-                        if spec.held:
+                        if spec.held or spec.values is not None:
                             store.held.table(spec)
                     if node.stage.derived_timers:
                         held = store.held.held_timers()
