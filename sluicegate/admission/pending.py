@@ -249,8 +249,7 @@ def queue_names(tx: StoreTransaction) -> list[bytes]:
     """The names of the queues in `tx`'s store that have starts waiting."""
     held = _held(tx)
     if held is not None:
-        return sorted(name[len(_QUEUE) + 2:] for name, lane in held.lanes.items()
-                      if lane.values)
+        return sorted(name[len(_QUEUE) + 2:] for name, lane in held.lanes.items() if len(lane))
     return [key[len(_COUNT) + 2:] for key, _ in tx.items(_COUNT)]
 
 
@@ -576,7 +575,7 @@ class HeldQueue(PendingQueue):
 
     def __len__(self) -> int:
         lane = self._held.lanes.get(self._name)
-        return 0 if lane is None else len(lane.values)
+        return 0 if lane is None else len(lane)
 
     def park(self, start: PendingStart, mode: str = "strict",
              headers: Headers | None = None,
@@ -600,7 +599,7 @@ class HeldQueue(PendingQueue):
 
     def at(self, row: bytes) -> Parked | None:
         lane = self._held.lanes.get(self._name)
-        value = None if lane is None else lane.values.get(row)
+        value = None if lane is None else lane.value(row)
         if value is None:
             return None
         assert lane is not None
@@ -621,7 +620,9 @@ class HeldQueue(PendingQueue):
             return None
         parked = lane.head
         if parked is None or parked.row != row:
-            parked = lane.head = self._parked(row, lane.values[row])
+            value = lane.value(row)
+            assert value is not None
+            parked = lane.head = self._parked(row, value)
         return parked
 
     def _delete(self, row: bytes) -> None:
@@ -638,7 +639,7 @@ class HeldQueue(PendingQueue):
         if lane is None:
             return
         for row in lane.rows():
-            value = lane.values.get(row)
+            value = lane.value(row)
             if value is not None:
                 yield self._parked(row, value)
 
