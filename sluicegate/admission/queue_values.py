@@ -87,8 +87,11 @@ class Lane:
         if len(row) < len(self.name) + 16:
             return -1
         rank, seq = _RANK_AND_SEQ.unpack_from(row, len(self.name))
-        i = bisect_left(self.seqs, seq, self.front)
-        if (i == len(self.seqs) or self.seqs[i] != seq or self.ranks[i] != rank
+        seqs, i = self.seqs, self.front
+        if i == len(seqs) or seqs[i] != seq:
+            # (The front's own row, most often: a head taken.)
+            i = bisect_left(seqs, seq, i)
+        if (i == len(seqs) or seqs[i] != seq or self.ranks[i] != rank
                 or seq in self.dead or (len(row) > len(self.name) + 16) != (seq in self.marked)):
             return -1
         return i
