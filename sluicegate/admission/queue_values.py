@@ -311,9 +311,16 @@ class QueueValues:
         return None if lane is None else lane.value(key)
 
     def items(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """The rows under `prefix` from `start` on, in key order."""
-        for name in sorted(n for n in self.lanes
-                           if n.startswith(prefix) or prefix.startswith(n)):
+        """The rows under `prefix` from `start` on, in key order: one queue's, looked up,
+        when `prefix` holds a whole name, else those of every queue it covers, sorted."""
+        table = self._table
+        if len(prefix) >= table + 2 and len(prefix) >= table + 2 + int.from_bytes(
+                prefix[table:table + 2], "big"):
+            found = _lane_name(prefix, table)
+            names = [found] if found in self.lanes else []
+        else:
+            names = sorted(n for n in self.lanes if n.startswith(prefix))
+        for name in names:
             lane = self.lanes[name]
             for row in lane.rows():
                 if row >= start and row.startswith(prefix):

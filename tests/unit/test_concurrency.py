@@ -924,11 +924,9 @@ def test_a_waiting_starts_index_row_is_its_queue_row_unless_rolling_from_a_relea
             if log_derived:
                 assert index == len("w").to_bytes(4, "big") + b"w" + row
             else:
+                # (In memory the queue's row is made from its queue's values when read:
+                # docs/decisions/queues-held-as-values.md.)
                 assert index == row
-                if not store.persistent:
-                    # In memory the index holds the queue's own row, not a copy of it
-                    # (made again at a restart, it is still the store's own).
-                    assert index is row
             assert d.stage(NAME)._waiting(d.context(NAME), "w\x1fa",  # type: ignore[attr-defined]
                                           waits) is not None
             if not restarted:

@@ -179,6 +179,9 @@ class HeldMachine(RuleBasedStateMachine):
         assert ([value for _, value in self.sides[0].tx.items(pending.ROW_PREFIX)]
                 == [value for _, value in self.sides[1].tx.items(pending.ROW_PREFIX)])
         assert pending.queue_names(self.sides[0].tx) == pending.queue_names(self.sides[1].tx)
+        # One fair queue's rows, as the restore's sweep reads them, lane by lane.
+        assert ([value for _, _, value in pending.lane_rows(self.sides[0].tx, b"budget")]
+                == [value for _, _, value in pending.lane_rows(self.sides[1].tx, b"budget")])
 
 
 HeldMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40,
