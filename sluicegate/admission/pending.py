@@ -644,7 +644,7 @@ class HeldQueue(PendingQueue):
                 yield self._parked(row, value)
 
     def forget(self) -> None:
-        """Nothing to drop: an emptied queue goes when its transaction commits."""
+        self._held.forget(self._name)
 
     def clear(self) -> None:
         lane = self._held.lanes.get(self._name)

@@ -227,6 +227,16 @@ class QueueValues:
         if lane.head is not None and lane.head.row == row:
             lane.head = None
 
+    def forget(self, name: bytes) -> None:
+        """An empty queue that may not be used again goes now, not at the commit: one made
+        again under its name starts its sequence again, so a start parked there in this
+        cycle takes the row of the start just removed, and the changelog gets one row
+        for both (as a queue kept as rows does: `PendingQueue.forget`)."""
+        lane = self.lanes.get(name)
+        if lane is not None and not len(lane):
+            del self.lanes[name]
+            self._undo.append((self, ("forget", lane, b""), None))
+
     def first(self, lane: Lane) -> bytes | None:
         """The lane's first row, passing over the rows removed from behind the front."""
         seqs, dead = lane.seqs, lane.dead
@@ -243,7 +253,9 @@ class QueueValues:
     def undo(self, at: tuple[str, Lane, bytes], old: Any) -> None:
         how, lane, row = at
         lane.head = None
-        if how == "put":
+        if how == "forget":
+            self.lanes[lane.name] = lane
+        elif how == "put":
             lane.last, lane.seq = old
             if lane.side_values.pop(row, None) is not None:
                 assert lane.side is not None

@@ -242,8 +242,8 @@ class Held:
     """What a memory store holds as values: its held tables by prefix, its derived timers,
     and the undo log of the transaction writing them."""
 
-    __slots__ = ("_keepers", "_short", "_undo", "active", "families", "short", "tables",
-                 "timers")
+    __slots__ = ("_keepers", "_short", "_undo", "_under", "active", "families", "short",
+                 "tables", "timers")
 
     def __init__(self) -> None:
         self._undo: list[Any] = []
@@ -254,6 +254,9 @@ class Held:
         self._short: list[Holder] = []
         # The logged tables' holders, told when a transaction commits (`keep`).
         self._keepers: list[Holder] = []
+        # `under`'s answers by prefix (the stores' ordered reads ask it at every read):
+        # dropped when a table or the timers join.
+        self._under: dict[bytes, list[Holder | HeldTimers]] = {}
         self.timers: HeldTimers | None = None
         # Whether anything is held: a store of a stage with no held table asks no more.
         self.active = False
@@ -272,6 +275,7 @@ class Held:
             else:
                 found = HeldTable(spec, self._undo)
             self.tables[spec.prefix] = found
+            self._under.clear()
             family = spec.prefix[:_FAMILY]
             if len(spec.prefix) < _FAMILY:
                 self._short.append(found)
@@ -286,6 +290,7 @@ class Held:
     def held_timers(self) -> HeldTimers:
         if self.timers is None:
             self.timers = HeldTimers(self._undo)
+            self._under.clear()
             self.short += (DERIVED_TIMER_PREFIX,)
             self.active = True
         return self.timers
@@ -302,11 +307,16 @@ class Held:
 
     def under(self, prefix: bytes) -> list[Holder | HeldTimers]:
         """What holds rows whose keys may start with `prefix`."""
-        found: list[Holder | HeldTimers] = [
-            t for p, t in self.tables.items() if p.startswith(prefix) or prefix.startswith(p)]
-        if self.timers is not None and (DERIVED_TIMER_PREFIX.startswith(prefix)
-                                        or prefix.startswith(DERIVED_TIMER_PREFIX)):
-            found.append(self.timers)
+        found = self._under.get(prefix)
+        if found is None:
+            found = [t for p, t in self.tables.items()
+                     if p.startswith(prefix) or prefix.startswith(p)]
+            if self.timers is not None and (DERIVED_TIMER_PREFIX.startswith(prefix)
+                                            or prefix.startswith(DERIVED_TIMER_PREFIX)):
+                found.append(self.timers)
+            if len(self._under) >= 4096:
+                self._under.clear()
+            self._under[prefix] = found
         return found
 
     def holder(self, key: bytes) -> Holder | HeldTimers | None:
