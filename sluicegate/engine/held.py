@@ -242,8 +242,17 @@ class Held:
     """What a memory store holds as values: its held tables by prefix, its derived timers,
     and the undo log of the transaction writing them."""
 
-    __slots__ = ("_keepers", "_short", "_undo", "_under", "active", "families", "short",
-                 "tables", "timers")
+    __slots__ = (
+        "_keepers",
+        "_short",
+        "_under",
+        "_undo",
+        "active",
+        "families",
+        "short",
+        "tables",
+        "timers",
+    )
 
     def __init__(self) -> None:
         self._undo: list[Any] = []
