@@ -123,8 +123,8 @@ class MemoryStore(LogOffsets):
         if value is _ABSENT:
             found = self._packed_get(key) if self._packed.count else None
             held = self.held
-            if found is None and held.active and (key[:_FAMILY] in held.families
-                                                  or key.startswith(held.short)):
+            if found is None and held.active and (key[:_FAMILY] in held.families or (
+                    held.short and key.startswith(held.short))):
                 holder = held.holder(key)
                 return None if holder is None else holder.get_row(key)
             return found
@@ -240,7 +240,7 @@ class MemoryStore(LogOffsets):
         families, short = self.held.families, self.held.short
         for key, value in changes.items():
             if held_values is not None and (key[:_FAMILY] in families
-                                            or key.startswith(short)):
+                                            or (short and key.startswith(short))):
                 held = held_values.holder(key)
                 if held is not None:
                     held.write_row(key, value)
