@@ -563,26 +563,26 @@ class HeldQueue(PendingQueue):
     """A `PendingQueue` whose rows a memory store holds as values (admission/queue_values.py):
     each write goes to them at once and to the changelog at the commit."""
 
-    __slots__ = ("_held", "_name")
+    __slots__ = ("_held",)
 
     def __init__(self, tx: StoreTransaction, name: bytes) -> None:
         self.tx = tx
         held = _held(tx)
         assert held is not None
         self._held = held
-        self._name = self._prefix = _QUEUE + _name(name)
+        self._prefix = _QUEUE + _name(name)
         self._row_len = len(self._prefix) + _RANK_AND_SEQ
 
     def __len__(self) -> int:
-        lane = self._held.lanes.get(self._name)
+        lane = self._held.lanes.get(self._prefix)
         return 0 if lane is None else len(lane)
 
     def park(self, start: PendingStart, mode: str = "strict",
              headers: Headers | None = None,
              encoded: bytes | None = None) -> tuple[Parked, int | None]:
         held = self._held
-        lane = held.lanes.get(self._name)
-        row = (self._name + rank_key(start, mode)
+        lane = held.lanes.get(self._prefix)
+        row = (self._prefix + rank_key(start, mode)
                + struct.pack(">Q", 0 if lane is None else lane.seq + 1))
         if headers:
             row += _WITH_HEADERS
@@ -591,14 +591,14 @@ class HeldQueue(PendingQueue):
             headers = None
         value = codec.encode(start) if encoded is None else encoded
         self.tx.log(row, value)
-        position = held.put(self._name, row, value, COUNTED)
+        position = held.put(self._prefix, row, value, COUNTED)
         parked = Parked(row, start, headers)
         if position == 0:
-            held.lanes[self._name].head = parked
+            held.lanes[self._prefix].head = parked
         return parked, position
 
     def at(self, row: bytes) -> Parked | None:
-        lane = self._held.lanes.get(self._name)
+        lane = self._held.lanes.get(self._prefix)
         value = None if lane is None else lane.value(row)
         if value is None:
             return None
@@ -612,7 +612,7 @@ class HeldQueue(PendingQueue):
 
     def head(self) -> Parked | None:
         held = self._held
-        lane = held.lanes.get(self._name)
+        lane = held.lanes.get(self._prefix)
         if lane is None:
             return None
         row = held.first(lane)
@@ -627,7 +627,7 @@ class HeldQueue(PendingQueue):
 
     def _delete(self, row: bytes) -> None:
         self.tx.log(row, None)
-        self._held.delete(self._name, row)
+        self._held.delete(self._prefix, row)
         if len(row) > self._row_len:
             self.tx.delete(_HEADERS + row)
 
@@ -635,7 +635,7 @@ class HeldQueue(PendingQueue):
         self._delete(parked.row)
 
     def __iter__(self) -> Iterator[Parked]:
-        lane = self._held.lanes.get(self._name)
+        lane = self._held.lanes.get(self._prefix)
         if lane is None:
             return
         for row in lane.rows():
@@ -644,10 +644,10 @@ class HeldQueue(PendingQueue):
                 yield self._parked(row, value)
 
     def forget(self) -> None:
-        self._held.forget(self._name)
+        self._held.forget(self._prefix)
 
     def clear(self) -> None:
-        lane = self._held.lanes.get(self._name)
+        lane = self._held.lanes.get(self._prefix)
         for row in list(lane.rows()) if lane is not None else ():
             self._delete(row)
 
